@@ -1,0 +1,248 @@
+"""Benchmark configuration: pydantic models, safe YAML loading and ``--set`` overrides.
+
+Every error names the field path (``workload.batching.batch_size``) or the file at fault and is
+raised as :class:`ConfigError`, which the CLI turns into exit code 2.
+"""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+
+class ConfigError(ValueError):
+    """Invalid configuration; the message names the field path or file."""
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+Dtype = Literal["auto", "float32", "float16", "bfloat16"]
+Quantization = Literal["none", "dynamic-int8", "bnb-8bit", "bnb-4bit"]
+
+
+class ModelConfig(_Strict):
+    """Which model to load and how."""
+
+    id: str = "builtin:tiny-llama"
+    dtype: Dtype = "float32"
+    device: str = "auto"
+    attn_implementation: Literal["eager", "sdpa", "flash_attention_2", "auto"] = "sdpa"
+    quantization: Quantization = "none"
+    trust_remote_code: bool = False
+    revision: str | None = None
+
+    @field_validator("device")
+    @classmethod
+    def _device(cls, v: str) -> str:
+        if v not in ("auto", "cpu", "mps", "cuda") and not v.startswith("cuda:"):
+            raise ValueError("must be auto, cpu, mps, cuda or cuda:N")
+        return v
+
+
+class BatchingConfig(_Strict):
+    """Fixed batch size, or adaptive batching by a token budget."""
+
+    batch_size: int | None = Field(default=4, ge=1)
+    max_batch_tokens: int | None = Field(default=None, ge=1)
+
+    @model_validator(mode="after")
+    def _one_of(self) -> BatchingConfig:
+        if self.max_batch_tokens is not None and "batch_size" not in self.model_fields_set:
+            object.__setattr__(self, "batch_size", None)
+        if self.batch_size is None and self.max_batch_tokens is None:
+            raise ValueError("set batch_size or max_batch_tokens")
+        return self
+
+
+class GenerateConfig(_Strict):
+    """Arguments for ``model.generate``."""
+
+    max_new_tokens: int = Field(default=32, ge=1)
+    min_new_tokens: int | None = Field(default=None, ge=0)
+    do_sample: bool = False
+    temperature: float = Field(default=1.0, gt=0)
+    top_k: int | None = Field(default=None, ge=1)
+    top_p: float | None = Field(default=None, gt=0, le=1)
+
+
+class ArrivalConfig(_Strict):
+    """Delays between requests (batches): none, constant, poisson or burst."""
+
+    pattern: Literal["none", "constant", "poisson", "burst"] = "none"
+    delay_s: float = Field(default=0.0, ge=0)
+    rate_per_s: float | None = Field(default=None, gt=0)
+    burst_size: int = Field(default=4, ge=1)
+    burst_interval_s: float = Field(default=1.0, ge=0)
+
+    @model_validator(mode="after")
+    def _needs(self) -> ArrivalConfig:
+        if self.pattern == "poisson" and self.rate_per_s is None:
+            raise ValueError("pattern poisson needs rate_per_s")
+        return self
+
+
+class WorkloadConfig(_Strict):
+    """What the benchmark runner asks the model to do."""
+
+    task: Literal["generate", "forward"] = "generate"
+    prompts: str = "builtin:mixed"
+    num_prompts: int = Field(default=32, ge=1)
+    max_input_tokens: int = Field(default=512, ge=1)
+    sort_by_length: bool = True
+    batching: BatchingConfig = Field(default_factory=BatchingConfig)
+    generate: GenerateConfig = Field(default_factory=GenerateConfig)
+    warmup_runs: int = Field(default=2, ge=0)
+    min_iterations: int = Field(default=5, ge=1)
+    min_duration_s: float = Field(default=0.0, ge=0)
+    arrival: ArrivalConfig = Field(default_factory=ArrivalConfig)
+    seed: int = 42
+    threads: int | None = Field(default=None, ge=1)
+
+
+class Config(_Strict):
+    """A whole benchmark: model, workload, collectors, exporters, store.
+
+    ``collectors`` is merged onto the default set: naming a collector enables it with the given
+    settings, ``name: false`` disables a default one. Each entry is validated against the
+    collector's own ``Config`` when the session starts.
+    """
+
+    name: str = "perfsdk-run"
+    model: ModelConfig = Field(default_factory=ModelConfig)
+    workload: WorkloadConfig = Field(default_factory=WorkloadConfig)
+    collectors: dict[str, dict[str, Any] | bool | None] = Field(default_factory=dict)
+    exporters: list[str] = Field(default_factory=lambda: ["json"])
+    store: str | None = "perfsdk-results"
+    tags: dict[str, str] = Field(default_factory=dict)
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, v: str) -> str:
+        if not v or len(v) > 200:
+            raise ValueError("must be 1 to 200 characters")
+        return v
+
+
+def _format_validation_error(err: ValidationError, prefix: str = "") -> str:
+    lines = []
+    for e in err.errors():
+        path = ".".join(str(p) for p in e["loc"] if not str(p).startswith("function-after"))
+        if prefix:
+            path = f"{prefix}.{path}" if path else prefix
+        msg = e["msg"]
+        if e["type"] == "extra_forbidden":
+            msg = "unknown key"
+        lines.append(f"{path or '<root>'}: {msg}")
+    return "; ".join(lines)
+
+
+def parse_config(data: Any, source: str = "config") -> Config:
+    """Validate a dict (or ``Config``) into a :class:`Config`; errors name field paths."""
+    if isinstance(data, Config):
+        return data
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"{source}: expected a mapping at the top level, got {type(data).__name__}")
+    try:
+        return Config.model_validate(data)
+    except ValidationError as err:
+        raise ConfigError(f"{source}: invalid configuration: {_format_validation_error(err)}") from None
+
+
+def read_yaml(path: str | Path) -> Any:
+    """Read a YAML file safely; a missing or malformed file raises :class:`ConfigError`."""
+    p = Path(path)
+    if not p.is_file():
+        raise ConfigError(f"{p}: config file not found")
+    try:
+        with p.open("r", encoding="utf-8") as fh:
+            return yaml.safe_load(fh)
+    except yaml.YAMLError as err:
+        raise ConfigError(f"{p}: not valid YAML: {err}") from None
+    except UnicodeDecodeError:
+        raise ConfigError(f"{p}: not a UTF-8 text file") from None
+
+
+def parse_override(item: str) -> tuple[list[str], Any]:
+    """``a.b.c=value`` -> (["a","b","c"], parsed value). Values are parsed as YAML scalars."""
+    if "=" not in item:
+        raise ConfigError(f"--set {item!r}: expected key.path=value")
+    key, raw = item.split("=", 1)
+    parts = [p for p in key.strip().split(".")]
+    if not key.strip() or any(not p for p in parts):
+        raise ConfigError(f"--set {item!r}: empty key path")
+    try:
+        value = yaml.safe_load(raw) if raw.strip() else None
+    except yaml.YAMLError:
+        value = raw
+    return parts, value
+
+
+def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
+    """Apply ``--set`` overrides to a raw config dict (not validated yet)."""
+    out = copy.deepcopy(data) if data else {}
+    for item in overrides:
+        parts, value = parse_override(item)
+        node = out
+        for i, part in enumerate(parts[:-1]):
+            nxt = node.get(part)
+            if nxt is None:
+                nxt = {}
+                node[part] = nxt
+            if not isinstance(nxt, dict):
+                raise ConfigError(f"--set {item!r}: {'.'.join(parts[: i + 1])} is not a mapping")
+            node = nxt
+        node[parts[-1]] = value
+    return out
+
+
+def load_config(source: str | Path | dict[str, Any] | Config | None = None, overrides: list[str] | None = None) -> Config:
+    """Load and validate a configuration from a YAML path, a dict, a ``Config`` or nothing."""
+    if isinstance(source, Config):
+        if not overrides:
+            return source
+        raw: Any = source.model_dump()
+        label = "config"
+    elif isinstance(source, (str, Path)):
+        raw = read_yaml(source)
+        label = str(source)
+        if raw is None:
+            raw = {}
+    else:
+        raw = source or {}
+        label = "config"
+    if overrides:
+        if not isinstance(raw, dict):
+            raise ConfigError(f"{label}: expected a mapping at the top level")
+        raw = apply_overrides(raw, overrides)
+    cfg = parse_config(raw, label)
+    if isinstance(source, (str, Path)):
+        cfg = _resolve_relative_paths(cfg, Path(source).resolve().parent)
+    return cfg
+
+
+def _resolve_relative_paths(cfg: Config, base: Path) -> Config:
+    """Prompt files and local model folders are resolved relative to the config file."""
+    wl = cfg.workload
+    if not wl.prompts.startswith("builtin:") and not Path(wl.prompts).is_absolute():
+        candidate = base / wl.prompts
+        if candidate.exists() or not Path(wl.prompts).exists():
+            wl = wl.model_copy(update={"prompts": str(candidate)})
+    mid = cfg.model.id
+    if mid.startswith((".", "/")) and not Path(mid).is_absolute():
+        cand = base / mid
+        if cand.exists():
+            cfg = cfg.model_copy(update={"model": cfg.model.model_copy(update={"id": str(cand)})})
+    return cfg.model_copy(update={"workload": wl})
+
+
+def quickstart_config() -> Config:
+    """The built-in quickstart: the embedded tiny model on the mixed prompt set."""
+    return Config(name="quickstart")

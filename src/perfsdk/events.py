@@ -1,0 +1,98 @@
+"""Event objects handed to lifecycle hooks.
+
+They are plain dataclasses (not pydantic) because they carry live objects — models, tensors —
+and are created on the measured path, where construction cost matters.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+StepKind = Literal["generate", "forward"]
+WindowKind = Literal["session", "step", "prefill", "decode", "stage", "load", "tokenize"]
+
+
+@dataclass
+class LoadEvent:
+    """A model (and tokenizer) was loaded or adopted by ``s.load()``."""
+
+    model: Any
+    tokenizer: Any
+    load_s: float
+    source: Literal["config", "adopted"]
+    model_id: str | None = None
+
+
+@dataclass
+class TokenizeEvent:
+    """Prompts were tokenized by ``s.tokenize()``."""
+
+    encodings: Any
+    token_counts: list[int]
+    tokenize_s: float
+
+
+@dataclass
+class Step:
+    """One ``s.generate()`` or ``s.forward()`` call.
+
+    ``token_times_ns[k]`` is when the k-th generated position (for the whole batch) was ready on
+    the host, on the session clock. ``output_tokens[i]`` counts request ``i``'s real tokens: it
+    stops at (and includes) the EOS token, padding is never counted.
+    """
+
+    kind: StepKind
+    index: int
+    batch_size: int
+    input_tokens: list[int]
+    model: Any = None
+    inputs: dict[str, Any] = field(default_factory=dict)
+    warmup: bool = False
+    start_ns: int = 0
+    end_ns: int | None = None
+    token_times_ns: list[int] = field(default_factory=list)
+    output_tokens: list[int] | None = None
+    outputs: Any = None
+    error: BaseException | None = None
+    gen_kwargs: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def first_token_ns(self) -> int | None:
+        return self.token_times_ns[0] if self.token_times_ns else None
+
+    @property
+    def duration_s(self) -> float | None:
+        if self.end_ns is None:
+            return None
+        return (self.end_ns - self.start_ns) / 1e9
+
+    def request_last_token_ns(self, i: int) -> int | None:
+        """When request ``i``'s last real token was ready."""
+        if not self.output_tokens or not self.token_times_ns:
+            return None
+        n = self.output_tokens[i]
+        return self.token_times_ns[n - 1] if n > 0 else None
+
+
+@dataclass
+class Window:
+    """A measurement window: counters are read at its edges.
+
+    ``name`` is ``session``, ``step:N``, ``prefill``, ``decode`` or ``stage:<name>``; ``kind`` is
+    the part before the colon; ``step_index`` is set for step, prefill and decode windows.
+    """
+
+    name: str
+    kind: WindowKind
+    start_ns: int
+    end_ns: int | None = None
+    step_index: int | None = None
+    warmup: bool = False
+    parent: Window | None = None
+
+    @property
+    def duration_s(self) -> float | None:
+        if self.end_ns is None:
+            return None
+        return (self.end_ns - self.start_ns) / 1e9

@@ -1,0 +1,120 @@
+"""Every hook perfsdk calls, in one place.
+
+Call order
+----------
+Discovery (once per plugin manager, i.e. once per session and once per CLI invocation)::
+
+    perfsdk_register_collectors(register)
+    perfsdk_register_exporters(register)
+    perfsdk_register_hardware(register)
+    perfsdk_register_commands(cli)            # CLI only
+
+Lifecycle (per session; implemented as methods of collector instances that the session
+registers for its own lifetime)::
+
+    perfsdk_session_start(session)
+    perfsdk_window_open(session, window)      # window "session"
+    perfsdk_load(session, event)              # s.load()
+    perfsdk_tokenize(session, event)          # s.tokenize()
+    for each s.generate() / s.forward():
+        perfsdk_before_generate(session, step)
+        perfsdk_window_open(session, window)  # "step:N", then "prefill" (generate only)
+        perfsdk_window_close / open           # "prefill" closes and "decode" opens at the first token
+        perfsdk_window_close(session, window) # "decode" (generate), then "step:N"
+        perfsdk_after_generate(session, step)
+    perfsdk_window_open / close               # "stage:<name>" around each s.stage() block
+    perfsdk_window_close(session, window)     # window "session"
+    perfsdk_finalize(session) -> Result | None
+
+Lifecycle hooks are dispatched one implementation at a time: an exception in one collector is
+caught, logged, recorded in the run's ``errors`` with the collector and hook name, and the run
+becomes ``partial``; the other collectors still run.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Callable
+
+import pluggy
+
+if TYPE_CHECKING:
+    import click
+    from pydantic import BaseModel
+
+    from perfsdk.events import LoadEvent, Step, TokenizeEvent, Window
+    from perfsdk.session import Session
+
+hookspec = pluggy.HookspecMarker("perfsdk")
+
+
+# -- discovery ----------------------------------------------------------------------------
+
+
+@hookspec
+def perfsdk_register_collectors(register: Callable[[type], None]) -> None:
+    """Called at plugin-manager set-up. Call ``register(CollectorClass)`` for each collector."""
+
+
+@hookspec
+def perfsdk_register_exporters(register: Callable[[type], None]) -> None:
+    """Called at plugin-manager set-up. Call ``register(ExporterClass)`` for each exporter."""
+
+
+@hookspec
+def perfsdk_register_hardware(register: Callable[[Any], None]) -> None:
+    """Called when hardware profiles are listed. Call ``register(profile)`` with a profile
+    (a ``HardwareProfile``, a dict, or a path to a YAML file)."""
+
+
+@hookspec
+def perfsdk_register_commands(cli: click.Group) -> None:
+    """Called when the ``perfsdk`` CLI starts. Add click commands with ``cli.add_command``."""
+
+
+# -- lifecycle ----------------------------------------------------------------------------
+
+
+@hookspec
+def perfsdk_session_start(session: Session) -> None:
+    """Called once when the session starts, before any model work. Arm counters here."""
+
+
+@hookspec
+def perfsdk_load(session: Session, event: LoadEvent) -> None:
+    """Called after ``s.load()``. ``event`` has ``model``, ``tokenizer``, ``load_s``,
+    ``source`` (``config`` or ``adopted``) and the model id."""
+
+
+@hookspec
+def perfsdk_tokenize(session: Session, event: TokenizeEvent) -> None:
+    """Called after ``s.tokenize()``. ``event`` has the encodings, the per-prompt real
+    (unpadded) token counts and the tokenize time."""
+
+
+@hookspec
+def perfsdk_before_generate(session: Session, step: Step) -> None:
+    """Called right before a ``generate`` or ``forward`` step. ``step`` has ``kind``,
+    ``index``, ``batch_size``, ``input_tokens`` (per request), ``warmup`` and the model."""
+
+
+@hookspec
+def perfsdk_after_generate(session: Session, step: Step) -> None:
+    """Called right after a step. ``step`` now also has ``output_tokens`` (per request, real
+    tokens up to and including EOS), ``start_ns``/``end_ns`` and ``token_times_ns`` (the time
+    each generated position was ready, one clock for all collectors), or ``error``."""
+
+
+@hookspec
+def perfsdk_window_open(session: Session, window: Window) -> None:
+    """Called when a measurement window opens: ``session``, ``step:N``, ``prefill``,
+    ``decode``, ``stage:<name>``. Read counters here; keep it cheap."""
+
+
+@hookspec
+def perfsdk_window_close(session: Session, window: Window) -> None:
+    """Called when a window closes (``window.end_ns`` is set). Read counters here."""
+
+
+@hookspec
+def perfsdk_finalize(session: Session) -> BaseModel | None:
+    """Called once at the end. Return the collector's ``Result`` instance, or ``None``."""

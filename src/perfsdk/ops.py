@@ -1,0 +1,43 @@
+"""The operation record: one captured tensor operation of a real or meta-device run.
+
+Operation capture (``perfsdk.capture``) produces these; the FLOPs collector sums them, the
+hardware simulation costs them, the layer collectors attribute them to modules.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+OpCategory = Literal[
+    "matmul", "attention", "norm", "activation", "softmax", "embedding", "elementwise", "other"
+]
+Phase = Literal["prefill", "decode", "forward"]
+
+
+@dataclass
+class OpRecord:
+    """One operation with its cost drivers.
+
+    ``flops`` counts multiply and add separately (2 per multiply-add); ``macs`` is the
+    multiply-add count. Bytes are what the operation must read/write at minimum: weights,
+    activations and KV cache (``kv_bytes`` is the KV-cache part of ``bytes_read``).
+    """
+
+    module_path: str
+    op: str
+    category: OpCategory
+    phase: Phase
+    step: int = 0
+    input_shapes: list[tuple[int, ...]] = field(default_factory=list)
+    output_shape: tuple[int, ...] | None = None
+    dtype: str = "float32"
+    flops: int = 0
+    macs: int = 0
+    bytes_read: int = 0
+    bytes_written: int = 0
+    weight_bytes: int = 0
+    kv_bytes: int = 0
+    elements: int = 0
+    context_len: int | None = None
+    module_type: str | None = None

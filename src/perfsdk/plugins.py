@@ -1,0 +1,211 @@
+"""Plugin manager factory, built-in plugins, entry points, allow-list and tracing.
+
+Built-in collectors and exporters are ordinary plugin modules listed in ``DEFAULT_PLUGINS``
+and load through the very same hooks as third-party packages (entry-point group ``perfsdk``).
+
+Environment switches:
+
+- ``PERFSDK_DISABLE_PLUGIN_AUTOLOAD=1`` — do not load entry-point plugins.
+- ``PERFSDK_PLUGINS=a,b`` — load only these entry-point plugins (by entry-point name).
+- ``PERFSDK_TRACE_HOOKS=1`` — log every hook call.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.metadata
+import os
+from dataclasses import dataclass, field
+from typing import Any
+
+import pluggy
+import structlog
+
+from perfsdk import hookspecs
+from perfsdk.collector import Collector, Exporter
+
+log = structlog.get_logger("perfsdk.plugins")
+
+PROJECT = "perfsdk"
+ENTRY_POINT_GROUP = "perfsdk"
+
+hookimpl = pluggy.HookimplMarker(PROJECT)
+
+DEFAULT_PLUGINS: list[str] = [
+    "perfsdk.collectors.latency",
+    "perfsdk.collectors.memory",
+    "perfsdk.exporters.builtin",
+]
+
+
+class PluginError(RuntimeError):
+    """A plugin could not be loaded or registered something invalid."""
+
+
+@dataclass
+class PluginRegistry:
+    """What the loaded plugins registered, and where each thing came from."""
+
+    collectors: dict[str, type[Collector]] = field(default_factory=dict)
+    exporters: dict[str, type[Exporter]] = field(default_factory=dict)
+    origins: dict[str, str] = field(default_factory=dict)  # "collector:name" -> plugin name
+    distributions: dict[str, str] = field(default_factory=dict)  # plugin name -> "dist version"
+    load_errors: list[tuple[str, str]] = field(default_factory=list)
+
+
+def _env_flag(name: str) -> bool:
+    return os.environ.get(name, "").strip().lower() in ("1", "true", "yes", "on")
+
+
+def allowed_plugins(explicit: list[str] | None = None) -> set[str] | None:
+    """The allow-list from ``PERFSDK_PLUGINS`` (or an explicit list), or ``None`` for all."""
+    if explicit is not None:
+        return {p.strip() for p in explicit if p.strip()}
+    raw = os.environ.get("PERFSDK_PLUGINS")
+    if raw is None or not raw.strip():
+        return None
+    return {p.strip() for p in raw.split(",") if p.strip()}
+
+
+def autoload_disabled() -> bool:
+    return _env_flag("PERFSDK_DISABLE_PLUGIN_AUTOLOAD")
+
+
+def _plugin_label(pm: pluggy.PluginManager, plugin: Any) -> str:
+    return pm.get_name(plugin) or getattr(plugin, "__name__", repr(plugin))
+
+
+def get_plugin_manager(*, load_entry_points: bool | None = None, allow: list[str] | None = None,
+                       extra_plugins: list[Any] | None = None) -> pluggy.PluginManager:
+    """A new plugin manager with hookspecs, built-ins and (unless disabled) entry points."""
+    pm = pluggy.PluginManager(PROJECT)
+    pm.add_hookspecs(hookspecs)
+    for modname in DEFAULT_PLUGINS:
+        mod = importlib.import_module(modname)
+        pm.register(mod, name=modname)
+    if load_entry_points is None:
+        load_entry_points = not autoload_disabled()
+    if load_entry_points:
+        _load_entry_points(pm, allowed_plugins(allow))
+    for plugin in extra_plugins or []:
+        pm.register(plugin)
+    pm.check_pending()
+    if _env_flag("PERFSDK_TRACE_HOOKS"):
+        enable_tracing(pm)
+    return pm
+
+
+def _load_entry_points(pm: pluggy.PluginManager, allow: set[str] | None) -> None:
+    errors: list[tuple[str, str]] = []
+    for ep in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP):
+        if allow is not None and ep.name not in allow:
+            continue
+        if pm.get_plugin(ep.name) is not None or pm.is_blocked(ep.name):
+            continue
+        try:
+            plugin = ep.load()
+        except Exception as exc:  # a broken third-party package must not break perfsdk
+            log.warning("plugin failed to load", plugin=ep.name, error=repr(exc))
+            errors.append((ep.name, repr(exc)))
+            continue
+        pm.register(plugin, name=ep.name)
+        dist = getattr(ep, "dist", None)
+        if dist is not None:
+            pm._perfsdk_dists = getattr(pm, "_perfsdk_dists", {})  # type: ignore[attr-defined]
+            pm._perfsdk_dists[ep.name] = f"{dist.metadata['Name']} {dist.version}"  # type: ignore[attr-defined]
+    pm._perfsdk_load_errors = errors  # type: ignore[attr-defined]
+
+
+def enable_tracing(pm: pluggy.PluginManager) -> None:
+    """Log every hook call made through ``pm.hook`` (the session traces its own dispatch)."""
+
+    def before(hook_name: str, hook_impls: Any, kwargs: Any) -> None:
+        log.info("hook call", hook=hook_name, impls=[i.plugin_name for i in hook_impls])
+
+    def after(outcome: Any, hook_name: str, hook_impls: Any, kwargs: Any) -> None:
+        log.info("hook done", hook=hook_name)
+
+    pm.add_hookcall_monitoring(before, after)
+
+
+def collect_registry(pm: pluggy.PluginManager) -> PluginRegistry:
+    """Run the discovery hooks and return what was registered, validated and de-duplicated."""
+    reg = PluginRegistry()
+    reg.distributions = dict(getattr(pm, "_perfsdk_dists", {}))
+    reg.load_errors = list(getattr(pm, "_perfsdk_load_errors", []))
+
+    for impl in reversed(pm.hook.perfsdk_register_collectors.get_hookimpls()):
+        owner = impl.plugin_name
+
+        def register_collector(cls: type, _owner: str = owner) -> None:
+            if not (isinstance(cls, type) and issubclass(cls, Collector)):
+                raise PluginError(f"plugin {_owner}: register() expects a perfsdk.Collector subclass, got {cls!r}")
+            if not cls.name:
+                raise PluginError(f"plugin {_owner}: collector {cls.__name__} has no name")
+            prev = reg.collectors.get(cls.name)
+            if prev is not None and prev is not cls:
+                raise PluginError(
+                    f"plugin {_owner}: collector name {cls.name!r} already registered by {reg.origins['collector:' + cls.name]}"
+                )
+            reg.collectors[cls.name] = cls
+            reg.origins["collector:" + cls.name] = _owner
+
+        impl.function(register=register_collector)
+
+    for impl in reversed(pm.hook.perfsdk_register_exporters.get_hookimpls()):
+        owner = impl.plugin_name
+
+        def register_exporter(cls: type, _owner: str = owner) -> None:
+            if not (isinstance(cls, type) and issubclass(cls, Exporter)):
+                raise PluginError(f"plugin {_owner}: register() expects a perfsdk.Exporter subclass, got {cls!r}")
+            if not cls.name:
+                raise PluginError(f"plugin {_owner}: exporter {cls.__name__} has no name")
+            prev = reg.exporters.get(cls.name)
+            if prev is not None and prev is not cls:
+                raise PluginError(f"plugin {_owner}: exporter name {cls.name!r} already registered")
+            reg.exporters[cls.name] = cls
+            reg.origins["exporter:" + cls.name] = _owner
+
+        impl.function(register=register_exporter)
+    return reg
+
+
+def collect_hardware(pm: pluggy.PluginManager) -> list[tuple[str, Any]]:
+    """Run ``perfsdk_register_hardware``: a list of (plugin name, profile-like object)."""
+    out: list[tuple[str, Any]] = []
+    for impl in reversed(pm.hook.perfsdk_register_hardware.get_hookimpls()):
+        owner = impl.plugin_name
+        impl.function(register=lambda profile, _o=owner: out.append((_o, profile)))
+    return out
+
+
+def plugin_inventory(pm: pluggy.PluginManager, include_builtin: bool = False) -> list[dict[str, Any]]:
+    """One entry per plugin: name, distribution, collectors, exporters, hardware, hooks."""
+    reg = collect_registry(pm)
+    hardware = collect_hardware(pm)
+    rows = []
+    for plugin in pm.get_plugins():
+        name = _plugin_label(pm, plugin)
+        builtin = name in DEFAULT_PLUGINS
+        if builtin and not include_builtin:
+            continue
+        hooks = sorted(h.name for h in (pm.get_hookcallers(plugin) or []))
+        rows.append(
+            {
+                "name": name,
+                "builtin": builtin,
+                "distribution": "perfsdk (built-in)" if builtin else reg.distributions.get(name),
+                "collectors": sorted(k.split(":", 1)[1] for k, v in reg.origins.items() if v == name and k.startswith("collector:")),
+                "exporters": sorted(k.split(":", 1)[1] for k, v in reg.origins.items() if v == name and k.startswith("exporter:")),
+                "hardware": sorted(_hw_name(p) for o, p in hardware if o == name),
+                "hooks": hooks,
+            }
+        )
+    rows.sort(key=lambda r: (r["builtin"], r["name"]))
+    return rows
+
+
+def _hw_name(profile: Any) -> str:
+    if isinstance(profile, dict):
+        return str(profile.get("name", "?"))
+    return str(getattr(profile, "name", profile))

@@ -1,0 +1,654 @@
+"""The measurement session: lifecycle, one clock, windows, error isolation, finalize.
+
+A :class:`Session` owns one plugin manager, one instance of each enabled collector, one
+sampler thread and one clock. User code calls ``load``/``tokenize``/``generate``/``forward``/
+``stage``/``record``; the session turns those into hook calls and, at the end, into a validated
+:class:`~perfsdk.schemas.RunResult` that is stored and exported. It never loses what was
+collected: a failing collector makes the run ``partial``, an exception in user code makes it
+``failed``, and both are saved.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sys
+import time
+import traceback
+import uuid
+from collections.abc import Iterator
+from datetime import datetime, timezone
+from typing import Any
+
+import pluggy
+import structlog
+from pydantic import BaseModel, ValidationError
+
+from perfsdk import __version__
+from perfsdk.clock import Clock
+from perfsdk.collector import Collector
+from perfsdk.config import Config, ConfigError, load_config
+from perfsdk.events import LoadEvent, Step, TokenizeEvent, Window
+from perfsdk.plugins import PluginRegistry, collect_registry, get_plugin_manager
+from perfsdk.sampler import Sampler
+from perfsdk.schemas import ErrorRecord, ModelInfo, Record, RunResult, WorkloadInfo
+
+log = structlog.get_logger("perfsdk.session")
+
+LIFECYCLE_HOOKS = (
+    "perfsdk_session_start",
+    "perfsdk_load",
+    "perfsdk_tokenize",
+    "perfsdk_before_generate",
+    "perfsdk_after_generate",
+    "perfsdk_window_open",
+    "perfsdk_window_close",
+    "perfsdk_finalize",
+)
+
+
+def new_run_id() -> str:
+    """Sortable by time, unique across processes: UTC timestamp + 12 random hex digits."""
+    return datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%S") + "-" + uuid.uuid4().hex[:12]
+
+
+def _trace_enabled() -> bool:
+    return os.environ.get("PERFSDK_TRACE_HOOKS", "").strip().lower() in ("1", "true", "yes", "on")
+
+
+class _TokenTimer:
+    """A ``transformers`` streamer that timestamps every generated position on the session clock.
+
+    ``generate`` calls ``put`` once with the prompt, then once per generated position with the
+    new tokens of the whole batch (already copied to the host, so the device has finished that
+    step). The first generated position closes the prefill window and opens the decode window.
+    """
+
+    def __init__(self, session: Session, step: Step, chained: Any = None) -> None:
+        self.session = session
+        self.step = step
+        self.chained = chained
+        self.prompt_seen = False
+        self.tokens: list[Any] = []
+
+    def put(self, value: Any) -> None:
+        t = time.perf_counter_ns()
+        if not self.prompt_seen:
+            self.prompt_seen = True
+        else:
+            self.step.token_times_ns.append(t)
+            self.tokens.append(value)
+            if len(self.step.token_times_ns) == 1:
+                self.session._phase_switch_to_decode(self.step, t)
+        if self.chained is not None:
+            self.chained.put(value)
+
+    def end(self) -> None:
+        if self.chained is not None:
+            self.chained.end()
+
+
+def _eos_ids(model: Any, kwargs: dict[str, Any]) -> set[int]:
+    eos = kwargs.get("eos_token_id")
+    if eos is None:
+        gc = kwargs.get("generation_config") or getattr(model, "generation_config", None)
+        eos = getattr(gc, "eos_token_id", None)
+    if eos is None:
+        return set()
+    if isinstance(eos, int):
+        return {eos}
+    try:
+        return {int(e) for e in eos}
+    except TypeError:
+        return set()
+
+
+def count_output_tokens(token_rows: list[list[int]], batch_size: int, eos: set[int]) -> list[int]:
+    """Real output tokens per request: up to and including the first EOS, padding excluded.
+
+    ``token_rows[k][i]`` is request ``i``'s token at generated position ``k``.
+    """
+    counts = []
+    steps = len(token_rows)
+    for i in range(batch_size):
+        n = steps
+        if eos:
+            for k in range(steps):
+                if token_rows[k][i] in eos:
+                    n = k + 1
+                    break
+        counts.append(n)
+    return counts
+
+
+class Session:
+    """One measured run. Use through :func:`perfsdk.session` as a context manager."""
+
+    def __init__(
+        self,
+        config: Config | dict[str, Any] | str | None = None,
+        *,
+        collectors: list[Any] | None = None,
+        store: str | os.PathLike[str] | None | bool = True,
+        plugins: list[Any] | None = None,
+        run_id: str | None = None,
+    ) -> None:
+        self.config: Config = load_config(config) if not isinstance(config, Config) else config
+        self.run_id = run_id or new_run_id()
+        self.clock = Clock()
+        self.sampler = Sampler(self.clock.now_ns)
+        self.pm: pluggy.PluginManager = get_plugin_manager(extra_plugins=plugins)
+        self.registry: PluginRegistry = collect_registry(self.pm)
+        self.collectors: dict[str, Collector] = {}
+        self._init_collectors(collectors or [])
+        if store is True:
+            self.store_dir: str | None = self.config.store
+        elif store is False or store is None:
+            self.store_dir = None
+        else:
+            self.store_dir = os.fspath(store)
+        self.device: Any = None
+        self.model: Any = None
+        self.tokenizer: Any = None
+        self.model_info: ModelInfo | None = None
+        self.workload_info: WorkloadInfo | None = None
+        self.steps: list[Step] = []
+        self.windows: list[Window] = []
+        self.records: list[Record] = []
+        self.errors: list[ErrorRecord] = []
+        self.series: dict[str, list[dict[str, Any]]] = {}
+        self.artifacts: dict[str, bytes] = {}
+        self.tags: dict[str, str] = dict(self.config.tags)
+        self.phase: str = "idle"
+        self.result: RunResult | None = None
+        self.run_dir: str | None = None
+        self.started_at: datetime | None = None
+        self.start_ns: int | None = None
+        self.end_ns: int | None = None
+        self.load_event: LoadEvent | None = None
+        self.tokenize_events: list[TokenizeEvent] = []
+        self.interrupted: str | None = None
+        self.rank_info: Any = None
+        self._warmup_depth = 0
+        self._session_window: Window | None = None
+        self._open_phase_window: Window | None = None
+        self._step_window: Window | None = None
+        self._started = False
+        self._finalized = False
+        self._trace = _trace_enabled()
+        self._impls: dict[str, list[Any]] = {}
+        self._step_counter = 0
+
+    # -- set-up ---------------------------------------------------------------------------
+
+    def _init_collectors(self, extra: list[Any]) -> None:
+        """Instantiate enabled collectors, validating each one's settings."""
+        wanted: dict[str, dict[str, Any]] = {
+            name: {} for name, cls in self.registry.collectors.items() if cls.default_enabled
+        }
+        extra_instances: list[Collector] = []
+        for item in extra:
+            if isinstance(item, type) and issubclass(item, Collector):
+                self.registry.collectors.setdefault(item.name, item)
+                wanted.setdefault(item.name, {})
+            elif isinstance(item, Collector):
+                extra_instances.append(item)
+            else:
+                raise ConfigError(f"collectors: {item!r} is not a perfsdk.Collector class or instance")
+        for name, settings in self.config.collectors.items():
+            if settings is False:
+                wanted.pop(name, None)
+                continue
+            if name not in self.registry.collectors and not any(c.name == name for c in extra_instances):
+                known = ", ".join(sorted(self.registry.collectors)) or "none"
+                raise ConfigError(f"collectors.{name}: unknown collector (available: {known})")
+            wanted[name] = {} if settings in (None, True) else dict(settings)  # type: ignore[arg-type]
+        for inst in extra_instances:
+            wanted.pop(inst.name, None)
+            self.collectors[inst.name] = inst
+        for name, settings in wanted.items():
+            cls = self.registry.collectors[name]
+            try:
+                cfg = cls.Config.model_validate(settings)
+            except ValidationError as err:
+                parts = []
+                for e in err.errors():
+                    path = ".".join(str(p) for p in e["loc"])
+                    msg = "unknown key" if e["type"] == "extra_forbidden" else e["msg"]
+                    parts.append(f"collectors.{name}.{path}: {msg}" if path else f"collectors.{name}: {msg}")
+                raise ConfigError("invalid configuration: " + "; ".join(parts)) from None
+            self.collectors[name] = cls(cfg)
+        for name, inst in self.collectors.items():
+            self.pm.register(inst, name=f"collector:{name}")
+        self.pm.check_pending()
+        # Lifecycle implementations in call order (pluggy calls the list back to front).
+        self._impls = {}
+
+    def _hook_impls(self, hook: str) -> list[Any]:
+        impls = self._impls.get(hook)
+        if impls is None:
+            hc = getattr(self.pm.hook, hook)
+            impls = [i for i in reversed(hc.get_hookimpls()) if not (i.hookwrapper or i.wrapper)]
+            self._impls[hook] = impls
+        return impls
+
+    def _owner(self, impl: Any) -> str:
+        name = impl.plugin_name
+        return name.split(":", 1)[1] if name.startswith("collector:") else name
+
+    def _dispatch(self, hook: str, **kwargs: Any) -> None:
+        for impl in self._hook_impls(hook):
+            if self._trace:
+                log.info("hook call", hook=hook, plugin=impl.plugin_name)
+            try:
+                impl.function(*[kwargs[a] for a in impl.argnames])
+            except Exception as exc:
+                self.record_error(self._owner(impl), hook, exc)
+
+    def record_error(self, source: str, hook: str | None, exc: BaseException) -> None:
+        """Record an isolated failure; the run becomes ``partial``."""
+        log.error("collector failed", source=source, hook=hook, error=repr(exc))
+        tb = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__)[-6:])
+        self.errors.append(ErrorRecord(source=source, hook=hook, type=type(exc).__name__, message=str(exc), traceback=tb))
+
+    # -- lifecycle ------------------------------------------------------------------------
+
+    def __enter__(self) -> Session:
+        self.start()
+        return self
+
+    def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> bool:
+        self.finalize(exc)
+        return False
+
+    def start(self) -> Session:
+        """Arm collectors, open the session window and start the sampler."""
+        if self._started:
+            return self
+        self._started = True
+        self.started_at = datetime.now(timezone.utc)
+        if self.config.workload.threads:
+            import torch
+
+            torch.set_num_threads(self.config.workload.threads)
+        self._dispatch("perfsdk_session_start", session=self)
+        self.start_ns = self.clock.now_ns()
+        self._session_window = self._open_window("session", "session")
+        self.sampler.start()
+        return self
+
+    def _open_window(self, name: str, kind: str, step_index: int | None = None, parent: Window | None = None,
+                     t_ns: int | None = None) -> Window:
+        w = Window(name=name, kind=kind, start_ns=t_ns if t_ns is not None else self.clock.now_ns(sync=True),  # type: ignore[arg-type]
+                   step_index=step_index, warmup=self._warmup_depth > 0, parent=parent)
+        self.windows.append(w)
+        self._dispatch("perfsdk_window_open", session=self, window=w)
+        return w
+
+    def _close_window(self, w: Window, t_ns: int | None = None) -> None:
+        if w.end_ns is not None:
+            return
+        w.end_ns = t_ns if t_ns is not None else self.clock.now_ns(sync=True)
+        self._dispatch("perfsdk_window_close", session=self, window=w)
+
+    @property
+    def in_warmup(self) -> bool:
+        return self._warmup_depth > 0
+
+    @contextlib.contextmanager
+    def warmup(self) -> Iterator[None]:
+        """Steps inside this block are warm-up: counted, but excluded from statistics."""
+        self._warmup_depth += 1
+        try:
+            yield
+        finally:
+            self._warmup_depth -= 1
+
+    # -- model work -----------------------------------------------------------------------
+
+    def load(self, model: Any = None, tokenizer: Any = None) -> tuple[Any, Any]:
+        """Load ``config.model`` (timed), or adopt the given model/tokenizer objects."""
+        from perfsdk.models.info import describe_model, model_device
+
+        self._ensure_started()
+        prev, self.phase = self.phase, "load"
+        t0 = self.clock.now_ns()
+        if model is None:
+            from perfsdk.models.loader import load_model
+
+            model, loaded_tok = load_model(self.config.model)
+            tokenizer = tokenizer if tokenizer is not None else loaded_tok
+            source = "config"
+            model_id: str | None = self.config.model.id
+        else:
+            source = "adopted"
+            model_id = getattr(getattr(model, "config", None), "_name_or_path", None) or type(model).__name__
+        t1 = self.clock.now_ns(sync=True)
+        self.phase = prev
+        self.model, self.tokenizer = model, tokenizer
+        self.device = model_device(model)
+        if self.device is not None:
+            self.clock.use_device(self.device)
+        load_s = (t1 - t0) / 1e9 if source == "config" else 0.0
+        quant = self.config.model.quantization if source == "config" else "none"
+        try:
+            self.model_info = describe_model(model, model_id=model_id, load_s=load_s if source == "config" else None,
+                                             quantization=quant)
+        except Exception as exc:
+            self.record_error("session", "describe_model", exc)
+        self.load_event = LoadEvent(model=model, tokenizer=tokenizer, load_s=load_s, source=source, model_id=model_id)  # type: ignore[arg-type]
+        self._dispatch("perfsdk_load", session=self, event=self.load_event)
+        return model, tokenizer
+
+    def tokenize(self, tokenizer: Any, prompts: list[str] | str, **kwargs: Any) -> Any:
+        """Tokenize prompts (padded, left-padded for generation) onto the model's device."""
+        self._ensure_started()
+        if isinstance(prompts, str):
+            prompts = [prompts]
+        kwargs.setdefault("return_tensors", "pt")
+        kwargs.setdefault("padding", True)
+        if getattr(tokenizer, "pad_token", "x") is None:
+            tokenizer.pad_token = tokenizer.eos_token
+        if "padding_side" not in kwargs and hasattr(tokenizer, "padding_side"):
+            kwargs["padding_side"] = "left"
+        t0 = self.clock.now_ns()
+        enc = tokenizer(prompts, **kwargs)
+        if self.device is not None and hasattr(enc, "to"):
+            enc = enc.to(self.device)
+        t1 = self.clock.now_ns()
+        mask = enc.get("attention_mask") if hasattr(enc, "get") else None
+        if mask is not None:
+            counts = [int(x) for x in mask.sum(dim=1).tolist()]
+        else:
+            ids = enc["input_ids"]
+            counts = [int(ids.shape[-1])] * int(ids.shape[0])
+        ev = TokenizeEvent(encodings=enc, token_counts=counts, tokenize_s=(t1 - t0) / 1e9)
+        self.tokenize_events.append(ev)
+        self._dispatch("perfsdk_tokenize", session=self, event=ev)
+        return enc
+
+    def _ensure_started(self) -> None:
+        if not self._started:
+            self.start()
+        if self._finalized:
+            raise RuntimeError("session already finalized")
+
+    def _new_step(self, kind: str, model: Any, inputs: dict[str, Any], args: tuple[Any, ...] = ()) -> Step:
+        ids = inputs.get("input_ids")
+        mask = inputs.get("attention_mask")
+        if ids is None:
+            ids = inputs.get("inputs") or inputs.get("pixel_values") or inputs.get("input_values") or inputs.get("x")
+        if ids is None and args:
+            ids = args[0]
+        batch = int(ids.shape[0]) if hasattr(ids, "shape") and len(ids.shape) > 0 else 1
+        if mask is not None:
+            in_tokens = [int(x) for x in mask.sum(dim=1).tolist()]
+        elif hasattr(ids, "shape") and len(ids.shape) >= 2 and not getattr(ids, "is_floating_point", lambda: True)():
+            in_tokens = [int(ids.shape[1])] * batch
+        else:
+            in_tokens = [0] * batch
+        step = Step(kind=kind, index=self._step_counter, batch_size=batch, input_tokens=in_tokens, model=model,  # type: ignore[arg-type]
+                    inputs=inputs, warmup=self.in_warmup)
+        self._step_counter += 1
+        return step
+
+    def generate(self, model: Any, **kwargs: Any) -> Any:
+        """Run ``model.generate(**kwargs)`` with per-token timestamps taken inside generation."""
+        import torch
+
+        self._ensure_started()
+        step = self._new_step("generate", model, kwargs)
+        step.gen_kwargs = {k: v for k, v in kwargs.items() if not hasattr(v, "shape")}
+        self._dispatch("perfsdk_before_generate", session=self, step=step)
+        timer = _TokenTimer(self, step, chained=kwargs.pop("streamer", None))
+        prev_phase = self.phase
+        step.start_ns = self.clock.now_ns(sync=True)
+        self._step_window = self._open_window(f"step:{step.index}", "step", step.index, self._session_window, step.start_ns)
+        self._open_phase_window = self._open_window("prefill", "prefill", step.index, self._step_window, step.start_ns)
+        self.phase = "prefill"
+        out = None
+        try:
+            with torch.inference_mode():
+                out = model.generate(**kwargs, streamer=timer)
+        except BaseException as exc:
+            step.error = exc
+            raise
+        finally:
+            step.end_ns = self.clock.now_ns(sync=True)
+            self.phase = prev_phase
+            if self._open_phase_window is not None:
+                self._close_window(self._open_phase_window, step.end_ns)
+                self._open_phase_window = None
+            self._close_window(self._step_window, step.end_ns)
+            self._step_window = None
+            step.outputs = out
+            self._finish_generate_counts(step, timer, model, kwargs, out)
+            self.steps.append(step)
+            self._dispatch("perfsdk_after_generate", session=self, step=step)
+        return out
+
+    def _phase_switch_to_decode(self, step: Step, t_ns: int) -> None:
+        if self._open_phase_window is not None:
+            self._close_window(self._open_phase_window, t_ns)
+        self._open_phase_window = self._open_window("decode", "decode", step.index, self._step_window, t_ns)
+        self.phase = "decode"
+
+    def _finish_generate_counts(self, step: Step, timer: _TokenTimer, model: Any, kwargs: dict[str, Any], out: Any) -> None:
+        eos = _eos_ids(model, kwargs)
+        try:
+            if timer.tokens:
+                rows = [[int(x) for x in t.reshape(-1).tolist()] for t in timer.tokens]
+                step.output_tokens = count_output_tokens(rows, step.batch_size, eos)
+            elif out is not None and hasattr(out, "shape") and "input_ids" in kwargs:
+                # model.generate did not call the streamer: count from the returned sequences
+                new = out[:, kwargs["input_ids"].shape[1]:]
+                rows = [[int(x) for x in new[:, k].tolist()] for k in range(new.shape[1])]
+                step.output_tokens = count_output_tokens(rows, step.batch_size, eos)
+            else:
+                step.output_tokens = [0] * step.batch_size
+        except Exception as exc:
+            self.record_error("session", "count_output_tokens", exc)
+            step.output_tokens = [0] * step.batch_size
+
+    def forward(self, model: Any, *args: Any, inference_mode: bool = True, **kwargs: Any) -> Any:
+        """Time one forward call of any ``nn.Module`` (``model(*args, **kwargs)``)."""
+        import torch
+
+        self._ensure_started()
+        step = self._new_step("forward", model, kwargs, args)
+        self._dispatch("perfsdk_before_generate", session=self, step=step)
+        prev_phase = self.phase
+        step.start_ns = self.clock.now_ns(sync=True)
+        self._step_window = self._open_window(f"step:{step.index}", "step", step.index, self._session_window, step.start_ns)
+        self.phase = "forward"
+        out = None
+        try:
+            ctx = torch.inference_mode() if inference_mode else contextlib.nullcontext()
+            with ctx:
+                out = model(*args, **kwargs)
+        except BaseException as exc:
+            step.error = exc
+            raise
+        finally:
+            step.end_ns = self.clock.now_ns(sync=True)
+            self.phase = prev_phase
+            self._close_window(self._step_window, step.end_ns)
+            self._step_window = None
+            step.outputs = out
+            step.output_tokens = []
+            self.steps.append(step)
+            self._dispatch("perfsdk_after_generate", session=self, step=step)
+        return out
+
+    @contextlib.contextmanager
+    def stage(self, name: str) -> Iterator[Window]:
+        """A user-named, timed and energy-metered window."""
+        self._ensure_started()
+        if not name or ":" in name:
+            raise ValueError(f"stage name {name!r}: must be non-empty and contain no ':'")
+        parent = self._step_window or self._session_window
+        w = self._open_window(f"stage:{name}", "stage", None, parent)
+        prev_phase, self.phase = self.phase, f"stage:{name}"
+        try:
+            yield w
+        finally:
+            self.phase = prev_phase
+            self._close_window(w)
+
+    def record(self, name: str, value: Any, unit: str | None = None) -> None:
+        """Store a user metric with the run."""
+        if not name:
+            raise ValueError("record name must be non-empty")
+        if value is not None and not isinstance(value, (int, float, str, bool)):
+            try:
+                value = float(value)
+            except (TypeError, ValueError):
+                raise TypeError(f"record {name!r}: value must be a number, string or bool") from None
+        t = self.clock.since_origin_s(self.clock.now_ns()) if self.start_ns is not None else None
+        self.records.append(Record(name=name, value=value, unit=unit, t_s=t))
+
+    # -- data for the store ---------------------------------------------------------------
+
+    def add_series(self, name: str, rows: list[dict[str, Any]]) -> None:
+        """Attach a raw time series (stored next to the result as JSON lines)."""
+        self.series[name] = rows
+
+    def add_artifact(self, filename: str, data: bytes | str) -> None:
+        """Attach a file (e.g. a profiler trace) to be stored in the run folder."""
+        self.artifacts[filename] = data.encode() if isinstance(data, str) else data
+
+    def collector(self, name: str) -> Collector | None:
+        return self.collectors.get(name)
+
+    def set_workload_info(self, info: WorkloadInfo) -> None:
+        self.workload_info = info
+
+    @property
+    def measured_steps(self) -> list[Step]:
+        """Steps that count: not warm-up, finished without error."""
+        return [s for s in self.steps if not s.warmup and s.error is None and s.end_ns is not None]
+
+    # -- finalize -------------------------------------------------------------------------
+
+    def finalize(self, exc: BaseException | None = None) -> RunResult:
+        """Close windows, collect results, build, store and export the run. Idempotent."""
+        if self._finalized and self.result is not None:
+            return self.result
+        if not self._started:
+            self.start()
+        self._finalized = True
+        self.end_ns = self.clock.now_ns(sync=True)
+        if self._open_phase_window is not None:
+            self._close_window(self._open_phase_window, self.end_ns)
+        if self._step_window is not None:
+            self._close_window(self._step_window, self.end_ns)
+        for w in self.windows:
+            if w.end_ns is None and w.kind == "stage":
+                self._close_window(w, self.end_ns)
+        if self._session_window is not None:
+            self._close_window(self._session_window, self.end_ns)
+        self.sampler.stop()
+        collected: dict[str, dict[str, Any]] = {}
+        for impl in self._hook_impls("perfsdk_finalize"):
+            owner = self._owner(impl)
+            try:
+                res = impl.function(*[{"session": self}[a] for a in impl.argnames])
+            except Exception as e:
+                self.record_error(owner, "perfsdk_finalize", e)
+                continue
+            if res is None:
+                continue
+            stored = self._validate_result(owner, res)
+            if stored is not None:
+                collected[owner] = stored
+        status = "ok"
+        if exc is not None or self.interrupted:
+            status = "failed"
+            if exc is not None:
+                tb = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__)[-8:])
+                src = "interrupt" if isinstance(exc, KeyboardInterrupt) else "user"
+                self.errors.append(ErrorRecord(source=src, hook=None, type=type(exc).__name__,
+                                               message=str(exc) or self.interrupted or "", traceback=tb))
+            elif self.interrupted:
+                self.errors.append(ErrorRecord(source="interrupt", type="Interrupted", message=self.interrupted))
+        elif self.errors:
+            status = "partial"
+        finished = datetime.now(timezone.utc)
+        from perfsdk.env import capture_environment
+
+        result = RunResult(
+            run_id=self.run_id,
+            name=self.config.name,
+            status=status,  # type: ignore[arg-type]
+            started_at=self.started_at or finished,
+            finished_at=finished,
+            duration_s=(self.end_ns - (self.start_ns or self.end_ns)) / 1e9,
+            perfsdk_version=__version__,
+            environment=capture_environment(),
+            config=self.config.model_dump(mode="json"),
+            model=self.model_info,
+            workload=self.workload_info,
+            collectors=collected,
+            records=self.records,
+            errors=self.errors,
+            tags=self.tags,
+        )
+        result = self._post_process(result)
+        self.result = result
+        self._persist()
+        return self.result
+
+    def _post_process(self, result: RunResult) -> RunResult:
+        """Extension point for distributed gathering (overridden by rank-aware sessions)."""
+        return result
+
+    def _validate_result(self, owner: str, res: Any) -> dict[str, Any] | None:
+        cls = type(self.collectors[owner]).Result if owner in self.collectors else None
+        try:
+            if cls is None:
+                if isinstance(res, BaseModel):
+                    return res.model_dump(mode="json")
+                raise TypeError(f"plugin {owner} returned {type(res).__name__} from perfsdk_finalize")
+            if isinstance(res, cls):
+                return res.model_dump(mode="json")
+            data = res.model_dump() if isinstance(res, BaseModel) else res
+            return cls.model_validate(data).model_dump(mode="json")
+        except (ValidationError, TypeError, ValueError) as e:
+            self.record_error(owner, "perfsdk_finalize", ValueError(f"result failed validation: {e}"))
+            return None
+
+    def _persist(self) -> None:
+        assert self.result is not None
+        if not self.store_dir:
+            return
+        from perfsdk.store import Store
+
+        try:
+            store = Store(self.store_dir)
+            self.run_dir = str(store.save(self.result, series=self.series, artifacts=self.artifacts))
+            # store.save may have added series/artifact names: read back the stored result
+            self.result = store.get(self.result.run_id)
+        except Exception as exc:
+            log.error("could not store the run", store=self.store_dir, error=repr(exc))
+            print(f"perfsdk: could not store run {self.run_id} in {self.store_dir}: {exc}", file=sys.stderr)
+            return
+        for name in self.config.exporters:
+            cls = self.registry.exporters.get(name)
+            if cls is None:
+                log.error("unknown exporter", exporter=name, available=sorted(self.registry.exporters))
+                continue
+            try:
+                store.write_export(self.result.run_id, cls())
+            except Exception as exc:
+                log.error("exporter failed", exporter=name, error=repr(exc))
+
+
+def session(config: Config | dict[str, Any] | str | None = None, **kwargs: Any) -> Session:
+    """Start a measurement session: ``with perfsdk.session(cfg) as s: ...``.
+
+    ``config`` may be a :class:`~perfsdk.config.Config`, a dict, a YAML path or ``None`` for
+    defaults. Keyword arguments: ``collectors`` (extra collector classes or instances),
+    ``store`` (a folder, or ``None`` to keep the run in memory only), ``plugins`` (extra plugin
+    objects to register), ``run_id``.
+    """
+    return Session(config, **kwargs)
