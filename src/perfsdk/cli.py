@@ -1,0 +1,370 @@
+"""The ``perfsdk`` command line (click). Plugins add commands through ``perfsdk_register_commands``.
+
+Exit codes: 0 ok, 1 run failed or partial, 2 invalid config or usage, 130/143 interrupted.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+from pathlib import Path
+from typing import Any
+
+import click
+import structlog
+from rich.console import Console
+
+from perfsdk.config import ConfigError, load_config, quickstart_config
+
+log = structlog.get_logger("perfsdk.cli")
+
+EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
+SIGNAL_EXIT = {signal.SIGINT: 130, signal.SIGTERM: 143}
+
+
+class RunInterrupted(BaseException):
+    """Raised in the main thread when SIGTERM/SIGINT arrives during a run."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(f"interrupted by {signal.Signals(signum).name}")
+        self.signum = signum
+
+
+def configure_logging(verbose: int = 0) -> None:
+    """Library code is quiet: warnings and errors only, unless -v."""
+    import logging
+
+    level = logging.WARNING if verbose == 0 else (logging.INFO if verbose == 1 else logging.DEBUG)
+    structlog.configure(
+        wrapper_class=structlog.make_filtering_bound_logger(level),
+        logger_factory=structlog.PrintLoggerFactory(file=sys.stderr),
+    )
+
+
+def fail_usage(message: str) -> None:
+    click.echo(f"perfsdk: error: {message}", err=True)
+    sys.exit(EXIT_USAGE)
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.option("-v", "--verbose", count=True, help="More log output (-v info, -vv debug).")
+@click.option("--plugins", "plugins_allow", default=None, metavar="A,B",
+              help="Load only these entry-point plugins (same as PERFSDK_PLUGINS).")
+@click.option("--no-plugin-autoload", is_flag=True, help="Do not load entry-point plugins (same as PERFSDK_DISABLE_PLUGIN_AUTOLOAD=1).")
+@click.version_option(package_name="perfsdk", prog_name="perfsdk")
+def cli(verbose: int, plugins_allow: str | None, no_plugin_autoload: bool) -> None:
+    """perfsdk: measure and simulate PyTorch / transformers inference."""
+    configure_logging(verbose)
+    if plugins_allow is not None:
+        os.environ["PERFSDK_PLUGINS"] = plugins_allow
+    if no_plugin_autoload:
+        os.environ["PERFSDK_DISABLE_PLUGIN_AUTOLOAD"] = "1"
+
+
+def preflight(cfg: Any) -> None:
+    """Checks that need the file system, done before anything is written."""
+    prompts = cfg.workload.prompts
+    if not prompts.startswith("builtin:") and not Path(prompts).is_file():
+        raise ConfigError(f"workload.prompts: prompt file {prompts} not found")
+    mid = cfg.model.id
+    if mid.startswith((".", "/", "~")) and not Path(mid).expanduser().exists():
+        raise ConfigError(f"model.id: model folder {mid} not found")
+
+
+def _install_signal_handlers() -> dict[int, Any]:
+    previous = {}
+
+    def handler(signum: int, frame: Any) -> None:
+        raise RunInterrupted(signum)
+
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        try:
+            previous[sig] = signal.signal(sig, handler)
+        except ValueError:  # not the main thread
+            pass
+    return previous
+
+
+@cli.command("run")
+@click.argument("config_path", required=False, type=click.Path(dir_okay=False))
+@click.option("--set", "overrides", multiple=True, metavar="KEY.PATH=VALUE", help="Override a config field.")
+@click.option("--store", "store_dir", default=None, help="Result store folder (default: config's `store`).")
+@click.option("--json", "as_json", is_flag=True, help="Print the run result as JSON instead of tables.")
+@click.option("--quiet", "-q", is_flag=True, help="No summary, only the run id.")
+def run_cmd(config_path: str | None, overrides: tuple[str, ...], store_dir: str | None, as_json: bool, quiet: bool) -> None:
+    """Run a benchmark from CONFIG (YAML); without CONFIG, the built-in quickstart."""
+    from perfsdk.session import Session
+
+    try:
+        if config_path is None:
+            cfg = load_config(quickstart_config(), list(overrides))
+        else:
+            cfg = load_config(config_path, list(overrides))
+        if store_dir is not None:
+            cfg = cfg.model_copy(update={"store": store_dir})
+        preflight(cfg)
+        sess = Session(cfg)
+    except ConfigError as err:
+        fail_usage(str(err))
+        return
+    code = execute_run(sess, quiet=quiet, as_json=as_json)
+    sys.exit(code)
+
+
+def execute_run(sess: Any, quiet: bool = False, as_json: bool = False) -> int:
+    """Run the configured workload in ``sess`` and print the summary; returns the exit code."""
+    from perfsdk.models.runner import run_workload
+    from perfsdk.summary import print_summary
+
+    console = Console(stderr=False)
+    previous = _install_signal_handlers()
+    code = EXIT_OK
+    try:
+        with _progress(quiet or as_json) as progress:
+            try:
+                with sess:
+                    run_workload(sess, progress=progress)
+            except RunInterrupted as exc:
+                sess.interrupted = str(exc)
+                code = SIGNAL_EXIT.get(exc.signum, 130)
+            except KeyboardInterrupt:
+                code = 130
+            except ConfigError as err:
+                click.echo(f"perfsdk: error: {err}", err=True)
+                code = EXIT_USAGE
+            except Exception as exc:  # the run is saved as failed; report and exit 1
+                click.echo(f"perfsdk: run failed: {type(exc).__name__}: {exc}", err=True)
+                code = EXIT_FAILED
+    finally:
+        for sig, h in previous.items():
+            signal.signal(sig, h)
+    result = sess.result
+    if result is None:
+        return code or EXIT_FAILED
+    if as_json:
+        click.echo(result.model_dump_json(indent=2))
+    elif quiet:
+        click.echo(result.run_id)
+    else:
+        print_summary(result, console, sess.run_dir)
+    if code == EXIT_OK and result.status != "ok":
+        code = EXIT_FAILED
+    return code
+
+
+class _NoProgress:
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, *a: Any) -> None:
+        return None
+
+
+def _progress(disabled: bool) -> Any:
+    """A rich progress bar on a terminal (stderr), nothing otherwise."""
+    if disabled or not sys.stderr.isatty():
+        return _NoProgress()
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+
+    class _Bar:
+        def __enter__(self) -> Any:
+            self.p = Progress(TextColumn("batches"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
+                              TimeElapsedColumn(), TimeRemainingColumn(), console=Console(stderr=True), transient=True)
+            self.p.start()
+            self.task = self.p.add_task("run", total=None)
+            return self.update
+
+        def update(self, done: int, total: int | None) -> None:
+            self.p.update(self.task, completed=done, total=total)
+
+        def __exit__(self, *a: Any) -> None:
+            self.p.stop()
+
+    return _Bar()
+
+
+@cli.command("export")
+@click.option("--format", "fmt", required=True, help="Output format (json, jsonl, csv, markdown, parquet, or a plugin's).")
+@click.option("--output", "-o", default="-", help="Output file, or - for standard output.")
+@click.option("--store", "store_dir", default="perfsdk-results", show_default=True, help="Result store folder.")
+@click.option("--run", "run_ids", multiple=True, help="Only these run ids (repeatable); default all.")
+@click.option("--name", default=None, help="Only runs with this name.")
+@click.option("--status", type=click.Choice(["ok", "partial", "failed"]), default=None, help="Only runs with this status.")
+def export_cmd(fmt: str, output: str, store_dir: str, run_ids: tuple[str, ...], name: str | None, status: str | None) -> None:
+    """Export stored runs: one row per run, nested fields flattened with dots."""
+    from perfsdk.plugins import collect_registry, get_plugin_manager
+    from perfsdk.store import Store, StoreError
+
+    reg = collect_registry(get_plugin_manager())
+    cls = reg.exporters.get(fmt)
+    if cls is None:
+        fail_usage(f"unknown format {fmt!r}; valid formats: {', '.join(sorted(reg.exporters))}")
+        return
+    store = Store(store_dir)
+    if not Path(store_dir).is_dir():
+        fail_usage(f"--store {store_dir}: no such result store")
+    try:
+        runs = store.list_runs(list(run_ids) if run_ids else None, name=name, status=status)
+    except StoreError as err:
+        fail_usage(str(err))
+        return
+    exporter = cls()
+    if output == "-":
+        if cls.binary:
+            if sys.stdout.isatty():
+                fail_usage(f"format {fmt} is binary: use --output FILE")
+            import io
+
+            buf = io.BytesIO()
+            ok = exporter.export(runs, buf)
+            sys.stdout.buffer.write(buf.getvalue())
+            sys.stdout.flush()
+        else:
+            import io
+
+            sbuf = io.StringIO()
+            ok = exporter.export(runs, sbuf)
+            click.echo(sbuf.getvalue(), nl=False)
+    else:
+        from perfsdk.store import atomic_write
+
+        import io
+
+        buf2: Any = io.BytesIO() if cls.binary else io.StringIO()
+        ok = exporter.export(runs, buf2)
+        if ok:
+            data = buf2.getvalue()
+            atomic_write(Path(output), data if isinstance(data, bytes) else data.encode("utf-8"))
+            click.echo(f"wrote {len(runs)} run(s) to {output}", err=True)
+    if not ok:
+        click.echo(f"perfsdk: exporter {fmt} failed", err=True)
+        sys.exit(EXIT_FAILED)
+
+
+@cli.command("plugins")
+@click.option("--all", "show_all", is_flag=True, help="Include the built-in plugins.")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+def plugins_cmd(show_all: bool, as_json: bool) -> None:
+    """List installed plugins, what they provide and the distribution each comes from."""
+    from rich.table import Table
+
+    from perfsdk.plugins import get_plugin_manager, plugin_inventory
+
+    rows = plugin_inventory(get_plugin_manager(), include_builtin=show_all)
+    if as_json:
+        click.echo(json.dumps(rows, indent=2))
+        return
+    if not rows:
+        click.echo("no third-party plugins installed (use --all to list built-ins)")
+        return
+    t = Table(show_edge=False)
+    for col in ("plugin", "distribution", "collectors", "exporters", "hardware", "hooks"):
+        t.add_column(col)
+    for r in rows:
+        t.add_row(r["name"], r["distribution"] or "-", ", ".join(r["collectors"]), ", ".join(r["exporters"]),
+                  ", ".join(r["hardware"]), ", ".join(h.replace("perfsdk_", "") for h in r["hooks"]))
+    Console().print(t)
+
+
+def schema_documents() -> dict[str, dict[str, Any]]:
+    """The JSON Schemas perfsdk publishes, by file name."""
+    from perfsdk.config import Config
+    from perfsdk.schemas import RunResult
+
+    docs = {
+        "config.schema.json": Config.model_json_schema(),
+        "run-result.schema.json": RunResult.model_json_schema(),
+    }
+    try:
+        from perfsdk.hardware.profile import HardwareProfile
+
+        docs["hardware.schema.json"] = HardwareProfile.model_json_schema()
+    except ImportError:
+        pass
+    for name, doc in docs.items():
+        doc.setdefault("$schema", "https://json-schema.org/draft/2020-12/schema")
+        doc.setdefault("$id", f"perfsdk/{name}")
+    return docs
+
+
+@cli.command("schema")
+@click.option("--output-dir", default="schemas", show_default=True, help="Folder to write the schemas into.")
+def schema_cmd(output_dir: str) -> None:
+    """Write JSON Schemas of the config, the run result and the hardware profile."""
+    out = Path(output_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    for name, doc in schema_documents().items():
+        (out / name).write_text(json.dumps(doc, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+        click.echo(f"wrote {out / name}")
+
+
+@cli.command("doctor")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+def doctor_cmd(as_json: bool) -> None:
+    """What can be measured here: CUDA, NVML, RAPL, CodeCarbon — and why not."""
+    from rich.table import Table
+
+    from perfsdk.doctor import run_checks
+
+    checks = run_checks()
+    if as_json:
+        click.echo(json.dumps([c.model_dump() for c in checks], indent=2))
+        return
+    t = Table(show_edge=False)
+    for col in ("source", "available", "reason", "fix"):
+        t.add_column(col)
+    for c in checks:
+        t.add_row(c.name, "[green]yes[/]" if c.available else "[red]no[/]", c.reason or "", c.fix or "")
+    Console().print(t)
+
+
+def _prescan_plugin_flags(argv: list[str]) -> None:
+    """Honour --plugins / --no-plugin-autoload before plugin commands are registered."""
+    for i, a in enumerate(argv):
+        if a == "--no-plugin-autoload":
+            os.environ["PERFSDK_DISABLE_PLUGIN_AUTOLOAD"] = "1"
+        elif a == "--plugins" and i + 1 < len(argv):
+            os.environ["PERFSDK_PLUGINS"] = argv[i + 1]
+        elif a.startswith("--plugins="):
+            os.environ["PERFSDK_PLUGINS"] = a.split("=", 1)[1]
+        elif not a.startswith("-"):
+            break
+
+
+_commands_registered = False
+
+
+def register_plugin_commands() -> None:
+    """Let plugins add commands to the ``perfsdk`` group (once per process)."""
+    global _commands_registered
+    if _commands_registered:
+        return
+    _commands_registered = True
+    from perfsdk.plugins import get_plugin_manager
+
+    try:
+        pm = get_plugin_manager()
+    except Exception as exc:
+        click.echo(f"perfsdk: warning: plugins could not be loaded: {exc}", err=True)
+        return
+    for impl in reversed(pm.hook.perfsdk_register_commands.get_hookimpls()):
+        try:
+            impl.function(cli=cli)
+        except Exception as exc:
+            click.echo(f"perfsdk: warning: plugin {impl.plugin_name} failed to add commands: {exc}", err=True)
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Console-script entry point."""
+    os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
+    args = list(sys.argv[1:] if argv is None else argv)
+    _prescan_plugin_flags(args)
+    configure_logging(0)
+    register_plugin_commands()
+    cli.main(args=args, prog_name="perfsdk")
+
+
+if __name__ == "__main__":  # python -m perfsdk.cli
+    main()

@@ -1,0 +1,158 @@
+"""Memory: peak RSS of the process tree (sampled), CUDA peaks, weights and KV-cache bytes."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import Field
+
+from perfsdk.collector import Collector, CollectorConfig, CollectorResult
+from perfsdk.events import Step, Window
+from perfsdk.plugins import hookimpl
+
+
+class MemoryConfig(CollectorConfig):
+    """Settings of the memory collector."""
+
+    interval_s: float = Field(default=0.1, gt=0, description="RSS sampling interval on the shared sampler")
+
+
+class MemoryResult(CollectorResult):
+    """Peak memory figures in bytes."""
+
+    rss_peak_bytes: int | None = None
+    rss_start_bytes: int | None = None
+    rss_end_bytes: int | None = None
+    rss_peak_by_phase_bytes: dict[str, int] = Field(default_factory=dict)
+    cuda_peak_allocated_bytes: int | None = None
+    cuda_peak_reserved_bytes: int | None = None
+    cuda_peak_allocated_by_phase_bytes: dict[str, int] = Field(default_factory=dict)
+    cuda_status: str = "unavailable: model not on CUDA"
+    weights_bytes: int | None = None
+    kv_cache_bytes: int | None = None
+    kv_cache_bytes_per_token: int | None = None
+    kv_cache_context_tokens: int | None = None
+    kv_cache_batch_size: int | None = None
+    samples: int = 0
+
+
+def process_tree_rss(proc: Any) -> int:
+    """RSS of a process and all its children (bytes)."""
+    total = proc.memory_info().rss
+    for child in proc.children(recursive=True):
+        try:
+            total += child.memory_info().rss
+        except Exception:  # child exited between listing and reading
+            pass
+    return int(total)
+
+
+class MemoryCollector(Collector):
+    """Samples RSS on the shared sampler and at window edges; reads CUDA allocator peaks."""
+
+    name = "memory"
+    Config = MemoryConfig
+    Result = MemoryResult
+    default_enabled = True
+    description = "peak RSS (process tree), CUDA peaks, weights, KV cache"
+
+    def __init__(self, config: Any = None) -> None:
+        super().__init__(config)
+        import psutil
+
+        self._proc = psutil.Process()
+        self.peak = 0
+        self.start: int | None = None
+        self.end: int | None = None
+        self.by_phase: dict[str, int] = {}
+        self.cuda_by_phase: dict[str, int] = {}
+        self.samples = 0
+        self.session: Any = None
+        self.max_kv: tuple[int, int] | None = None  # (batch, context)
+
+    def _sample(self, t_ns: int = 0, tree: bool = True, phase: str | None = None) -> None:
+        rss = process_tree_rss(self._proc) if tree else int(self._proc.memory_info().rss)
+        self.samples += 1
+        if rss > self.peak:
+            self.peak = rss
+        if phase is None:
+            phase = self.session.phase if self.session is not None else "idle"
+        if rss > self.by_phase.get(phase, 0):
+            self.by_phase[phase] = rss
+
+    def _cuda(self) -> Any:
+        dev = getattr(self.session, "device", None)
+        if dev is None or getattr(dev, "type", None) != "cuda":
+            return None
+        import torch
+
+        return torch.cuda
+
+    @hookimpl
+    def perfsdk_session_start(self, session: Any) -> None:
+        self.session = session
+        self.start = process_tree_rss(self._proc)
+        self.peak = self.start
+        session.sampler.add_probe("memory.rss", self._sample, self.config.interval_s)  # type: ignore[attr-defined]
+
+    @hookimpl
+    def perfsdk_window_open(self, session: Any, window: Window) -> None:
+        if window.kind in ("prefill", "decode", "step", "stage"):
+            self._sample(tree=False)
+            cuda = self._cuda()
+            if cuda is not None and window.kind in ("prefill", "decode"):
+                cuda.reset_peak_memory_stats(session.device)
+
+    @hookimpl
+    def perfsdk_window_close(self, session: Any, window: Window) -> None:
+        if window.kind in ("prefill", "decode", "step", "stage"):
+            self._sample(tree=False, phase=window.name if window.kind == "stage" else window.kind)
+            cuda = self._cuda()
+            if cuda is not None and window.kind in ("prefill", "decode"):
+                peak = int(cuda.max_memory_allocated(session.device))
+                self.cuda_by_phase[window.kind] = max(peak, self.cuda_by_phase.get(window.kind, 0))
+
+    @hookimpl
+    def perfsdk_after_generate(self, session: Any, step: Step) -> None:
+        if step.kind != "generate" or step.warmup:
+            return
+        ids = step.inputs.get("input_ids")
+        padded = int(ids.shape[1]) if ids is not None and hasattr(ids, "shape") else max(step.input_tokens or [0])
+        ctx = padded + len(step.token_times_ns)
+        cand = (step.batch_size, ctx)
+        if self.max_kv is None or cand[0] * cand[1] > self.max_kv[0] * self.max_kv[1]:
+            self.max_kv = cand
+
+    @hookimpl
+    def perfsdk_finalize(self, session: Any) -> MemoryResult:
+        from perfsdk.models.info import kv_cache_bytes
+
+        self._sample()
+        self.end = process_tree_rss(self._proc)
+        info = session.model_info
+        cuda = self._cuda()
+        kv = kv_tok = None
+        if info is not None and self.max_kv is not None:
+            kv = kv_cache_bytes(info, self.max_kv[0], self.max_kv[1])
+            kv_tok = kv_cache_bytes(info, 1, 1)
+        return MemoryResult(
+            rss_peak_bytes=max(self.peak, self.end),
+            rss_start_bytes=self.start,
+            rss_end_bytes=self.end,
+            rss_peak_by_phase_bytes=dict(self.by_phase),
+            cuda_peak_allocated_bytes=int(cuda.max_memory_allocated(session.device)) if cuda else None,
+            cuda_peak_reserved_bytes=int(cuda.max_memory_reserved(session.device)) if cuda else None,
+            cuda_peak_allocated_by_phase_bytes=dict(self.cuda_by_phase),
+            cuda_status="ok" if cuda else "unavailable: model not on CUDA",
+            weights_bytes=info.weights_bytes if info else None,
+            kv_cache_bytes=kv,
+            kv_cache_bytes_per_token=kv_tok,
+            kv_cache_context_tokens=self.max_kv[1] if self.max_kv else None,
+            kv_cache_batch_size=self.max_kv[0] if self.max_kv else None,
+            samples=self.samples,
+        )
+
+
+@hookimpl
+def perfsdk_register_collectors(register: Any) -> None:
+    register(MemoryCollector)

@@ -1,0 +1,1 @@
+"""Built-in exporters and the flattening they share."""

@@ -1,0 +1,270 @@
+"""The result store: one folder per run plus a SQLite index.
+
+Layout::
+
+    <root>/index.sqlite
+    <root>/runs/<run_id>/result.json        # the validated RunResult
+    <root>/runs/<run_id>/series/<name>.jsonl # raw time series (per-token timestamps, samples)
+    <root>/runs/<run_id>/artifacts/<file>    # e.g. profiler traces
+    <root>/runs/<run_id>/export.<ext>        # exports written at the end of the run
+
+A run folder is written under a temporary name and renamed into place, so a reader never sees
+a half-written run and a process killed mid-write leaves only a ``.tmp-*`` folder behind (ignored,
+cleaned by ``perfsdk store repair``). The index is updated after the rename in a SQLite
+transaction; the folders are the source of truth and the index can always be rebuilt.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import sqlite3
+import tempfile
+import time
+from collections.abc import Iterable
+from contextlib import closing
+from pathlib import Path
+from typing import Any
+
+import structlog
+
+from perfsdk.collector import Exporter
+from perfsdk.schemas import RunResult
+
+log = structlog.get_logger("perfsdk.store")
+
+_SAFE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,200}$")
+RESULT_FILE = "result.json"
+
+
+class StoreError(RuntimeError):
+    """The store could not read or write a run."""
+
+
+def safe_name(name: str, what: str = "name") -> str:
+    """A file or folder name that cannot escape its parent (no separators, no leading dot)."""
+    if not _SAFE.match(name) or ".." in name:
+        raise StoreError(f"{what} {name!r} is not a safe file name (letters, digits, '.', '_', '-')")
+    return name
+
+
+def _sanitize(name: str) -> str:
+    cleaned = re.sub(r"[^A-Za-z0-9._-]", "_", name).lstrip(".") or "unnamed"
+    return cleaned[:200]
+
+
+def atomic_write(path: Path, data: bytes) -> None:
+    """Write ``data`` to ``path`` through a temporary file in the same folder and a rename."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=".tmp-", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+
+
+class Store:
+    """A folder of runs with a SQLite index; safe for many processes writing at once."""
+
+    def __init__(self, root: str | os.PathLike[str]) -> None:
+        self.root = Path(root)
+        self.runs_dir = self.root / "runs"
+        self.index_path = self.root / "index.sqlite"
+
+    # -- index ----------------------------------------------------------------------------
+
+    def _connect(self) -> sqlite3.Connection:
+        self.runs_dir.mkdir(parents=True, exist_ok=True)
+        conn = sqlite3.connect(self.index_path, timeout=60, isolation_level=None)
+        conn.execute("PRAGMA busy_timeout=60000")
+        try:
+            conn.execute("PRAGMA journal_mode=WAL")
+        except sqlite3.OperationalError:
+            pass
+        conn.execute(
+            """CREATE TABLE IF NOT EXISTS runs (
+                 run_id TEXT PRIMARY KEY, name TEXT, status TEXT, started_at TEXT,
+                 finished_at TEXT, model_id TEXT, tags TEXT, path TEXT)"""
+        )
+        return conn
+
+    def _index(self, result: RunResult) -> None:
+        row = (
+            result.run_id, result.name, result.status, result.started_at.isoformat(),
+            result.finished_at.isoformat() if result.finished_at else None,
+            result.model.model_id if result.model else None, json.dumps(result.tags, sort_keys=True),
+            str(Path("runs") / result.run_id),
+        )
+        for attempt in range(20):
+            try:
+                with closing(self._connect()) as conn:
+                    conn.execute("INSERT OR REPLACE INTO runs VALUES (?,?,?,?,?,?,?,?)", row)
+                return
+            except sqlite3.OperationalError as exc:  # locked under heavy contention: back off
+                if attempt == 19:
+                    raise StoreError(f"{self.index_path}: could not update index: {exc}") from exc
+                time.sleep(0.05 * (attempt + 1))
+
+    # -- write ----------------------------------------------------------------------------
+
+    def run_dir(self, run_id: str) -> Path:
+        return self.runs_dir / safe_name(run_id, "run id")
+
+    def save(self, result: RunResult, series: dict[str, list[dict[str, Any]]] | None = None,
+             artifacts: dict[str, bytes] | None = None) -> Path:
+        """Write a run atomically and index it. Returns the run folder."""
+        final = self.run_dir(result.run_id)
+        if final.exists():
+            raise StoreError(f"run {result.run_id} already exists in {self.root}")
+        self.runs_dir.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f".tmp-{result.run_id}-", dir=self.runs_dir))
+        try:
+            series_files: dict[str, str] = dict(result.series)
+            for name, rows in (series or {}).items():
+                fname = f"series/{_sanitize(name)}.jsonl"
+                (tmp / "series").mkdir(exist_ok=True)
+                with open(tmp / fname, "w", encoding="utf-8") as fh:
+                    for row in rows:
+                        fh.write(json.dumps(row, default=str))
+                        fh.write("\n")
+                series_files[name] = fname
+            artifact_files: dict[str, str] = dict(result.artifacts)
+            for name, data in (artifacts or {}).items():
+                fname = f"artifacts/{_sanitize(name)}"
+                (tmp / "artifacts").mkdir(exist_ok=True)
+                (tmp / fname).write_bytes(data)
+                artifact_files[name] = fname
+            stored = result.model_copy(update={"series": series_files, "artifacts": artifact_files})
+            with open(tmp / RESULT_FILE, "w", encoding="utf-8") as fh:
+                fh.write(stored.model_dump_json(indent=2))
+                fh.flush()
+                os.fsync(fh.fileno())
+            os.rename(tmp, final)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+        self._index(stored)
+        return final
+
+    def write_export(self, run_id: str, exporter: Exporter) -> Path:
+        """Write one run through ``exporter`` into its folder as ``export.<ext>``."""
+        run = self.get(run_id)
+        path = self.run_dir(run_id) / f"export.{exporter.extension or exporter.name}"
+        import io
+
+        buf: Any = io.BytesIO() if exporter.binary else io.StringIO()
+        ok = exporter.export([run], buf)
+        if not ok:
+            raise StoreError(f"exporter {exporter.name} failed for run {run_id}")
+        data = buf.getvalue()
+        atomic_write(path, data if isinstance(data, bytes) else data.encode("utf-8"))
+        return path
+
+    # -- read -----------------------------------------------------------------------------
+
+    def get(self, run_id: str) -> RunResult:
+        """Read one run; a missing or damaged run raises :class:`StoreError`."""
+        path = self.run_dir(run_id) / RESULT_FILE
+        if not path.is_file():
+            raise StoreError(f"run {run_id} not found in {self.root}")
+        try:
+            return RunResult.model_validate_json(path.read_text(encoding="utf-8"))
+        except Exception as exc:
+            raise StoreError(f"{path}: unreadable run: {exc}") from exc
+
+    def run_ids(self) -> list[str]:
+        """Complete runs on disk (folders with a result file), oldest first."""
+        if not self.runs_dir.is_dir():
+            return []
+        ids = [p.name for p in self.runs_dir.iterdir()
+               if p.is_dir() and not p.name.startswith(".") and (p / RESULT_FILE).is_file()]
+        return sorted(ids)
+
+    def list_runs(self, run_ids: Iterable[str] | None = None, *, name: str | None = None,
+                  status: str | None = None, tags: dict[str, str] | None = None,
+                  skip_unreadable: bool = True) -> list[RunResult]:
+        """Runs (oldest first), optionally only the given ids or those matching filters."""
+        ids = list(run_ids) if run_ids is not None else self.run_ids()
+        out = []
+        for rid in ids:
+            try:
+                run = self.get(rid)
+            except StoreError:
+                if not skip_unreadable or run_ids is not None:
+                    raise
+                log.warning("skipping unreadable run", run_id=rid)
+                continue
+            if name is not None and run.name != name:
+                continue
+            if status is not None and run.status != status:
+                continue
+            if tags and any(run.tags.get(k) != v for k, v in tags.items()):
+                continue
+            out.append(run)
+        return out
+
+    def read_series(self, run_id: str, name: str) -> list[dict[str, Any]]:
+        """A stored time series as a list of rows."""
+        run = self.get(run_id)
+        fname = run.series.get(name)
+        if fname is None:
+            raise StoreError(f"run {run_id} has no series {name!r} (has: {', '.join(sorted(run.series)) or 'none'})")
+        rows = []
+        with open(self.run_dir(run_id) / fname, encoding="utf-8") as fh:
+            for line in fh:
+                if line.strip():
+                    rows.append(json.loads(line))
+        return rows
+
+    def indexed_ids(self) -> list[str]:
+        if not self.index_path.exists():
+            return []
+        with closing(self._connect()) as conn:
+            return [r[0] for r in conn.execute("SELECT run_id FROM runs ORDER BY run_id")]
+
+    # -- maintenance ----------------------------------------------------------------------
+
+    def check(self) -> dict[str, list[str]]:
+        """Differences between folders and index: ``unindexed``, ``missing`` (indexed, no
+        folder), ``unreadable`` (damaged result files), ``temporary`` (half-written runs)."""
+        on_disk = set(self.run_ids())
+        indexed = set(self.indexed_ids())
+        unreadable = []
+        for rid in sorted(on_disk):
+            try:
+                self.get(rid)
+            except StoreError:
+                unreadable.append(rid)
+        temporary = sorted(p.name for p in self.runs_dir.iterdir() if p.name.startswith(".tmp-")) if self.runs_dir.is_dir() else []
+        return {
+            "unindexed": sorted(on_disk - indexed),
+            "missing": sorted(indexed - on_disk),
+            "unreadable": unreadable,
+            "temporary": temporary,
+        }
+
+    def repair(self) -> dict[str, list[str]]:
+        """Index unindexed runs, drop index rows without folders, move damaged runs aside
+        (``runs/.damaged-<id>``) and remove half-written temporary folders."""
+        report = self.check()
+        for rid in report["unreadable"]:
+            os.rename(self.run_dir(rid), self.runs_dir / f".damaged-{rid}")
+        for rid in report["unindexed"]:
+            if rid not in report["unreadable"]:
+                self._index(self.get(rid))
+        with closing(self._connect()) as conn:
+            for rid in report["missing"] + report["unreadable"]:
+                conn.execute("DELETE FROM runs WHERE run_id = ?", (rid,))
+        for name in report["temporary"]:
+            shutil.rmtree(self.runs_dir / name, ignore_errors=True)
+        return report
