@@ -402,10 +402,12 @@ class Session:
         self._dispatch("perfsdk_before_generate", session=self, step=step)
         timer = _TokenTimer(self, step, chained=kwargs.pop("streamer", None))
         prev_phase = self.phase
-        step.start_ns = self.clock.now_ns(sync=True)
-        self._step_window = self._open_window(f"step:{step.index}", "step", step.index, self._session_window, step.start_ns)
-        self._open_phase_window = self._open_window("prefill", "prefill", step.index, self._step_window, step.start_ns)
+        # Windows open before the start stamp and close after the end stamp, so the hooks that
+        # read counters at the edges stay outside the measured interval.
+        self._step_window = self._open_window(f"step:{step.index}", "step", step.index, self._session_window)
+        self._open_phase_window = self._open_window("prefill", "prefill", step.index, self._step_window)
         self.phase = "prefill"
+        step.start_ns = self.clock.now_ns(sync=True)
         out = None
         try:
             with torch.inference_mode():
@@ -417,9 +419,9 @@ class Session:
             step.end_ns = self.clock.now_ns(sync=True)
             self.phase = prev_phase
             if self._open_phase_window is not None:
-                self._close_window(self._open_phase_window, step.end_ns)
+                self._close_window(self._open_phase_window)
                 self._open_phase_window = None
-            self._close_window(self._step_window, step.end_ns)
+            self._close_window(self._step_window)
             self._step_window = None
             step.outputs = out
             self._finish_generate_counts(step, timer, model, kwargs, out)
@@ -458,9 +460,9 @@ class Session:
         step = self._new_step("forward", model, kwargs, args)
         self._dispatch("perfsdk_before_generate", session=self, step=step)
         prev_phase = self.phase
-        step.start_ns = self.clock.now_ns(sync=True)
-        self._step_window = self._open_window(f"step:{step.index}", "step", step.index, self._session_window, step.start_ns)
+        self._step_window = self._open_window(f"step:{step.index}", "step", step.index, self._session_window)
         self.phase = "forward"
+        step.start_ns = self.clock.now_ns(sync=True)
         out = None
         try:
             ctx = torch.inference_mode() if inference_mode else contextlib.nullcontext()
@@ -472,7 +474,7 @@ class Session:
         finally:
             step.end_ns = self.clock.now_ns(sync=True)
             self.phase = prev_phase
-            self._close_window(self._step_window, step.end_ns)
+            self._close_window(self._step_window)
             self._step_window = None
             step.outputs = out
             step.output_tokens = []
