@@ -1,0 +1,554 @@
+"""Operation capture: every tensor operation a model executes, as :class:`perfsdk.ops.OpRecord`.
+
+:class:`OperationCapture` is a context manager built on a ``TorchDispatchMode`` (so it sees the
+ATen operations that actually run, on real tensors and on the meta device) plus forward
+pre/post hooks on every submodule of the given model (so each operation knows the module path
+and type it ran in). The hooks are removed when the block exits, even on error; nothing global
+is patched.
+
+Counting convention (the same in the analytic model and every backend)
+---------------------------------------------------------------------
+- ``flops`` counts multiply and add separately: ``flops == 2 * macs`` for every matrix product
+  (``linear``, ``mm``, ``addmm``, ``bmm``, ``matmul``, convolutions) and attention.
+- Attention counts the full QKᵀ and PV products over every (query, key) pair the kernel is given:
+  ``2 * B * Hq * Lq * Lk * (D + Dv)`` FLOPs, **no causal halving** — like
+  ``torch.utils.flop_counter``. Grouped-query attention is counted with the query heads (the
+  KV heads are broadcast). Fused SDPA kernels (flash, efficient, cuDNN, math and the CPU flash
+  path ``_scaled_dot_product_flash_attention_for_cpu``) and eager ``matmul`` attention give the
+  same number.
+- Bias additions, normalizations, activations, softmax and other elementwise work carry no
+  FLOPs; they report ``elements`` (output elements) so that a cost model can price them.
+- ``bytes_read`` / ``bytes_written`` are the operand and result sizes; ``weight_bytes`` is the
+  part of ``bytes_read`` that is model parameters or buffers (for an embedding lookup: the rows
+  gathered); ``kv_bytes`` is the part of an attention operation's reads that is keys and values.
+  View operations move no data and report zero bytes.
+"""
+
+from __future__ import annotations
+
+import math
+import weakref
+from collections import defaultdict
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import structlog
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten
+
+from perfsdk.ops import OpCategory, OpRecord, Phase
+
+log = structlog.get_logger("perfsdk.capture")
+
+CONVENTION = "full QK^T and PV products, no causal halving (as torch.utils.flop_counter); FLOPs = 2 x MACs"
+
+aten = torch.ops.aten
+
+_SDPA_OPS = {
+    "aten::scaled_dot_product_attention",
+    "aten::_scaled_dot_product_flash_attention_for_cpu",
+    "aten::_scaled_dot_product_flash_attention",
+    "aten::_scaled_dot_product_efficient_attention",
+    "aten::_scaled_dot_product_cudnn_attention",
+    "aten::_scaled_dot_product_attention_math",
+    "aten::_scaled_dot_product_attention_math_for_mps",
+    "aten::_scaled_dot_product_fused_attention_overrideable",
+}
+# (B, L, H, D) layouts of the low-level kernels
+_BLHD_ATTENTION_OPS = {"aten::_flash_attention_forward", "aten::_efficient_attention_forward"}
+_MATMUL_OPS = {"aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm", "aten::matmul", "aten::linear",
+               "aten::_addmm_activation", "aten::addbmm", "aten::mv", "aten::dot"}
+_CONV_OPS = {"aten::convolution", "aten::_convolution", "aten::cudnn_convolution",
+             "aten::_slow_conv2d_forward", "aten::convolution_overrideable"}
+_NORM_OPS = {"aten::layer_norm", "aten::native_layer_norm", "aten::rms_norm", "aten::_fused_rms_norm",
+             "aten::group_norm", "aten::native_group_norm", "aten::batch_norm",
+             "aten::native_batch_norm", "aten::_native_batch_norm_legit_no_training"}
+_ACTIVATION_OPS = {"aten::silu", "aten::gelu", "aten::relu", "aten::tanh", "aten::sigmoid",
+                   "aten::hardswish", "aten::mish", "aten::elu", "aten::leaky_relu", "aten::softplus",
+                   "aten::glu", "aten::silu_", "aten::relu_", "aten::gelu_"}
+_SOFTMAX_OPS = {"aten::softmax", "aten::_softmax", "aten::_safe_softmax", "aten::log_softmax",
+                "aten::_log_softmax"}
+_EMBEDDING_OPS = {"aten::embedding", "aten::embedding_bag", "aten::_embedding_bag"}
+# Ops that only describe tensors; never recorded.
+_SKIP_OPS = {"aten::size", "aten::sym_size", "aten::stride", "aten::sym_stride", "aten::numel",
+             "aten::sym_numel", "aten::dim", "aten::is_contiguous", "aten::sym_is_contiguous",
+             "aten::is_strides_like_format", "aten::is_non_overlapping_and_dense",
+             "aten::storage_offset", "aten::sym_storage_offset", "aten::_local_scalar_dense",
+             "aten::is_same_size", "aten::result_type", "prim::device", "aten::item"}
+# Handled here as one operation: do not decompose them into their parts.
+_NO_DECOMPOSE = _SDPA_OPS | _MATMUL_OPS | _NORM_OPS | _ACTIVATION_OPS | _SOFTMAX_OPS | _EMBEDDING_OPS
+
+
+def _tensor_bytes(t: torch.Tensor) -> int:
+    return int(t.numel()) * int(t.element_size())
+
+
+def _tensors(obj: Any) -> list[torch.Tensor]:
+    flat, _ = tree_flatten(obj)
+    return [x for x in flat if isinstance(x, torch.Tensor)]
+
+
+def _prod(xs: Iterable[int]) -> int:
+    return int(math.prod(int(x) for x in xs))
+
+
+def matmul_macs(a: tuple[int, ...], b: tuple[int, ...]) -> int:
+    """Multiply-adds of ``torch.matmul(a, b)`` for tensors of these shapes (with broadcasting)."""
+    if len(a) == 1 and len(b) == 1:
+        return int(a[0])
+    if len(a) == 1:  # (k) @ (..., k, n)
+        return _prod(b[:-2]) * int(b[-2]) * int(b[-1])
+    if len(b) == 1:  # (..., m, k) @ (k)
+        return _prod(a[:-1]) * int(a[-1])
+    batch = torch.broadcast_shapes(tuple(a[:-2]), tuple(b[:-2]))
+    return _prod(batch) * int(a[-2]) * int(a[-1]) * int(b[-1])
+
+
+def attention_macs(q: tuple[int, ...], k: tuple[int, ...], v: tuple[int, ...]) -> int:
+    """Multiply-adds of QKᵀ plus PV for ``(…, Hq, Lq, D)`` queries and ``(…, Hk, Lk, D)`` keys.
+
+    Full products (no causal halving); KV heads broadcast to the query heads (GQA).
+    """
+    batch_heads = _prod(q[:-2])
+    lq, d = int(q[-2]), int(q[-1])
+    lk, dv = int(k[-2]), int(v[-1])
+    return batch_heads * lq * lk * (d + dv)
+
+
+@dataclass
+class _Frame:
+    path: str
+    type_name: str
+    module: torch.nn.Module
+
+
+class _WeightSet:
+    """Identity set of tensors that are (views of) model parameters or buffers.
+
+    Keyed by ``id`` with a weak reference to guard against reuse of ids by new tensors.
+    """
+
+    def __init__(self) -> None:
+        self._refs: dict[int, weakref.ref[torch.Tensor]] = {}
+
+    def add(self, t: torch.Tensor) -> None:
+        key = id(t)
+        try:
+            self._refs[key] = weakref.ref(t, lambda _r, k=key: self._refs.pop(k, None))
+        except TypeError:  # pragma: no cover - tensors are weak-referenceable
+            pass
+
+    def __contains__(self, t: object) -> bool:
+        ref = self._refs.get(id(t))
+        return ref is not None and ref() is t
+
+    def clear(self) -> None:
+        self._refs.clear()
+
+
+class _CaptureMode(TorchDispatchMode):
+    def __init__(self, capture: OperationCapture) -> None:
+        super().__init__()
+        self.capture = capture
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: tuple[Any, ...] = (), kwargs: Any = None) -> Any:
+        kwargs = kwargs or {}
+        cap = self.capture
+        name = func._schema.name if hasattr(func, "_schema") else str(func)
+        if name in _SKIP_OPS:
+            return func(*args, **kwargs)
+        if name not in _NO_DECOMPOSE and _is_composite(func):
+            # Composite ops (einsum, tensordot, ...) may hide matrix products: record their parts.
+            with self:
+                out = func.decompose(*args, **kwargs)
+            if out is not NotImplemented:
+                return out
+        out = func(*args, **kwargs)
+        try:
+            cap._record(func, name, args, kwargs, out)
+        except Exception as exc:  # capture must never break the model
+            log.warning("could not record operation", op=name, error=repr(exc))
+        return out
+
+
+def _is_composite(func: Any) -> bool:
+    try:
+        return bool(torch._C._dispatch_has_kernel_for_dispatch_key(func.name(), "CompositeImplicitAutograd"))
+    except Exception:
+        return False
+
+
+class OperationCapture:
+    """Record every operation ``model`` executes inside the ``with`` block.
+
+    ``phase``/``step``/``context_len`` are stamped on each record and can be changed while
+    capturing with :meth:`set_phase`. With ``auto_phase=True`` (for ``model.generate``) each call
+    of the top module is attributed by itself: a forward with an empty KV cache is ``prefill``
+    (``step`` 0), each later one is ``decode`` with ``step`` 1, 2, … and ``context_len`` = cached
+    plus new positions. Operations that run outside ``model``'s forward (e.g. sampling inside
+    ``generate``) are not recorded unless ``include_outside=True``.
+    """
+
+    def __init__(self, model: torch.nn.Module | None = None, *, phase: Phase = "forward", step: int = 0,
+                 context_len: int | None = None, auto_phase: bool = False, include_outside: bool = False) -> None:
+        self.model = model
+        self.phase: Phase = phase
+        self.step = step
+        self.context_len = context_len
+        self.auto_phase = auto_phase
+        self.include_outside = include_outside
+        self.records: list[OpRecord] = []
+        self.forwards: list[dict[str, Any]] = []  # one entry per top-module call: phase, step, context_len
+        self._stack: list[_Frame] = []
+        self._handles: list[Any] = []
+        self._weights = _WeightSet()
+        self._mode: _CaptureMode | None = None
+        self._root_type = type(model).__name__ if model is not None else ""
+
+    # -- public ---------------------------------------------------------------------------
+
+    def set_phase(self, phase: Phase, step: int | None = None, context_len: int | None = None) -> None:
+        """Stamp the following operations with this phase (and step, context length)."""
+        self.phase = phase
+        if step is not None:
+            self.step = step
+        self.context_len = context_len
+
+    def __enter__(self) -> OperationCapture:
+        self._install()
+        self._mode = _CaptureMode(self)
+        try:
+            self._mode.__enter__()
+        except BaseException:
+            self._remove()
+            raise
+        return self
+
+    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+        try:
+            if self._mode is not None:
+                self._mode.__exit__(exc_type, exc, tb)
+        finally:
+            self._mode = None
+            self._remove()
+
+    # -- totals ---------------------------------------------------------------------------
+
+    @property
+    def flops(self) -> int:
+        return sum(r.flops for r in self.records)
+
+    @property
+    def macs(self) -> int:
+        return sum(r.macs for r in self.records)
+
+    def totals(self) -> dict[str, dict[str, int]]:
+        return totals_by_phase(self.records)
+
+    # -- hooks ----------------------------------------------------------------------------
+
+    def _install(self) -> None:
+        if self.model is None:
+            return
+        for p in self.model.parameters():
+            self._weights.add(p)
+        for b in self.model.buffers():
+            self._weights.add(b)
+        for path, mod in self.model.named_modules():
+            frame = _Frame(path, type(mod).__name__, mod)
+            is_root = mod is self.model
+            self._handles.append(mod.register_forward_pre_hook(self._make_pre(frame, is_root), with_kwargs=True))
+            self._handles.append(mod.register_forward_hook(self._make_post(frame), always_call=True))
+
+    def _remove(self) -> None:
+        for h in self._handles:
+            h.remove()
+        self._handles.clear()
+        self._stack.clear()
+        self._weights.clear()
+
+    def _make_pre(self, frame: _Frame, is_root: bool) -> Any:
+        def pre(mod: torch.nn.Module, args: Any, kwargs: Any) -> None:
+            if is_root and not self._stack:
+                self._on_root_forward(args, kwargs)
+            self._stack.append(frame)
+
+        return pre
+
+    def _make_post(self, frame: _Frame) -> Any:
+        def post(mod: torch.nn.Module, args: Any, output: Any) -> None:
+            # pop up to and including this frame (tolerates a frame left behind by an error)
+            for i in range(len(self._stack) - 1, -1, -1):
+                if self._stack[i] is frame:
+                    del self._stack[i:]
+                    break
+
+        return post
+
+    def _on_root_forward(self, args: Any, kwargs: dict[str, Any]) -> None:
+        if self.auto_phase:
+            new = _new_positions(args, kwargs)
+            past = _cache_length(kwargs.get("past_key_values"))
+            if past == 0:
+                self.phase, self.step = "prefill", 0
+            else:
+                self.phase = "decode"
+                self.step = sum(1 for f in self.forwards if f["phase"] == "decode") + 1
+            self.context_len = past + new if new is not None else None
+        self.forwards.append({"phase": self.phase, "step": self.step, "context_len": self.context_len})
+
+    # -- recording ------------------------------------------------------------------------
+
+    def _record(self, func: Any, name: str, args: tuple[Any, ...], kwargs: dict[str, Any], out: Any) -> None:
+        ins = _tensors((args, kwargs))
+        outs = _tensors(out)
+        is_view = bool(getattr(func, "is_view", False))
+        weight_in = [t for t in ins if t in self._weights]
+        if weight_in and (is_view or name in ("aten::_to_copy", "aten::to", "aten::contiguous", "aten::clone")):
+            for t in outs:  # views and casts of weights are still weights
+                self._weights.add(t)
+        if not self._stack and not self.include_outside:
+            return
+        frame = self._stack[-1] if self._stack else None
+        path = frame.path if frame else "<outside>"
+        mtype = frame.type_name if frame else None
+        in_attention = any("attention" in f.type_name.lower() or "attn" in f.type_name.lower() for f in self._stack)
+        in_norm = frame is not None and "norm" in frame.type_name.lower()
+
+        category: OpCategory = "other"
+        macs = 0
+        flops_override: int | None = None
+        kv = 0
+        shapes = [tuple(int(s) for s in t.shape) for t in ins]
+        if name in _SDPA_OPS or name in _BLHD_ATTENTION_OPS:
+            q, k, v = (tuple(int(s) for s in a.shape) for a in args[:3])
+            if name in _BLHD_ATTENTION_OPS:  # (B, L, H, D) -> (B, H, L, D)
+                q, k, v = ((x[0], x[2], x[1], x[3]) for x in (q, k, v))
+            macs = attention_macs(q, k, v)
+            category = "attention"
+            kv = _tensor_bytes(args[1]) + _tensor_bytes(args[2])
+        elif name in _MATMUL_OPS:
+            macs = self._matmul_macs(name, args)
+            has_weight = bool(weight_in)
+            if not has_weight and in_attention:
+                category = "attention"
+                operand = args[2] if name in ("aten::baddbmm", "aten::addbmm") else args[1]
+                if isinstance(operand, torch.Tensor):
+                    kv = _tensor_bytes(operand)
+            else:
+                category = "matmul"
+        elif name in _CONV_OPS:
+            from torch.utils.flop_counter import flop_registry
+
+            fn = flop_registry.get(func.overloadpacket)
+            if fn is not None:
+                flops_override = int(fn(*args, **kwargs, out_val=out))
+                macs = flops_override // 2
+            category = "matmul"
+        elif name in _EMBEDDING_OPS:
+            category = "embedding"
+        elif name in _SOFTMAX_OPS:
+            category = "softmax"
+        elif name in _NORM_OPS:
+            category = "norm"
+        elif name in _ACTIVATION_OPS:
+            category = "activation"
+        elif is_view:
+            category = "other"
+        elif _is_elementwise(name, outs):
+            category = "norm" if in_norm else "elementwise"
+
+        if is_view:
+            bytes_read = bytes_written = weight_bytes = 0
+        elif category == "embedding":
+            gathered = sum(_tensor_bytes(t) for t in outs)
+            idx = sum(_tensor_bytes(t) for t in ins if t not in self._weights)
+            bytes_read, weight_bytes, bytes_written = gathered + idx, gathered, gathered
+        else:
+            bytes_read = sum(_tensor_bytes(t) for t in ins)
+            weight_bytes = sum(_tensor_bytes(t) for t in weight_in)
+            bytes_written = sum(_tensor_bytes(t) for t in outs)
+        elements = sum(int(t.numel()) for t in outs) if category not in ("matmul", "attention") and not is_view else 0
+        dtype_src = outs[0] if outs else (ins[0] if ins else None)
+        self.records.append(
+            OpRecord(
+                module_path=path,
+                op=name.replace("aten::", "aten."),
+                category=category,
+                phase=self.phase,
+                step=self.step,
+                input_shapes=shapes,
+                output_shape=tuple(int(s) for s in outs[0].shape) if outs else None,
+                dtype=str(dtype_src.dtype).replace("torch.", "") if dtype_src is not None else "float32",
+                flops=flops_override if flops_override is not None else 2 * macs,
+                macs=macs,
+                bytes_read=bytes_read,
+                bytes_written=bytes_written,
+                weight_bytes=weight_bytes,
+                kv_bytes=kv,
+                elements=elements,
+                context_len=self.context_len,
+                module_type=mtype,
+            )
+        )
+
+    @staticmethod
+    def _matmul_macs(name: str, args: tuple[Any, ...]) -> int:
+        def shp(i: int) -> tuple[int, ...]:
+            return tuple(int(s) for s in args[i].shape)
+
+        if name == "aten::linear":
+            x, w = shp(0), shp(1)
+            return _prod(x[:-1]) * int(w[0]) * int(w[1])
+        if name in ("aten::mm", "aten::bmm", "aten::matmul", "aten::mv", "aten::dot"):
+            return matmul_macs(shp(0), shp(1))
+        if name in ("aten::addmm", "aten::baddbmm", "aten::_addmm_activation", "aten::addbmm"):
+            a, b = shp(1), shp(2)
+            return matmul_macs(a, b)
+        return 0
+
+
+_ELEMENTWISE_HINTS = ("add", "sub", "mul", "div", "pow", "sqrt", "rsqrt", "exp", "log", "neg", "cos", "sin",
+                      "mean", "sum", "where", "abs", "clamp", "maximum", "minimum", "max", "min", "erf",
+                      "reciprocal", "masked_fill", "tril", "triu", "eq", "ne", "lt", "le", "gt", "ge",
+                      "bitwise", "logical", "floor", "ceil", "round", "sign", "square", "var", "std",
+                      "argmax", "topk", "cumsum", "lerp", "addcmul", "addcdiv", "fill")
+
+
+def _is_elementwise(name: str, outs: list[torch.Tensor]) -> bool:
+    base = name.split("::", 1)[-1].lstrip("_").rstrip("_")
+    return any(base == h or base.startswith(h + "_") or base.startswith(h) for h in _ELEMENTWISE_HINTS) and bool(outs)
+
+
+def _new_positions(args: Any, kwargs: dict[str, Any]) -> int | None:
+    for key in ("input_ids", "inputs_embeds"):
+        t = kwargs.get(key)
+        if isinstance(t, torch.Tensor) and t.dim() >= 2:
+            return int(t.shape[1])
+    if args and isinstance(args[0], torch.Tensor) and args[0].dim() >= 2:
+        return int(args[0].shape[1])
+    return None
+
+
+def _cache_length(cache: Any) -> int:
+    if cache is None:
+        return 0
+    fn = getattr(cache, "get_seq_length", None)
+    if callable(fn):
+        try:
+            return int(fn())
+        except Exception:
+            return 0
+    try:  # legacy tuple of (k, v) per layer: (B, H, L, D)
+        return int(cache[0][0].shape[-2])
+    except Exception:
+        return 0
+
+
+# -- aggregation -----------------------------------------------------------------------------
+
+
+def _empty() -> dict[str, int]:
+    return {"flops": 0, "macs": 0, "bytes_read": 0, "bytes_written": 0, "weight_bytes": 0, "kv_bytes": 0,
+            "elements": 0, "ops": 0}
+
+
+def _add(acc: dict[str, int], r: OpRecord) -> None:
+    acc["flops"] += r.flops
+    acc["macs"] += r.macs
+    acc["bytes_read"] += r.bytes_read
+    acc["bytes_written"] += r.bytes_written
+    acc["weight_bytes"] += r.weight_bytes
+    acc["kv_bytes"] += r.kv_bytes
+    acc["elements"] += r.elements
+    acc["ops"] += 1
+
+
+def totals_by_phase(records: Iterable[OpRecord]) -> dict[str, dict[str, int]]:
+    """Sums per phase (``prefill``/``decode``/``forward``) plus ``total``."""
+    out: dict[str, dict[str, int]] = defaultdict(_empty)
+    total = _empty()
+    for r in records:
+        _add(out[r.phase], r)
+        _add(total, r)
+    res = dict(out)
+    res["total"] = total
+    return res
+
+
+def totals_by_category(records: Iterable[OpRecord]) -> dict[str, dict[str, int]]:
+    """Sums per operation category."""
+    out: dict[str, dict[str, int]] = defaultdict(_empty)
+    for r in records:
+        _add(out[r.category], r)
+    return dict(out)
+
+
+def totals_by_module(records: Iterable[OpRecord], top: int | None = None, key: str = "flops",
+                     depth: int | None = None) -> list[tuple[str, dict[str, int]]]:
+    """Sums per module path, largest ``key`` first (``top`` of them).
+
+    ``depth`` truncates paths to that many dotted components (``model.layers.0`` for 3).
+    """
+    out: dict[str, dict[str, int]] = defaultdict(_empty)
+    for r in records:
+        path = r.module_path
+        if depth is not None:
+            path = ".".join(path.split(".")[:depth])
+        _add(out[path], r)
+    items = sorted(out.items(), key=lambda kv: (-kv[1][key], kv[0]))
+    return items[:top] if top is not None else items
+
+
+def totals_by_module_type(records: Iterable[OpRecord]) -> dict[str, dict[str, int]]:
+    """Sums per module class name (``Linear``, ``LlamaAttention``, …)."""
+    out: dict[str, dict[str, int]] = defaultdict(_empty)
+    for r in records:
+        _add(out[r.module_type or "?"], r)
+    return dict(out)
+
+
+def forwards_summary(records: Iterable[OpRecord]) -> list[dict[str, Any]]:
+    """One row per (phase, step): FLOPs, MACs and context length of that forward pass."""
+    rows: dict[tuple[str, int], dict[str, Any]] = {}
+    for r in records:
+        row = rows.setdefault((r.phase, r.step), {"phase": r.phase, "step": r.step, "context_len": r.context_len,
+                                                  "flops": 0, "macs": 0})
+        row["flops"] += r.flops
+        row["macs"] += r.macs
+    return sorted(rows.values(), key=lambda x: (x["phase"] != "prefill", x["step"]))
+
+
+def iter_records(records: Iterable[OpRecord], phase: str | None = None,
+                 category: str | None = None) -> Iterator[OpRecord]:
+    """Filter records by phase and/or category."""
+    for r in records:
+        if phase is not None and r.phase != phase:
+            continue
+        if category is not None and r.category != category:
+            continue
+        yield r
+
+
+def capture_generate(model: torch.nn.Module, **generate_kwargs: Any) -> tuple[Any, OperationCapture]:
+    """Run ``model.generate(**kwargs)`` under an auto-phased capture; returns (output, capture)."""
+    with torch.inference_mode(), OperationCapture(model, auto_phase=True) as cap:
+        out = model.generate(**generate_kwargs)  # type: ignore[operator]
+    return out, cap
+
+
+__all__ = [
+    "CONVENTION",
+    "OperationCapture",
+    "attention_macs",
+    "capture_generate",
+    "forwards_summary",
+    "iter_records",
+    "matmul_macs",
+    "totals_by_category",
+    "totals_by_module",
+    "totals_by_module_type",
+    "totals_by_phase",
+]
