@@ -34,7 +34,9 @@ hookimpl = pluggy.HookimplMarker(PROJECT)
 DEFAULT_PLUGINS: list[str] = [
     "perfsdk.collectors.latency",
     "perfsdk.collectors.memory",
+    "perfsdk.energy.plugin",
     "perfsdk.exporters.builtin",
+    "perfsdk.collectors.profiling_plugin",
 ]
 
 

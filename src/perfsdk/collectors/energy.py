@@ -1,0 +1,385 @@
+"""The ``energy`` collector: joules per window, per source, per output token.
+
+Every available source is read at every window edge (``session``, ``step:N``, ``prefill``,
+``decode``, ``stage:<name>``); the session synchronizes CUDA before each edge, so asynchronous
+GPU work is inside the window it belongs to. Counters come first (NVML total energy, RAPL
+``energy_uj``); power integration is used only where a GPU lacks the counter, and labeled;
+``estimated`` (TDP × utilization) only when asked for. CodeCarbon runs beside them, offline,
+for the session window. Without any measuring source the result is ``unavailable`` with the
+reasons — never zeros.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal
+
+import structlog
+from pydantic import BaseModel, ConfigDict, Field
+
+from perfsdk.collector import Collector, CollectorConfig, CollectorResult
+from perfsdk.energy.base import EnergySource
+from perfsdk.energy.codecarbon_source import CodeCarbonReading, CodeCarbonSource
+from perfsdk.energy.estimated import EstimatedSource
+from perfsdk.energy.nvml import NvmlReader, NvmlSource
+from perfsdk.energy.rapl import DEFAULT_ROOT, RaplSource
+from perfsdk.energy.windows import EnergyMeter, WindowEnergy
+from perfsdk.plugins import hookimpl
+
+if TYPE_CHECKING:
+    from perfsdk.events import Window
+    from perfsdk.session import Session
+
+log = structlog.get_logger("perfsdk.collectors.energy")
+
+SourceName = Literal["nvml", "rapl", "codecarbon"]
+ALL_SOURCES: tuple[SourceName, ...] = ("nvml", "rapl", "codecarbon")
+#: Sources that measure (counter or integrated), as opposed to model.
+MEASURING = ("nvml", "rapl")
+
+
+class CodeCarbonSettings(CollectorConfig):
+    """CodeCarbon settings: always offline; CO2 uses this country's grid intensity."""
+
+    enabled: bool = True
+    country_iso_code: str = Field(default="USA", min_length=3, max_length=3)
+    region: str | None = None
+    tracking_mode: Literal["machine", "process"] = "machine"
+    measure_power_secs: float = Field(default=15.0, gt=0)
+
+
+class EnergyConfig(CollectorConfig):
+    """Settings of the ``energy`` collector."""
+
+    sources: list[SourceName] | None = Field(
+        default=None, description="sources to read; default: every available one of nvml, rapl, codecarbon")
+    rapl_root: str = Field(default=DEFAULT_ROOT, description="powercap folder (containers may mount it elsewhere)")
+    estimated: bool = Field(default=False, description="add the opt-in 'estimated' source (TDP x utilization)")
+    cpu_tdp_w: float | None = Field(default=None, gt=0, description="CPU TDP for the estimated source")
+    power_interval_s: float = Field(default=0.1, gt=0, description="power sampling interval for integrated/estimated")
+    codecarbon: CodeCarbonSettings = Field(default_factory=CodeCarbonSettings)
+
+
+class _Frozen(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class EnergyWindow(_Frozen):
+    """Energy of one window from one source/scope/device."""
+
+    window: str
+    source: str
+    scope: str
+    device: str
+    device_name: str | None = None
+    energy_j: float | None
+    duration_s: float
+    power_w: float | None
+    method: Literal["counter", "integrated", "estimated"]
+    low_confidence: bool = False
+    confidence_note: str | None = None
+    warmup: bool = False
+    step_index: int | None = None
+    samples: int = 0
+    co2_kg: float | None = None
+
+
+class SourceStatus(_Frozen):
+    """Whether a source could be used here, and why (not)."""
+
+    name: str
+    available: bool
+    reason: str
+
+
+class PhaseEnergy(_Frozen):
+    """Energy of one phase (summed over its windows) on one source/scope/device."""
+
+    energy_j: float | None
+    duration_s: float
+    power_w: float | None
+    windows: int
+    output_tokens: int | None = None
+    input_tokens: int | None = None
+    j_per_output_token: float | None = None
+    j_per_input_token: float | None = None
+    low_confidence_windows: int = 0
+    method: str
+
+
+class CodeCarbonDetail(_Frozen):
+    """What CodeCarbon reported for the session (CO2 for the configured country)."""
+
+    energy_j: float
+    cpu_energy_j: float
+    gpu_energy_j: float
+    ram_energy_j: float
+    co2_kg: float
+    duration_s: float
+    country_iso_code: str | None
+    region: str | None
+    cpu_mode: str | None
+    tracking_mode: str
+
+
+class EnergyResult(CollectorResult):
+    """Per-window energy, per-source totals, joules per output token, per phase.
+
+    Keys of the summary dicts are ``source:scope`` (``source:gpu:N`` for GPUs), e.g.
+    ``nvml:gpu:0``, ``rapl:package``, ``rapl:dram``, ``codecarbon:machine``.
+    """
+
+    status: Literal["ok", "unavailable"]
+    reasons: list[str] = Field(default_factory=list)
+    sources: list[SourceStatus]
+    windows: list[EnergyWindow] = Field(default_factory=list)
+    energy_j: dict[str, float | None] = Field(default_factory=dict)
+    steps_energy_j: dict[str, float | None] = Field(default_factory=dict)
+    output_tokens: int = 0
+    j_per_output_token: dict[str, float] = Field(default_factory=dict)
+    output_tokens_per_j: dict[str, float] = Field(default_factory=dict)
+    per_phase: dict[str, dict[str, PhaseEnergy]] = Field(default_factory=dict)
+    co2_kg: float | None = None
+    codecarbon: CodeCarbonDetail | None = None
+    warmup_windows: int = 0
+    edge_reads: int = 0
+    notes: list[str] = Field(default_factory=list)
+
+
+class EnergyCollector(Collector):
+    """Energy per window from NVML, RAPL, CodeCarbon (and, opt-in, an estimate).
+
+    The keyword arguments are test seams: ``nvml_reader`` replaces pynvml, ``rapl_read_text``
+    replaces file reads under the powercap root, ``extra_sources`` adds ready sources.
+    """
+
+    name = "energy"
+    Config = EnergyConfig
+    Result = EnergyResult
+    default_enabled = True
+    description = "energy per window (NVML, RAPL, CodeCarbon), joules per output token"
+
+    def __init__(self, config: BaseModel | None = None, *, nvml_reader: NvmlReader | None = None,
+                 rapl_read_text: Callable[[Path], str] | None = None,
+                 extra_sources: list[EnergySource] | None = None) -> None:
+        super().__init__(config)
+        self.cfg: EnergyConfig = self.config  # type: ignore[assignment]
+        self._nvml_reader = nvml_reader
+        self._rapl_read_text = rapl_read_text
+        self._extra = list(extra_sources or [])
+        self.statuses: list[SourceStatus] = []
+        self.meter: EnergyMeter | None = None
+        self.codecarbon: CodeCarbonSource | None = None
+        self.cc_reading: CodeCarbonReading | None = None
+        self.cc_window: tuple[int, int] | None = None
+        self.notes: list[str] = []
+
+    # -- lifecycle ------------------------------------------------------------------------
+
+    def _selected(self, name: str) -> bool:
+        return self.cfg.sources is None or name in self.cfg.sources
+
+    def _open_sources(self) -> list[EnergySource]:
+        opened: list[EnergySource] = []
+        candidates: list[tuple[str, Callable[[], EnergySource]]] = [
+            ("nvml", lambda: NvmlSource(self._nvml_reader)),
+            ("rapl", lambda: RaplSource(self.cfg.rapl_root, self._rapl_read_text)),
+        ]
+        for name, make in candidates:
+            if not self._selected(name):
+                self.statuses.append(SourceStatus(name=name, available=False,
+                                                  reason="not selected (collectors.energy.sources)"))
+                continue
+            src = make()
+            try:
+                ok, why = src.open()
+            except Exception as exc:
+                ok, why = False, f"{name} failed to open: {exc!r}"
+            self.statuses.append(SourceStatus(name=name, available=ok, reason=why))
+            if ok:
+                opened.append(src)
+            else:
+                src.close()
+        if self.cfg.estimated:
+            est = EstimatedSource(self.cfg.cpu_tdp_w, nvml=self._nvml_reader)
+            ok, why = est.open()
+            self.statuses.append(SourceStatus(name="estimated", available=ok, reason=why))
+            if ok:
+                opened.append(est)
+        for src in self._extra:
+            ok, why = src.open() if not src.available else (True, src.reason)
+            self.statuses.append(SourceStatus(name=src.name, available=ok, reason=why))
+            if ok:
+                opened.append(src)
+        return opened
+
+    @hookimpl
+    def perfsdk_session_start(self, session: Session) -> None:
+        self.meter = EnergyMeter(self._open_sources())
+        if self.meter.wants_power_samples:
+            session.sampler.add_probe("energy-power", self.meter.sample_power, self.cfg.power_interval_s)
+        cc = self.cfg.codecarbon
+        if not (cc.enabled and self._selected("codecarbon")):
+            why = "disabled (collectors.energy.codecarbon.enabled)" if not cc.enabled else \
+                "not selected (collectors.energy.sources)"
+            self.statuses.append(SourceStatus(name="codecarbon", available=False, reason=why))
+            return
+        self.codecarbon = CodeCarbonSource(cc.country_iso_code, cc.region, cc.tracking_mode, cc.measure_power_secs)
+        ok, why = self.codecarbon.start()
+        self.statuses.append(SourceStatus(name="codecarbon", available=ok, reason=why))
+        self.cc_start_ns = session.clock.now_ns()
+
+    @hookimpl
+    def perfsdk_window_open(self, session: Session, window: Window) -> None:
+        if self.meter is not None and self.meter.sources:
+            self.meter.open(id(window), window.name, window.start_ns, window.warmup, window.step_index)
+
+    @hookimpl
+    def perfsdk_window_close(self, session: Session, window: Window) -> None:
+        if self.meter is not None and self.meter.sources and window.end_ns is not None:
+            self.meter.close(id(window), window.end_ns)
+
+    @hookimpl
+    def perfsdk_finalize(self, session: Session) -> EnergyResult:
+        if self.codecarbon is not None:
+            self.cc_reading = self.codecarbon.stop()
+            if self.cc_reading is None:
+                self.statuses = [s if s.name != "codecarbon" else
+                                 SourceStatus(name="codecarbon", available=False, reason=self.codecarbon.reason)
+                                 for s in self.statuses]
+        if self.meter is not None:
+            self.meter.close_all()
+        return build_result(self, session)
+
+
+# -- result building ------------------------------------------------------------------------
+
+
+def _entry(w: WindowEnergy) -> EnergyWindow:
+    note = None
+    if w.duration_s < w.channel.update_period_s:
+        note = f"window shorter than the {w.channel.update_period_s * 1000:g} ms counter update period"
+    elif w.low_confidence:
+        note = "fewer than two power samples in the window"
+    return EnergyWindow(window=w.window, source=w.channel.source, scope=w.channel.scope, device=w.channel.device,
+                        device_name=w.channel.device_name, energy_j=w.energy_j, duration_s=w.duration_s,
+                        power_w=w.power_w, method=w.channel.method, low_confidence=w.low_confidence,
+                        confidence_note=note, warmup=w.warmup, step_index=w.step_index, samples=w.samples)
+
+
+def _phase_of(name: str) -> list[str]:
+    """The per-phase buckets a window counts in."""
+    if name.startswith("step:"):
+        return ["steps", name]
+    return [name]
+
+
+def _tokens(steps: list[Any], attr: str) -> int:
+    return sum(sum(getattr(s, attr) or []) for s in steps)
+
+
+def build_result(col: EnergyCollector, session: Session) -> EnergyResult:
+    """Turn the meter's closed windows (and CodeCarbon's reading) into an :class:`EnergyResult`."""
+    notes = list(col.notes)
+    meter = col.meter
+    closed = meter.closed if meter is not None else []
+    measured = {s.index: s for s in session.measured_steps}
+    out_tokens = _tokens(list(measured.values()), "output_tokens")
+    in_tokens = _tokens(list(measured.values()), "input_tokens")
+
+    windows = [_entry(w) for w in closed]
+    warmup_windows = len({(w.window, w.start_ns) for w in closed if w.warmup})
+
+    # per phase and per channel key: windows that count (not warm-up, measured steps only)
+    acc: dict[str, dict[str, list[WindowEnergy]]] = defaultdict(lambda: defaultdict(list))
+    skipped_err = 0
+    for w in closed:
+        if w.warmup:
+            continue
+        if w.step_index is not None and w.step_index not in measured:
+            skipped_err += 1
+            continue
+        for phase in _phase_of(w.window):
+            acc[phase][w.channel.key].append(w)
+    if skipped_err:
+        notes.append(f"{skipped_err} window readings of failed steps left out of the summaries")
+
+    def tokens_for(phase: str) -> tuple[int | None, int | None]:
+        if phase in ("session", "steps", "prefill", "decode"):
+            return out_tokens, in_tokens
+        if phase.startswith("step:"):
+            s = measured.get(int(phase.split(":", 1)[1]))
+            if s is None:
+                return None, None
+            return sum(s.output_tokens or []), sum(s.input_tokens or [])
+        return None, None
+
+    per_phase: dict[str, dict[str, PhaseEnergy]] = {}
+    for phase, by_key in acc.items():
+        per_phase[phase] = {}
+        for key, ws in by_key.items():
+            vals = [w.energy_j for w in ws]
+            e = None if any(v is None for v in vals) else float(sum(v for v in vals if v is not None))
+            dur = sum(w.duration_s for w in ws)
+            ot, it = tokens_for(phase)
+            per_phase[phase][key] = PhaseEnergy(
+                energy_j=e, duration_s=dur, power_w=(e / dur if e is not None and dur > 0 else None),
+                windows=len(ws), output_tokens=ot, input_tokens=it,
+                j_per_output_token=(e / ot if e is not None and ot else None),
+                j_per_input_token=(e / it if e is not None and it else None),
+                low_confidence_windows=sum(1 for w in ws if w.low_confidence), method=ws[0].channel.method)
+
+    energy_j = {k: v.energy_j for k, v in per_phase.get("session", {}).items()}
+    steps_energy_j = {k: v.energy_j for k, v in per_phase.get("steps", {}).items()}
+    j_per_tok: dict[str, float] = {}
+    tok_per_j: dict[str, float] = {}
+    for k, e in steps_energy_j.items():
+        if e is not None and out_tokens:
+            j_per_tok[k] = e / out_tokens
+            if e > 0:
+                tok_per_j[k] = out_tokens / e
+
+    co2 = None
+    detail = None
+    r = col.cc_reading
+    if r is not None:
+        key = f"codecarbon:{r.tracking_mode}"
+        windows.append(EnergyWindow(window="session", source="codecarbon", scope=r.tracking_mode, device="host",
+                                    device_name=r.cpu_mode and f"cpu mode {r.cpu_mode}", energy_j=r.energy_j,
+                                    duration_s=r.duration_s,
+                                    power_w=r.energy_j / r.duration_s if r.duration_s > 0 else None,
+                                    method="estimated", co2_kg=r.co2_kg))
+        energy_j[key] = r.energy_j
+        per_phase.setdefault("session", {})[key] = PhaseEnergy(
+            energy_j=r.energy_j, duration_s=r.duration_s,
+            power_w=r.energy_j / r.duration_s if r.duration_s > 0 else None, windows=1,
+            output_tokens=out_tokens, input_tokens=in_tokens,
+            j_per_output_token=r.energy_j / out_tokens if out_tokens else None,
+            j_per_input_token=r.energy_j / in_tokens if in_tokens else None, method="estimated")
+        if out_tokens:
+            j_per_tok[key] = r.energy_j / out_tokens
+            if r.energy_j > 0:
+                tok_per_j[key] = out_tokens / r.energy_j
+        co2 = r.co2_kg
+        detail = CodeCarbonDetail(energy_j=r.energy_j, cpu_energy_j=r.cpu_energy_j, gpu_energy_j=r.gpu_energy_j,
+                                  ram_energy_j=r.ram_energy_j, co2_kg=r.co2_kg, duration_s=r.duration_s,
+                                  country_iso_code=r.country_iso_code, region=r.region, cpu_mode=r.cpu_mode,
+                                  tracking_mode=r.tracking_mode)
+        notes.append("codecarbon covers the session window only (it samples every "
+                     f"{col.cfg.codecarbon.measure_power_secs:g} s and cannot see single steps); its joules per "
+                     "output token divide the whole session, idle time and warm-up included")
+
+    measuring = [s for s in col.statuses if s.name in MEASURING and s.available]
+    status: Literal["ok", "unavailable"] = "ok" if measuring else "unavailable"
+    reasons = [f"{s.name}: {s.reason}" for s in col.statuses if not s.available]
+    if status == "unavailable":
+        notes.append("no measuring source (nvml, rapl) here: no measured energy; codecarbon/estimated rows, if any, "
+                     "are models, labeled method=estimated")
+    if not out_tokens:
+        notes.append("no output tokens in measured steps: no per-token figures")
+    return EnergyResult(status=status, reasons=reasons, sources=col.statuses, windows=windows, energy_j=energy_j,
+                        steps_energy_j=steps_energy_j, output_tokens=out_tokens, j_per_output_token=j_per_tok,
+                        output_tokens_per_j=tok_per_j, per_phase=per_phase, co2_kg=co2, codecarbon=detail,
+                        warmup_windows=warmup_windows, edge_reads=meter.edge_reads if meter else 0, notes=notes)

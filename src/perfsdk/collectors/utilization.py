@@ -1,0 +1,236 @@
+"""The ``utilization`` collector: CPU, RSS and per-GPU readings on the shared sampler.
+
+One probe on ``session.sampler`` (no thread or process of its own). Each sample holds process
+and system CPU %, the RSS of the process tree (children included) and, per GPU through the
+NVML seam, utilization %, memory used, power, SM clock and temperature — tagged with the
+session phase at that moment. The samples are stored as the ``utilization`` series; the result
+has summary statistics overall and per phase, and the sampler's own CPU time.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import defaultdict
+from typing import TYPE_CHECKING, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from perfsdk.collector import Collector, CollectorConfig, CollectorResult
+from perfsdk.energy.cpu import SystemCpu
+from perfsdk.energy.nvml import NVML_UPDATE_PERIOD_S, NvmlReader, open_nvml
+from perfsdk.plugins import hookimpl
+from perfsdk.stats import Stats, summarize
+
+if TYPE_CHECKING:
+    from perfsdk.session import Session
+
+GPU_FIELDS = ("utilization_pct", "memory_used_bytes", "power_w", "sm_clock_mhz", "temperature_c")
+
+
+class UtilizationConfig(CollectorConfig):
+    """Settings of the ``utilization`` collector."""
+
+    interval_s: float = Field(default=0.1, gt=0, le=60, description="sampling interval")
+    gpus: bool = Field(default=True, description="read GPUs through NVML")
+
+
+class _Frozen(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class GpuUtilization(_Frozen):
+    """Summary statistics of one GPU's readings."""
+
+    index: int
+    name: str
+    utilization_pct: Stats
+    memory_used_bytes: Stats
+    power_w: Stats
+    sm_clock_mhz: Stats
+    temperature_c: Stats
+
+
+class PhaseUtilization(_Frozen):
+    """Summary statistics of the samples taken during one phase."""
+
+    samples: int
+    cpu_process_pct: Stats
+    cpu_system_pct: Stats
+    rss_bytes: Stats
+    gpus: list[GpuUtilization] = Field(default_factory=list)
+
+
+class UtilizationResult(CollectorResult):
+    """CPU, RSS and GPU utilization: overall, per phase, and the sampler's own cost."""
+
+    status: Literal["ok", "unavailable"]
+    interval_s: float
+    samples: int
+    warmup_samples: int = 0
+    cpu_process_pct: Stats
+    cpu_system_pct: Stats
+    rss_bytes: Stats
+    gpus: list[GpuUtilization] = Field(default_factory=list)
+    gpu_available: bool = False
+    gpu_reason: str = ""
+    per_phase: dict[str, PhaseUtilization] = Field(default_factory=dict)
+    sampler_cpu_time_s: float
+    sampler_cpu_s_per_s: float | None
+    sampler_run_s: float | None
+    series: str | None = None
+    notes: list[str] = Field(default_factory=list)
+
+
+def _tree_rss(proc: Any) -> int:
+    """RSS of ``proc`` and all its children (children that vanish meanwhile are skipped)."""
+    import psutil
+
+    total = proc.memory_info().rss
+    for child in proc.children(recursive=True):
+        try:
+            total += child.memory_info().rss
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            continue
+    return int(total)
+
+
+class UtilizationCollector(Collector):
+    """Samples CPU %, process-tree RSS and GPU readings at ``interval_s`` on the shared sampler.
+
+    ``nvml_reader`` is the test seam for GPUs (with ``None``, pynvml is opened if available).
+    """
+
+    name = "utilization"
+    Config = UtilizationConfig
+    Result = UtilizationResult
+    default_enabled = True
+    description = "CPU %, RSS (process tree) and per-GPU utilization, power, clocks, temperature"
+
+    def __init__(self, config: BaseModel | None = None, *, nvml_reader: NvmlReader | None = None) -> None:
+        super().__init__(config)
+        self.cfg: UtilizationConfig = self.config  # type: ignore[assignment]
+        self._nvml = nvml_reader
+        self._owns_nvml = False
+        self.gpu_reason = "not started"
+        self.gpu_names: list[str] = []
+        self.rows: list[dict[str, Any]] = []
+        self._lock = threading.Lock()
+        self._session: Session | None = None
+        self._proc: Any = None
+        self._sys: SystemCpu | None = None
+
+    @hookimpl
+    def perfsdk_session_start(self, session: Session) -> None:
+        import psutil
+
+        self._session = session
+        self._proc = psutil.Process()
+        self._proc.cpu_percent(None)  # prime: the first call always returns 0.0
+        self._sys = SystemCpu()
+        if self.cfg.gpus:
+            if self._nvml is None:
+                self._nvml, why = open_nvml()
+                self._owns_nvml = self._nvml is not None
+                self.gpu_reason = why
+            if self._nvml is not None:
+                n = self._nvml.device_count()
+                self.gpu_names = [self._nvml.name(i) for i in range(n)]
+                self.gpu_reason = f"{n} GPU(s): " + ", ".join(self.gpu_names)
+        else:
+            self.gpu_reason = "disabled (collectors.utilization.gpus)"
+        session.sampler.add_probe("utilization", self.sample, self.cfg.interval_s)
+
+    def _gpu(self, fn: Any, i: int) -> Any:
+        try:
+            return fn(i)
+        except Exception:
+            return None
+
+    def sample(self, t_ns: int) -> None:
+        """Take one sample (the sampler probe)."""
+        s = self._session
+        assert s is not None and self._proc is not None and self._sys is not None
+        row: dict[str, Any] = {
+            "t_s": s.clock.since_origin_s(t_ns),
+            "phase": s.phase,
+            "warmup": s.in_warmup,
+            "cpu_process_pct": self._proc.cpu_percent(None),
+            "cpu_system_pct": self._sys.percent(),
+            "rss_bytes": _tree_rss(self._proc),
+        }
+        if self._nvml is not None:
+            r = self._nvml
+            for i in range(len(self.gpu_names)):
+                row[f"gpu{i}_utilization_pct"] = self._gpu(r.utilization_pct, i)
+                row[f"gpu{i}_memory_used_bytes"] = self._gpu(r.memory_used_bytes, i)
+                row[f"gpu{i}_power_w"] = self._gpu(r.power_w, i)
+                row[f"gpu{i}_sm_clock_mhz"] = self._gpu(r.sm_clock_mhz, i)
+                row[f"gpu{i}_temperature_c"] = self._gpu(r.temperature_c, i)
+        with self._lock:
+            self.rows.append(row)
+
+    @hookimpl
+    def perfsdk_finalize(self, session: Session) -> UtilizationResult:
+        if self._owns_nvml and self._nvml is not None:
+            self._nvml.close()
+        with self._lock:
+            rows = list(self.rows)
+        if rows:
+            session.add_series("utilization", rows)
+        return summarize_rows(rows, self.cfg.interval_s, self.gpu_names, self.gpu_reason, session.sampler)
+
+
+def _stats(rows: list[dict[str, Any]], key: str) -> Stats:
+    return summarize(r[key] for r in rows if r.get(key) is not None)
+
+
+def _gpu_stats(rows: list[dict[str, Any]], names: list[str]) -> list[GpuUtilization]:
+    return [GpuUtilization(index=i, name=n, **{f: _stats(rows, f"gpu{i}_{f}") for f in GPU_FIELDS})
+            for i, n in enumerate(names)]
+
+
+def summarize_rows(rows: list[dict[str, Any]], interval_s: float, gpu_names: list[str], gpu_reason: str,
+                   sampler: Any) -> UtilizationResult:
+    """Build the result from samples: overall statistics, per phase (warm-up left out), costs."""
+    notes = []
+    if interval_s < NVML_UPDATE_PERIOD_S and gpu_names:
+        notes.append(f"interval_s {interval_s:g} is below NVML's ~{NVML_UPDATE_PERIOD_S:g} s update period: "
+                     "consecutive GPU samples may repeat the same reading")
+    by_phase: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    warm = 0
+    for r in rows:
+        if r.get("warmup"):
+            warm += 1
+            continue
+        by_phase[r["phase"]].append(r)
+    per_phase = {
+        phase: PhaseUtilization(samples=len(rs), cpu_process_pct=_stats(rs, "cpu_process_pct"),
+                                cpu_system_pct=_stats(rs, "cpu_system_pct"), rss_bytes=_stats(rs, "rss_bytes"),
+                                gpus=_gpu_stats(rs, gpu_names))
+        for phase, rs in sorted(by_phase.items())
+    }
+    run_s = None
+    if sampler.started_ns is not None and sampler.stopped_ns is not None:
+        run_s = (sampler.stopped_ns - sampler.started_ns) / 1e9
+    if warm:
+        notes.append(f"{warm} warm-up samples counted in the overall statistics, left out of per_phase")
+    if not rows:
+        notes.append("no samples were taken (the run was shorter than one interval, or the sampler did not run)")
+    return UtilizationResult(
+        status="ok" if rows else "unavailable",
+        interval_s=interval_s,
+        samples=len(rows),
+        warmup_samples=warm,
+        cpu_process_pct=_stats(rows, "cpu_process_pct"),
+        cpu_system_pct=_stats(rows, "cpu_system_pct"),
+        rss_bytes=_stats(rows, "rss_bytes"),
+        gpus=_gpu_stats(rows, gpu_names),
+        gpu_available=bool(gpu_names),
+        gpu_reason=gpu_reason,
+        per_phase=per_phase,
+        sampler_cpu_time_s=float(sampler.cpu_time_s),
+        sampler_cpu_s_per_s=(sampler.cpu_time_s / run_s) if run_s else None,
+        sampler_run_s=run_s,
+        series="utilization" if rows else None,
+        notes=notes,
+    )
