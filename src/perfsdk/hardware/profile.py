@@ -1,0 +1,228 @@
+"""The hardware profile: what the simulation needs to know about one device.
+
+A profile is a YAML mapping validated by :class:`HardwareProfile` (the JSON Schema
+``schemas/hardware.schema.json`` is generated from it). Units are in the field names:
+bandwidths in GB/s (10^9 bytes per second), energies in pJ per bit or per FLOP, peak compute in
+TFLOPS (10^12 operations per second, dense, no sparsity), times in seconds or ns per element.
+
+Spec sheets disagree (SXM vs PCIe, boost vs base clock, sparse vs dense): every profile names its
+exact ``variant`` and cites its ``source``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+DeviceKind = Literal["gpu", "cpu", "pim", "accelerator"]
+
+#: Peak-compute keys, and the torch dtype names that map to each.
+DTYPE_KEYS: dict[str, str] = {
+    "float32": "fp32",
+    "fp32": "fp32",
+    "float": "fp32",
+    "tf32": "tf32",
+    "float16": "fp16",
+    "half": "fp16",
+    "fp16": "fp16",
+    "bfloat16": "bf16",
+    "bf16": "bf16",
+    "float8_e4m3fn": "fp8",
+    "float8_e5m2": "fp8",
+    "float8_e4m3fnuz": "fp8",
+    "float8_e5m2fnuz": "fp8",
+    "fp8": "fp8",
+    "int8": "int8",
+    "qint8": "int8",
+    "uint8": "int8",
+    "int4": "int4",
+    "uint4": "int4",
+    "quint4x2": "int4",
+}
+
+#: Bytes per element for each peak-compute key (int4 packs two per byte).
+DTYPE_BYTES: dict[str, float] = {
+    "fp32": 4, "tf32": 4, "fp16": 2, "bf16": 2, "fp8": 1, "int8": 1, "int4": 0.5,
+}
+
+# When a profile lacks the op's dtype, try these (in order) before failing.
+_DTYPE_FALLBACK: dict[str, tuple[str, ...]] = {
+    "fp32": ("tf32",),
+    "tf32": ("fp32",),
+    "fp16": ("bf16",),
+    "bf16": ("fp16",),
+    "fp8": ("int8", "fp16", "bf16"),
+    "int8": ("fp8", "fp16", "bf16"),
+    "int4": ("int8", "fp8", "fp16", "bf16"),
+}
+
+
+class HardwareProfileError(ValueError):
+    """An invalid hardware profile; the message names the file (if any) and the field path."""
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class PeakTflops(_Strict):
+    """Dense peak throughput per data type, in TFLOPS (TOPS for integer types)."""
+
+    fp32: float | None = Field(default=None, gt=0, description="FP32 (non-tensor-core) TFLOPS")
+    tf32: float | None = Field(default=None, gt=0, description="TF32 tensor-core TFLOPS, dense")
+    fp16: float | None = Field(default=None, gt=0, description="FP16 TFLOPS, dense")
+    bf16: float | None = Field(default=None, gt=0, description="BF16 TFLOPS, dense")
+    fp8: float | None = Field(default=None, gt=0, description="FP8 TFLOPS, dense")
+    int8: float | None = Field(default=None, gt=0, description="INT8 TOPS, dense")
+    int4: float | None = Field(default=None, gt=0, description="INT4 TOPS, dense")
+
+    @model_validator(mode="after")
+    def _at_least_one(self) -> PeakTflops:
+        if all(getattr(self, k) is None for k in type(self).model_fields):
+            raise ValueError("give the peak for at least one data type (fp32, tf32, fp16, bf16, fp8, int8, int4)")
+        return self
+
+    def available(self) -> dict[str, float]:
+        """The data types this device has a peak for, ``{key: tflops}``."""
+        return {k: v for k in type(self).model_fields if (v := getattr(self, k)) is not None}
+
+
+class HardwareProfile(_Strict):
+    """One device (a GPU, a host CPU, a processing-in-memory chip or DIMM, ...).
+
+    The simulation costs each operation as
+    ``max(flops / (peak[dtype] * compute_efficiency), bytes / (memory_bandwidth * memory_efficiency))
+    + op_overhead_s`` and its energy as ``flops * compute_pj_per_flop + bits * memory_pj_per_bit
+    + static_power_w * time``. Host-link fields cost transfer points (data sent to the device
+    and back through the host); a ``cpu`` profile may leave them out (it *is* the host).
+    """
+
+    name: str = Field(pattern=r"^[a-z0-9][a-z0-9._-]*$", description="Lower-case slug used on the CLI, e.g. h100-sxm")
+    kind: DeviceKind = Field(description="gpu, cpu, pim or accelerator")
+    variant: str = Field(min_length=1, description="Exact product variant the numbers describe (form factor, memory, clocks)")
+    source: str = Field(min_length=1, description="Where the numbers come from (document names); say which are estimates")
+    description: str = ""
+
+    host_to_device_gbs: float | None = Field(default=None, gt=0, description="Host to device link bandwidth, GB/s (one direction)")
+    host_to_device_pj_per_bit: float | None = Field(default=None, ge=0, description="Host to device transfer energy, pJ/bit")
+    device_to_host_gbs: float | None = Field(default=None, gt=0, description="Device to host link bandwidth, GB/s (one direction)")
+    device_to_host_pj_per_bit: float | None = Field(default=None, ge=0, description="Device to host transfer energy, pJ/bit")
+
+    memory_bandwidth_gbs: float = Field(gt=0, description="Device memory bandwidth, GB/s")
+    memory_pj_per_bit: float = Field(ge=0, description="Device memory access energy, pJ/bit")
+    memory_capacity_gb: float = Field(gt=0, description="Device memory capacity, GB (10^9 bytes)")
+
+    peak_tflops: PeakTflops = Field(description="Dense peak compute per data type")
+    compute_pj_per_flop: float = Field(ge=0, description="Dynamic compute energy, pJ/FLOP")
+
+    softmax_ns_per_element: float | None = Field(default=None, ge=0, description="Softmax cost, ns/element (replaces the FLOP term)")
+    activation_ns_per_element: float | None = Field(default=None, ge=0, description="SiLU/GELU cost, ns/element")
+    norm_ns_per_element: float | None = Field(default=None, ge=0, description="RMSNorm/LayerNorm cost, ns/element")
+
+    static_power_w: float = Field(default=0.0, ge=0, description="Static (idle) power, W")
+    compute_efficiency: float = Field(default=1.0, gt=0, le=1, description="Achieved fraction of peak compute")
+    memory_efficiency: float = Field(default=1.0, gt=0, le=1, description="Achieved fraction of memory bandwidth")
+    op_overhead_s: float = Field(default=0.0, ge=0, description="Fixed cost per operation (kernel launch, dispatch), s")
+    step_overhead_s: float = Field(default=0.0, ge=0, description="Fixed cost per forward pass (framework, sampling), s")
+
+    @model_validator(mode="after")
+    def _link(self) -> HardwareProfile:
+        if self.kind != "cpu":
+            missing = [f for f in ("host_to_device_gbs", "host_to_device_pj_per_bit", "device_to_host_gbs",
+                                   "device_to_host_pj_per_bit") if getattr(self, f) is None]
+            if missing:
+                raise ValueError(f"a {self.kind} profile needs the host link: missing {', '.join(missing)}")
+        return self
+
+    # -- helpers used by the cost model -------------------------------------------------------
+
+    def dtype_key(self, dtype: str) -> str:
+        """The ``peak_tflops`` key used for ``dtype`` (a torch dtype name or a key).
+
+        Falls back to a related type the device has (bf16 <-> fp16, fp32 <-> tf32, int4 -> int8
+        ...), and raises :class:`HardwareProfileError` when none fits.
+        """
+        d = dtype.removeprefix("torch.").lower()
+        key = DTYPE_KEYS.get(d)
+        if key is None:
+            raise HardwareProfileError(f"profile {self.name}: unknown data type {dtype!r}")
+        avail = self.peak_tflops.available()
+        if key in avail:
+            return key
+        for alt in _DTYPE_FALLBACK.get(key, ()):
+            if alt in avail:
+                return alt
+        raise HardwareProfileError(
+            f"profile {self.name}: no peak_tflops for {key} (has: {', '.join(sorted(avail))})"
+        )
+
+    def peak_flops(self, dtype: str) -> float:
+        """Peak FLOP/s for ``dtype`` (before the efficiency factor)."""
+        return float(getattr(self.peak_tflops, self.dtype_key(dtype))) * 1e12
+
+    def effective_flops(self, dtype: str) -> float:
+        """Achievable FLOP/s for ``dtype``: peak times ``compute_efficiency``."""
+        return self.peak_flops(dtype) * self.compute_efficiency
+
+    @property
+    def effective_bandwidth_bytes_per_s(self) -> float:
+        """Achievable memory bandwidth in bytes/s: peak times ``memory_efficiency``."""
+        return self.memory_bandwidth_gbs * 1e9 * self.memory_efficiency
+
+    @property
+    def memory_capacity_bytes(self) -> int:
+        return int(self.memory_capacity_gb * 1e9)
+
+    @property
+    def has_host_link(self) -> bool:
+        """False for the host itself: transfers through the host cost nothing."""
+        return self.host_to_device_gbs is not None and self.device_to_host_gbs is not None
+
+
+def format_validation_error(err: ValidationError, origin: str) -> str:
+    """``origin: field.path: message; ...`` with ``unknown key`` for extra fields."""
+    parts = []
+    for e in err.errors():
+        path = ".".join(str(p) for p in e["loc"])
+        msg = "unknown key" if e["type"] == "extra_forbidden" else e["msg"]
+        if e["type"] == "missing":
+            msg = "field required"
+        parts.append(f"{path}: {msg}" if path else msg)
+    return f"{origin}: invalid hardware profile: " + "; ".join(parts)
+
+
+def parse_profile(data: Any, origin: str = "<profile>") -> HardwareProfile:
+    """Validate a mapping (or pass a :class:`HardwareProfile` through); errors name the field."""
+    if isinstance(data, HardwareProfile):
+        return data
+    if not isinstance(data, dict):
+        raise HardwareProfileError(f"{origin}: expected a mapping, got {type(data).__name__}")
+    try:
+        return HardwareProfile.model_validate(data)
+    except ValidationError as err:
+        raise HardwareProfileError(format_validation_error(err, origin)) from None
+
+
+def load_profile_file(path: str | Path) -> list[HardwareProfile]:
+    """Read one YAML file holding a profile mapping, or ``profiles: [...]`` with several."""
+    p = Path(path)
+    if not p.is_file():
+        raise HardwareProfileError(f"{p}: hardware profile file not found")
+    try:
+        data = yaml.safe_load(p.read_text(encoding="utf-8"))
+    except yaml.YAMLError as err:
+        raise HardwareProfileError(f"{p}: not valid YAML: {err}") from None
+    if isinstance(data, dict) and set(data) == {"profiles"}:
+        items = data["profiles"]
+        if not isinstance(items, list):
+            raise HardwareProfileError(f"{p}: profiles: expected a list")
+        return [parse_profile(item, f"{p}: profiles.{i}") for i, item in enumerate(items)]
+    return [parse_profile(data, str(p))]
+
+
+def profile_to_yaml(profile: HardwareProfile) -> str:
+    """The profile as YAML, unset optional fields left out."""
+    return yaml.safe_dump(profile.model_dump(mode="json", exclude_none=True), sort_keys=False)

@@ -1,0 +1,127 @@
+"""The per-operation cost model.
+
+For one operation on one device (profile ``P``)::
+
+    compute_s  = flops / (P.peak[dtype] * P.compute_efficiency)
+                 (softmax / activation / norm ops: elements * ns_per_element, when P gives it;
+                  attention adds score elements * softmax ns_per_element)
+    memory_s   = (bytes_read + bytes_written) / (P.memory_bandwidth * P.memory_efficiency)
+    time_s     = max(compute_s, memory_s) + P.op_overhead_s
+    energy_j   = flops * P.compute_pj_per_flop + 8 * bytes * P.memory_pj_per_bit   (dynamic)
+                 + P.static_power_w * time_s                                          (static)
+
+Transfers through the host (mapping transfer points) add
+``h2d_bytes / P.host_to_device + d2h_bytes / P.device_to_host`` seconds and
+``8 * bytes * pJ/bit`` of each direction.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from perfsdk.hardware.profile import HardwareProfile
+from perfsdk.ops import OpRecord
+
+PJ = 1e-12
+
+
+@dataclass
+class OpCost:
+    """Cost of one op on one device. ``dynamic_energy_j`` excludes static power."""
+
+    compute_s: float
+    memory_s: float
+    overhead_s: float
+    transfer_s: float = 0.0
+    compute_energy_j: float = 0.0
+    memory_energy_j: float = 0.0
+    transfer_energy_j: float = 0.0
+    static_power_w: float = 0.0
+
+    @property
+    def time_s(self) -> float:
+        return max(self.compute_s, self.memory_s) + self.overhead_s + self.transfer_s
+
+    @property
+    def dynamic_energy_j(self) -> float:
+        return self.compute_energy_j + self.memory_energy_j + self.transfer_energy_j
+
+    @property
+    def energy_j(self) -> float:
+        """Dynamic energy plus the device's static power over the op's time."""
+        return self.dynamic_energy_j + self.static_power_w * self.time_s
+
+    @property
+    def bound(self) -> str:
+        """``transfer`` if moving data through the host takes longest, else compute or memory."""
+        if self.transfer_s > max(self.compute_s, self.memory_s):
+            return "transfer"
+        return "compute" if self.compute_s >= self.memory_s else "memory"
+
+
+_NS_FIELD = {"softmax": "softmax_ns_per_element", "activation": "activation_ns_per_element",
+             "norm": "norm_ns_per_element"}
+
+
+def op_bytes(op: OpRecord) -> int:
+    """Bytes the op moves through device memory (read + written)."""
+    return op.bytes_read + op.bytes_written
+
+
+def compute_time_s(op: OpRecord, profile: HardwareProfile, dtype: str | None = None) -> float:
+    """The compute term of an op (FLOP-based, or per-element where the profile gives a rate)."""
+    field = _NS_FIELD.get(op.category)
+    if field is not None:
+        ns = getattr(profile, field)
+        if ns is not None and op.elements:
+            return op.elements * ns * 1e-9
+    t = op.flops / profile.effective_flops(dtype or op.dtype) if op.flops else 0.0
+    if op.category == "attention" and profile.softmax_ns_per_element is not None and op.elements:
+        t += op.elements * profile.softmax_ns_per_element * 1e-9
+    return t
+
+
+def cost_op(op: OpRecord, profile: HardwareProfile, dtype: str | None = None) -> OpCost:
+    """Cost of ``op`` on ``profile`` (no transfers). ``dtype`` overrides ``op.dtype`` for peaks."""
+    nbytes = op_bytes(op)
+    return OpCost(
+        compute_s=compute_time_s(op, profile, dtype),
+        memory_s=nbytes / profile.effective_bandwidth_bytes_per_s if nbytes else 0.0,
+        overhead_s=profile.op_overhead_s,
+        compute_energy_j=op.flops * profile.compute_pj_per_flop * PJ,
+        memory_energy_j=nbytes * 8 * profile.memory_pj_per_bit * PJ,
+        static_power_w=profile.static_power_w,
+    )
+
+
+def transfer_cost(profile: HardwareProfile, h2d_bytes: float, d2h_bytes: float) -> tuple[float, float]:
+    """(seconds, joules) to send ``h2d_bytes`` to the device and ``d2h_bytes`` back to the host.
+
+    A profile without a host link (the host CPU itself) transfers for free.
+    """
+    if not profile.has_host_link:
+        return 0.0, 0.0
+    assert profile.host_to_device_gbs is not None and profile.device_to_host_gbs is not None
+    t = h2d_bytes / (profile.host_to_device_gbs * 1e9) + d2h_bytes / (profile.device_to_host_gbs * 1e9)
+    e = (h2d_bytes * 8 * (profile.host_to_device_pj_per_bit or 0.0)
+         + d2h_bytes * 8 * (profile.device_to_host_pj_per_bit or 0.0)) * PJ
+    return t, e
+
+
+def activation_in_bytes(op: OpRecord) -> int:
+    """Bytes of the op's input activations: what a transfer point sends to the device.
+
+    Everything read except weights and KV cache, which live on the device.
+    """
+    return max(0, op.bytes_read - op.weight_bytes - op.kv_bytes)
+
+
+def activation_out_bytes(op: OpRecord) -> int:
+    """Bytes of the op's output: what a transfer point sends back to the host.
+
+    For attention, the KV entries it appends stay on the device and are not returned.
+    """
+    if op.category == "attention":
+        # the output has the size of the query block (what was read besides the KV cache)
+        return max(0, min(op.bytes_written, op.bytes_read - op.kv_bytes))
+    return op.bytes_written

@@ -1,0 +1,313 @@
+"""The predictor: cost a list of operations on one or several devices, per phase and per layer.
+
+Execution is modelled as sequential (each op waits for the previous one, as in autoregressive
+decoding with batch-synchronous layers): the phase time is the sum of op times, transfer points
+and a per-forward-pass overhead. Phase energy is the dynamic energy of every op and transfer plus
+the static power of every device in the mapping over the whole phase.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from perfsdk.hardware.catalog import Catalog
+from perfsdk.hardware.profile import HardwareProfile
+from perfsdk.ops import OpRecord
+from perfsdk.simulation.costmodel import activation_in_bytes, activation_out_bytes, cost_op, op_bytes, transfer_cost
+from perfsdk.simulation.mapping import Mapping, MappingError
+
+PhaseName = Literal["prefill", "decode"]
+
+
+class _Frozen(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class PhasePrediction(_Frozen):
+    """Predicted time and energy of one phase (all its steps together)."""
+
+    time_s: float
+    energy_j: float
+    avg_power_w: float | None
+    steps: float = Field(description="Forward passes in the phase (weighted when decode steps are sampled)")
+    compute_s: float = 0.0
+    memory_s: float = 0.0
+    transfer_s: float = 0.0
+    overhead_s: float = 0.0
+    flops: float = 0.0
+    bytes_moved: float = 0.0
+    bound: str = "memory"
+
+
+class LayerPrediction(_Frozen):
+    """One module in one phase: its predicted time (summed over the phase's steps) and bound."""
+
+    name: str
+    phase: PhaseName
+    device: str
+    time_s: float
+    share_pct: float
+    energy_j: float
+    bound: str
+    compute_s: float
+    memory_s: float
+    transfer_s: float
+    flops: float
+    bytes_moved: float
+    ops: int
+
+
+class DevicePrediction(_Frozen):
+    """One device instance: what it holds and whether that fits."""
+
+    name: str
+    profile: str
+    busy_s: float
+    weight_bytes: int
+    kv_cache_bytes: int
+    capacity_bytes: int
+    fits_in_memory: bool
+
+
+class SimulationResult(_Frozen):
+    """Predicted performance of a workload on a device (or a mapping of devices)."""
+
+    hardware: str
+    devices: list[DevicePrediction]
+    model: str | None = None
+    op_source: str = Field(description="captured (ops of a real run) or analytic (from the model config)")
+    dtype: str | None = None
+    batch_size: int
+    input_tokens: int | None = None
+    output_tokens: int
+    ttft_s: float
+    tpot_s: float | None
+    output_tokens_per_s: float
+    e2e_s: float
+    energy_j: float
+    energy_j_per_output_token: float
+    fits_in_memory: bool
+    memory_required_bytes: int
+    phases: dict[str, PhasePrediction]
+    layers: list[LayerPrediction]
+    categories: dict[str, dict[str, float]] = Field(default_factory=dict, description="phase -> category -> time_s")
+    notes: list[str] = Field(default_factory=list)
+
+
+@dataclass
+class _Acc:
+    time_s: float = 0.0
+    compute_s: float = 0.0
+    memory_s: float = 0.0
+    transfer_s: float = 0.0
+    overhead_s: float = 0.0
+    dyn_j: float = 0.0
+    energy_j: float = 0.0
+    flops: float = 0.0
+    bytes_moved: float = 0.0
+    ops: int = 0
+    device: str = ""
+
+    def bound(self) -> str:
+        if self.transfer_s > max(self.compute_s, self.memory_s):
+            return "transfer"
+        return "compute" if self.compute_s >= self.memory_s else "memory"
+
+
+@dataclass
+class _DevState:
+    profile: HardwareProfile
+    busy_s: float = 0.0
+    weights: dict[str, int] = field(default_factory=dict)
+    kv: dict[str, int] = field(default_factory=dict)
+
+
+def _phase_of(op: OpRecord) -> PhaseName:
+    return "decode" if op.phase == "decode" else "prefill"
+
+
+class Simulator:
+    """Costs op lists on a default device plus the devices of an optional mapping."""
+
+    def __init__(self, hardware: HardwareProfile, mapping: Mapping | None = None,
+                 catalog: Catalog | None = None) -> None:
+        self.mapping = mapping or Mapping()
+        self.profiles: dict[str, HardwareProfile] = {}
+        cat = catalog
+        for dev, prof_name in self.mapping.devices.items():
+            if prof_name == hardware.name:
+                self.profiles[dev] = hardware
+                continue
+            cat = cat or Catalog.load()
+            self.profiles[dev] = cat.get(prof_name)
+        self.default_device = self.mapping.default or hardware.name
+        if self.default_device not in self.profiles:
+            self.profiles[self.default_device] = hardware
+        for rule in self.mapping.layers:
+            if rule.device not in self.profiles:
+                # a rule may name a profile directly: one device instance of that profile
+                cat = cat or Catalog.load()
+                if rule.device not in cat:
+                    raise MappingError(
+                        f"mapping: layers: device {rule.device!r} is neither in devices nor a hardware profile"
+                    )
+                self.profiles[rule.device] = cat.get(rule.device)
+        self.hardware = hardware
+
+    def predict(self, ops: list[OpRecord], *, batch_size: int | None = None, input_tokens: int | None = None,
+                step_weights: dict[int, float] | None = None, dtype: str | None = None, top_n: int = 10,
+                model: str | None = None, op_source: str = "captured",
+                kv_cache_bytes: int | None = None) -> SimulationResult:
+        """Predict TTFT, TPOT, throughput, energy and memory fit for ``ops``.
+
+        ``step_weights`` gives how many real steps each step index stands for (sampled decode
+        steps); ``dtype`` overrides the ops' dtype for peak lookup; ``kv_cache_bytes`` replaces
+        the KV size read off the ops (the largest ``kv_bytes`` per attention module).
+        """
+        if not ops:
+            raise ValueError("no operations to simulate")
+        devs = {name: _DevState(p) for name, p in self.profiles.items()}
+        phases: dict[PhaseName, _Acc] = {"prefill": _Acc(), "decode": _Acc()}
+        steps: dict[PhaseName, dict[int, float]] = {"prefill": {}, "decode": {}}
+        layers: dict[tuple[str, PhaseName], _Acc] = defaultdict(_Acc)
+        cats: dict[PhaseName, dict[str, float]] = {"prefill": defaultdict(float), "decode": defaultdict(float)}
+        sent_groups: set[tuple[str, str, int]] = set()
+
+        for op in ops:
+            ph = _phase_of(op)
+            w = step_weights.get(op.step, 1.0) if step_weights else 1.0
+            steps[ph][op.step] = w
+            dev_name, rule = self.mapping.resolve(op.module_path)
+            dev_name = dev_name or self.default_device
+            st = devs[dev_name]
+            prof = st.profile
+            c = cost_op(op, prof, dtype)
+            if rule is not None and rule.transfer == "t":
+                c.transfer_s, c.transfer_energy_j = transfer_cost(prof, activation_in_bytes(op), activation_out_bytes(op))
+            elif rule is not None and rule.transfer == "m":
+                key = (rule.group or rule.match, op.phase, op.step)
+                h2d = 0 if key in sent_groups else activation_in_bytes(op)
+                sent_groups.add(key)
+                c.transfer_s, c.transfer_energy_j = transfer_cost(prof, h2d, activation_out_bytes(op))
+            t = c.time_s * w
+            nbytes = op_bytes(op) * w
+            for acc in (phases[ph], layers[(op.module_path, ph)]):
+                acc.time_s += t
+                acc.compute_s += c.compute_s * w
+                acc.memory_s += c.memory_s * w
+                acc.transfer_s += c.transfer_s * w
+                acc.overhead_s += c.overhead_s * w
+                acc.dyn_j += c.dynamic_energy_j * w
+                acc.energy_j += c.energy_j * w
+                acc.flops += op.flops * w
+                acc.bytes_moved += nbytes
+                acc.ops += 1
+            layers[(op.module_path, ph)].device = dev_name
+            cats[ph][op.category] += t
+            st.busy_s += t
+            if op.weight_bytes:
+                st.weights[op.module_path] = max(st.weights.get(op.module_path, 0), op.weight_bytes)
+            if op.kv_bytes:
+                st.kv[op.module_path] = max(st.kv.get(op.module_path, 0), op.kv_bytes)
+
+        static_w = sum(p.profile.static_power_w for p in devs.values())
+        step_overhead = self.profiles[self.default_device].step_overhead_s
+        out_phases: dict[str, PhasePrediction] = {}
+        for ph, acc in phases.items():
+            n_steps = sum(steps[ph].values())
+            overhead = step_overhead * n_steps
+            time_s = acc.time_s + overhead
+            energy = acc.dyn_j + static_w * time_s
+            out_phases[ph] = PhasePrediction(
+                time_s=time_s, energy_j=energy, avg_power_w=energy / time_s if time_s > 0 else None,
+                steps=n_steps, compute_s=acc.compute_s, memory_s=acc.memory_s, transfer_s=acc.transfer_s,
+                overhead_s=acc.overhead_s + overhead, flops=acc.flops, bytes_moved=acc.bytes_moved,
+                bound=acc.bound(),
+            )
+
+        notes: list[str] = []
+        if batch_size is None:
+            first = ops[0].input_shapes[0] if ops[0].input_shapes else (1,)
+            batch_size = int(first[0]) if first else 1
+            notes.append(f"batch size {batch_size} read from the first op's input shape")
+        n_decode = out_phases["decode"].steps
+        has_prefill = out_phases["prefill"].steps > 0
+        gen_per_seq = n_decode + (1 if has_prefill else 0)
+        e2e = out_phases["prefill"].time_s + out_phases["decode"].time_s
+        energy = out_phases["prefill"].energy_j + out_phases["decode"].energy_j
+        out_tokens = batch_size * gen_per_seq
+
+        if kv_cache_bytes is not None:
+            total_kv = sum(sum(st.kv.values()) for st in devs.values()) or 1
+            for st in devs.values():
+                share = sum(st.kv.values()) / total_kv
+                st.kv = {"_": int(kv_cache_bytes * share)} if st.kv else {}
+            if not any(st.kv for st in devs.values()):
+                devs[self.default_device].kv = {"_": kv_cache_bytes}
+        dev_out = []
+        for name, st in devs.items():
+            wb, kvb = sum(st.weights.values()), sum(st.kv.values())
+            cap = st.profile.memory_capacity_bytes
+            dev_out.append(DevicePrediction(name=name, profile=st.profile.name, busy_s=st.busy_s, weight_bytes=wb,
+                                            kv_cache_bytes=kvb, capacity_bytes=cap, fits_in_memory=wb + kvb <= cap))
+
+        layer_rows = []
+        for ph in ("prefill", "decode"):
+            total = out_phases[ph].time_s or 1.0
+            rows = sorted(((k, a) for k, a in layers.items() if k[1] == ph), key=lambda kv: -kv[1].time_s)
+            for (name, _), a in rows[: max(0, top_n)]:
+                layer_rows.append(LayerPrediction(
+                    name=name, phase=ph, device=a.device, time_s=a.time_s, share_pct=100.0 * a.time_s / total,
+                    energy_j=a.energy_j, bound=a.bound(), compute_s=a.compute_s, memory_s=a.memory_s,
+                    transfer_s=a.transfer_s, flops=a.flops, bytes_moved=a.bytes_moved, ops=a.ops))
+
+        return SimulationResult(
+            hardware=self.hardware.name if not self.mapping.devices else
+            ", ".join(f"{d}={p.name}" for d, p in self.profiles.items()),
+            devices=dev_out,
+            model=model,
+            op_source=op_source,
+            dtype=dtype or ops[0].dtype,
+            batch_size=batch_size,
+            input_tokens=input_tokens,
+            output_tokens=int(round(gen_per_seq)),
+            ttft_s=out_phases["prefill"].time_s,
+            tpot_s=out_phases["decode"].time_s / n_decode if n_decode > 0 else None,
+            output_tokens_per_s=out_tokens / e2e if e2e > 0 else 0.0,
+            e2e_s=e2e,
+            energy_j=energy,
+            energy_j_per_output_token=energy / out_tokens if out_tokens else 0.0,
+            fits_in_memory=all(d.fits_in_memory for d in dev_out),
+            memory_required_bytes=sum(d.weight_bytes + d.kv_cache_bytes for d in dev_out),
+            phases=out_phases,
+            layers=layer_rows,
+            categories={ph: dict(v) for ph, v in cats.items()},
+            notes=notes,
+        )
+
+
+def simulate_model(shape: Any, hardware: HardwareProfile, *, batch_size: int = 1, input_tokens: int = 128,
+                   output_tokens: int = 128, dtype: str = "bfloat16", mapping: Mapping | None = None,
+                   top_n: int = 10, max_decode_steps: int = 64, catalog: Catalog | None = None) -> SimulationResult:
+    """Analytic fast path: generate the ops of ``generate`` from a :class:`ModelShape` and predict.
+
+    Long generations are costed on ``max_decode_steps`` evenly spaced decode steps, each
+    weighted to stand for its share of all steps (KV traffic grows linearly, so this is exact
+    up to rounding for the context-dependent terms).
+    """
+    from perfsdk.simulation.analytic import dtype_bytes, generation_ops, sampled_decode_steps
+
+    steps, weights = sampled_decode_steps(output_tokens, max_decode_steps)
+    ops = generation_ops(shape, batch_size, input_tokens, output_tokens, dtype, decode_steps=steps)
+    weights = {0: 1.0, **weights}
+    ctx = input_tokens + output_tokens - 1
+    if shape.sliding_window:
+        ctx = min(ctx, shape.sliding_window)
+    kv = int(2 * shape.num_layers * shape.num_kv_heads * shape.head_dim * dtype_bytes(dtype) * batch_size * ctx)
+    sim = Simulator(hardware, mapping, catalog)
+    return sim.predict(ops, batch_size=batch_size, input_tokens=input_tokens, step_weights=weights, dtype=dtype,
+                       top_n=top_n, model=shape.name, op_source="analytic", kv_cache_bytes=kv)
