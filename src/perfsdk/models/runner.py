@@ -1,0 +1,258 @@
+"""The workload runner: turn ``config.workload`` into calls on the public session API.
+
+:func:`run_workload` is what ``perfsdk run`` executes inside a session:
+
+1. ``s.load()`` the configured model (unless the session already holds one);
+2. load the prompts, count each one's tokens, drop those longer than ``max_input_tokens``
+   (counted), optionally sort by length;
+3. group them into batches: a fixed ``batch_size``, or adaptively under ``max_batch_tokens``
+   (``batch_size x (longest input + max_new_tokens) <= budget``);
+4. tokenize every batch once with ``s.tokenize``;
+5. run ``warmup_runs`` batches inside ``s.warmup()``;
+6. seed torch, then run timed passes over all batches until both ``min_iterations`` passes and
+   ``min_duration_s`` are reached, waiting between batch submissions as the arrival pattern says.
+
+The pure pieces (:func:`make_batches`, :func:`arrival_delays`, :func:`generate_kwargs`,
+:func:`plan_workload`) are separate so they can be tested and reused without a model.
+"""
+
+from __future__ import annotations
+
+import itertools
+import random
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from perfsdk.config import ArrivalConfig, ConfigError, GenerateConfig, WorkloadConfig
+from perfsdk.schemas import WorkloadInfo
+
+ProgressFn = Callable[[int, int], None]
+SleepFn = Callable[[float], None]
+
+
+def count_tokens(tokenizer: Any, prompts: list[str]) -> list[int]:
+    """Real token count of each prompt (special tokens included, no padding)."""
+    if not prompts:
+        return []
+    enc = tokenizer(list(prompts), padding=False, truncation=False)
+    return [len(ids) for ids in enc["input_ids"]]
+
+
+def filter_by_length(lengths: list[int], max_input_tokens: int) -> tuple[list[int], int]:
+    """Indices of prompts within ``max_input_tokens``, and how many were dropped."""
+    keep = [i for i, n in enumerate(lengths) if n <= max_input_tokens]
+    return keep, len(lengths) - len(keep)
+
+
+def order_by_length(indices: list[int], lengths: list[int]) -> list[int]:
+    """``indices`` sorted by ascending token count; ties keep their original order."""
+    return sorted(indices, key=lambda i: lengths[i])
+
+
+def make_batches(
+    lengths: list[int],
+    *,
+    batch_size: int | None,
+    max_batch_tokens: int | None = None,
+    max_new_tokens: int = 0,
+) -> list[list[int]]:
+    """Group positions ``0..len(lengths)-1`` (in the given order) into batches.
+
+    Fixed: consecutive chunks of ``batch_size``. Adaptive (``max_batch_tokens`` set): prompts
+    are added to the current batch while ``size x (longest input + max_new_tokens)`` stays
+    within the budget (and, when both are set, the size within ``batch_size``); a prompt that
+    is over budget on its own forms a batch by itself.
+    """
+    n = len(lengths)
+    if max_batch_tokens is None:
+        if batch_size is None or batch_size < 1:
+            raise ValueError("batch_size must be at least 1 when max_batch_tokens is not set")
+        return [list(range(i, min(i + batch_size, n))) for i in range(0, n, batch_size)]
+    batches: list[list[int]] = []
+    current: list[int] = []
+    longest = 0
+    for i, length in enumerate(lengths):
+        new_longest = max(longest, length)
+        cost = (len(current) + 1) * (new_longest + max_new_tokens)
+        fits = cost <= max_batch_tokens and (batch_size is None or len(current) < batch_size)
+        if current and not fits:
+            batches.append(current)
+            current, new_longest = [], length
+        current.append(i)
+        longest = new_longest
+    if current:
+        batches.append(current)
+    return batches
+
+
+def arrival_delays(arrival: ArrivalConfig, seed: int) -> Iterator[float]:
+    """Seconds to wait before each batch submission; the first is always 0.
+
+    ``none``: 0. ``constant``: ``delay_s``. ``poisson``: exponential gaps with mean
+    ``1 / rate_per_s`` from ``random.Random(seed)``. ``burst``: ``burst_size`` batches back to
+    back, then ``burst_interval_s`` before the next burst.
+    """
+    rng = random.Random(seed)
+    yield 0.0
+    for i in itertools.count(1):
+        if arrival.pattern == "constant":
+            yield float(arrival.delay_s)
+        elif arrival.pattern == "poisson":
+            assert arrival.rate_per_s is not None
+            yield rng.expovariate(arrival.rate_per_s)
+        elif arrival.pattern == "burst":
+            yield float(arrival.burst_interval_s) if i % arrival.burst_size == 0 else 0.0
+        else:
+            yield 0.0
+
+
+def generate_kwargs(gen: GenerateConfig) -> dict[str, Any]:
+    """``model.generate`` keyword arguments from ``workload.generate`` (greedy or sampling)."""
+    kw: dict[str, Any] = {"max_new_tokens": gen.max_new_tokens, "do_sample": gen.do_sample}
+    if gen.min_new_tokens is not None:
+        kw["min_new_tokens"] = gen.min_new_tokens
+    if gen.do_sample:
+        kw["temperature"] = gen.temperature
+        if gen.top_k is not None:
+            kw["top_k"] = gen.top_k
+        if gen.top_p is not None:
+            kw["top_p"] = gen.top_p
+    return kw
+
+
+@dataclass
+class WorkloadPlan:
+    """Prompts after filtering and ordering, grouped into batches."""
+
+    prompts: list[str]
+    lengths: list[int]
+    batches: list[list[str]]
+    batch_lengths: list[list[int]]
+    filtered: int
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def plan_workload(workload: WorkloadConfig, tokenizer: Any, prompts: list[str] | None = None) -> WorkloadPlan:
+    """Load (or take) the prompts, filter by length, sort and batch them as ``workload`` says."""
+    from perfsdk.models.prompts import load_prompts
+
+    if prompts is None:
+        prompts = load_prompts(workload.prompts, workload.num_prompts, workload.seed)
+    lengths = count_tokens(tokenizer, prompts)
+    keep, filtered = filter_by_length(lengths, workload.max_input_tokens)
+    if not keep:
+        raise ConfigError(
+            f"workload.max_input_tokens: all {len(prompts)} prompts are longer than {workload.max_input_tokens} tokens"
+        )
+    if workload.sort_by_length:
+        keep = order_by_length(keep, lengths)
+    kept_lengths = [lengths[i] for i in keep]
+    new_tokens = workload.generate.max_new_tokens if workload.task == "generate" else 0
+    groups = make_batches(
+        kept_lengths,
+        batch_size=workload.batching.batch_size,
+        max_batch_tokens=workload.batching.max_batch_tokens,
+        max_new_tokens=new_tokens,
+    )
+    kept = [prompts[i] for i in keep]
+    return WorkloadPlan(
+        prompts=kept,
+        lengths=kept_lengths,
+        batches=[[kept[j] for j in g] for g in groups],
+        batch_lengths=[[kept_lengths[j] for j in g] for g in groups],
+        filtered=filtered,
+    )
+
+
+def _workload_info(workload: WorkloadConfig, plan: WorkloadPlan, warmup: int, timed: int, iterations: int) -> WorkloadInfo:
+    return WorkloadInfo(
+        prompts_source=workload.prompts,
+        num_prompts=len(plan.prompts),
+        prompts_filtered=plan.filtered,
+        batch_size=workload.batching.batch_size,
+        max_batch_tokens=workload.batching.max_batch_tokens,
+        num_batches=len(plan.batches),
+        max_new_tokens=workload.generate.max_new_tokens if workload.task == "generate" else None,
+        warmup_runs=warmup,
+        timed_runs=timed,
+        iterations=iterations,
+        input_tokens_mean=sum(plan.lengths) / len(plan.lengths),
+        input_tokens_max=max(plan.lengths),
+        arrival_pattern=workload.arrival.pattern,
+    )
+
+
+def run_workload(
+    session: Any,
+    progress: ProgressFn | None = None,
+    *,
+    sleep: SleepFn = time.sleep,
+    clock: Callable[[], float] = time.perf_counter,
+) -> WorkloadInfo:
+    """Run ``session.config.workload`` through ``session``; return (and set) its ``WorkloadInfo``.
+
+    ``progress(done_batches, total_batches_estimate)`` is called after every batch, warm-up
+    included. ``sleep`` and ``clock`` are injectable for tests; waiting always sleeps, never spins.
+    """
+    import torch
+
+    from perfsdk.models.loader import is_causal_lm
+
+    workload: WorkloadConfig = session.config.workload
+    if getattr(session, "model", None) is not None:
+        model, tokenizer = session.model, session.tokenizer
+    else:
+        model, tokenizer = session.load()
+    if tokenizer is None:
+        raise ConfigError(f"model.id: {session.config.model.id} has no tokenizer; the workload runner needs one")
+    if workload.task == "generate" and not is_causal_lm(model):
+        raise ConfigError(f"workload.task: generate needs a model that can generate text; {type(model).__name__} "
+                          "cannot (use task: forward)")
+
+    plan = plan_workload(workload, tokenizer)
+    session.set_workload_info(_workload_info(workload, plan, 0, 0, 0))
+    encodings = [session.tokenize(tokenizer, batch) for batch in plan.batches]
+    gen_kw = generate_kwargs(workload.generate)
+
+    def run_batch(index: int) -> None:
+        enc = encodings[index]
+        if workload.task == "forward":
+            session.forward(model, **enc)
+        else:
+            session.generate(model, **enc, **gen_kw)
+
+    n_batches = len(plan.batches)
+    total = workload.warmup_runs + workload.min_iterations * n_batches
+    done = 0
+
+    def tick() -> None:
+        if progress is not None:
+            progress(done, max(total, done))
+
+    with session.warmup():
+        for k in range(workload.warmup_runs):
+            run_batch(k % n_batches)
+            done += 1
+            tick()
+
+    torch.manual_seed(workload.seed)
+    delays = arrival_delays(workload.arrival, workload.seed)
+    timed = iterations = 0
+    start = clock()
+    while iterations < workload.min_iterations or clock() - start < workload.min_duration_s:
+        for b in range(n_batches):
+            delay = next(delays)
+            if delay > 0:
+                sleep(delay)
+            run_batch(b)
+            timed += 1
+            done += 1
+            tick()
+        iterations += 1
+        total = max(total, done + n_batches) if clock() - start < workload.min_duration_s else total
+
+    info = _workload_info(workload, plan, workload.warmup_runs, timed, iterations)
+    session.set_workload_info(info)
+    return info
