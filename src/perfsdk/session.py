@@ -30,7 +30,10 @@ from perfsdk.collector import Collector
 from perfsdk.config import Config, ConfigError, load_config
 from perfsdk.events import LoadEvent, Step, TokenizeEvent, Window
 from perfsdk.plugins import PluginRegistry, collect_registry, get_plugin_manager
+from perfsdk import distributed
+from perfsdk.overhead import HookTimes
 from perfsdk.sampler import Sampler
+from perfsdk.series import add_bounded
 from perfsdk.schemas import ErrorRecord, ModelInfo, Record, RunResult, WorkloadInfo
 
 log = structlog.get_logger("perfsdk.session")
@@ -173,11 +176,14 @@ class Session:
         self._session_window: Window | None = None
         self._open_phase_window: Window | None = None
         self._step_window: Window | None = None
+        self._stage_stack: list[Window] = []
         self._started = False
         self._finalized = False
         self._trace = _trace_enabled()
         self._impls: dict[str, list[Any]] = {}
         self._step_counter = 0
+        self.hook_times = HookTimes()
+        self.rank_info = distributed.attach(self)  # same run id on all ranks; only rank 0 stores
 
     # -- set-up ---------------------------------------------------------------------------
 
@@ -240,10 +246,12 @@ class Session:
         for impl in self._hook_impls(hook):
             if self._trace:
                 log.info("hook call", hook=hook, plugin=impl.plugin_name)
+            t0 = time.perf_counter_ns()
             try:
                 impl.function(*[kwargs[a] for a in impl.argnames])
             except Exception as exc:
                 self.record_error(self._owner(impl), hook, exc)
+            self.hook_times.add(self._owner(impl), hook, time.perf_counter_ns() - t0)
 
     def record_error(self, source: str, hook: str | None, exc: BaseException) -> None:
         """Record an isolated failure; the run becomes ``partial``."""
@@ -404,7 +412,7 @@ class Session:
         prev_phase = self.phase
         # Windows open before the start stamp and close after the end stamp, so the hooks that
         # read counters at the edges stay outside the measured interval.
-        self._step_window = self._open_window(f"step:{step.index}", "step", step.index, self._session_window)
+        self._step_window = self._open_window(f"step:{step.index}", "step", step.index, self._parent_window())
         self._open_phase_window = self._open_window("prefill", "prefill", step.index, self._step_window)
         self.phase = "prefill"
         step.start_ns = self.clock.now_ns(sync=True)
@@ -460,7 +468,7 @@ class Session:
         step = self._new_step("forward", model, kwargs, args)
         self._dispatch("perfsdk_before_generate", session=self, step=step)
         prev_phase = self.phase
-        self._step_window = self._open_window(f"step:{step.index}", "step", step.index, self._session_window)
+        self._step_window = self._open_window(f"step:{step.index}", "step", step.index, self._parent_window())
         self.phase = "forward"
         step.start_ns = self.clock.now_ns(sync=True)
         out = None
@@ -488,14 +496,18 @@ class Session:
         self._ensure_started()
         if not name or ":" in name:
             raise ValueError(f"stage name {name!r}: must be non-empty and contain no ':'")
-        parent = self._step_window or self._session_window
-        w = self._open_window(f"stage:{name}", "stage", None, parent)
+        w = self._open_window(f"stage:{name}", "stage", None, self._step_window or self._parent_window())
+        self._stage_stack.append(w)
         prev_phase, self.phase = self.phase, f"stage:{name}"
         try:
             yield w
         finally:
             self.phase = prev_phase
+            self._stage_stack.remove(w)
             self._close_window(w)
+
+    def _parent_window(self) -> Window | None:
+        return self._stage_stack[-1] if self._stage_stack else self._session_window
 
     def record(self, name: str, value: Any, unit: str | None = None) -> None:
         """Store a user metric with the run."""
@@ -512,8 +524,8 @@ class Session:
     # -- data for the store ---------------------------------------------------------------
 
     def add_series(self, name: str, rows: list[dict[str, Any]]) -> None:
-        """Attach a raw time series (stored next to the result as JSON lines)."""
-        self.series[name] = rows
+        """Attach a raw time series (stored next to the result as JSON lines), capped in length."""
+        add_bounded(self, name, rows)
 
     def add_artifact(self, filename: str, data: bytes | str) -> None:
         """Attach a file (e.g. a profiler trace) to be stored in the run folder."""
@@ -553,11 +565,14 @@ class Session:
         collected: dict[str, dict[str, Any]] = {}
         for impl in self._hook_impls("perfsdk_finalize"):
             owner = self._owner(impl)
+            t0 = time.perf_counter_ns()
             try:
                 res = impl.function(*[{"session": self}[a] for a in impl.argnames])
             except Exception as e:
                 self.record_error(owner, "perfsdk_finalize", e)
                 continue
+            finally:
+                self.hook_times.add(owner, "perfsdk_finalize", time.perf_counter_ns() - t0)
             if res is None:
                 continue
             stored = self._validate_result(owner, res)
@@ -601,8 +616,11 @@ class Session:
         return self.result
 
     def _post_process(self, result: RunResult) -> RunResult:
-        """Extension point for distributed gathering (overridden by rank-aware sessions)."""
-        return result
+        """Record hook times, then gather ranks to rank 0 and aggregate (distributed runs)."""
+        env = result.environment
+        extra = {**env.extra, "hook_time": self.hook_times.summary()}
+        result = result.model_copy(update={"environment": env.model_copy(update={"extra": extra})})
+        return distributed.post_process(self, result)
 
     def _validate_result(self, owner: str, res: Any) -> dict[str, Any] | None:
         cls = type(self.collectors[owner]).Result if owner in self.collectors else None
