@@ -1,0 +1,226 @@
+"""The ``layers`` collector: per-module times, phase split, coverage, hook removal."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+import perfsdk
+from perfsdk.collectors.layers import ROOT_PATH, LayersCollector, StepSelection, coverage_paths
+from perfsdk.config import ConfigError
+
+pytest.importorskip("transformers")
+from transformers import LlamaConfig, LlamaForCausalLM  # noqa: E402
+
+LLAMA = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+             intermediate_size=128, vocab_size=256, max_position_embeddings=256)
+COVERAGE = ["model.embed_tokens", "model.layers.0", "model.layers.1", "model.norm", "model.rotary_emb", "lm_head"]
+#: Linear modules in the tiny Llama: 4 attention + 3 MLP projections per layer, plus the LM head.
+LINEARS = 7 * 2 + 1
+
+
+def tiny_llama(cls: type = LlamaForCausalLM) -> nn.Module:
+    torch.manual_seed(0)
+    return cls(LlamaConfig(**LLAMA)).eval()
+
+
+@pytest.fixture(scope="module")
+def llama() -> nn.Module:
+    return tiny_llama()
+
+
+def hook_count(model: nn.Module) -> int:
+    return sum(len(m._forward_hooks) + len(m._forward_pre_hooks) for m in model.modules())
+
+
+def gen(s: perfsdk.Session, model: nn.Module, batch: int, tokens: int, new: int) -> torch.Tensor:
+    torch.manual_seed(1)
+    ids = torch.randint(3, 256, (batch, tokens))
+    return s.generate(model, input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=new,
+                      min_new_tokens=new, do_sample=False)
+
+
+def rows(result: dict, phase: str, key: str = "modules") -> dict[str, dict]:
+    name = "path" if key == "modules" else "module_type"
+    return {r[name]: r for r in result[key] if r["phase"] == phase}
+
+
+def test_phase_split_coverage_and_hook_removal(llama: nn.Module) -> None:
+    # A long prompt keeps the model's own work well above generate's per-token bookkeeping.
+    B, T, G = 8, 128, 3
+    cfg = {"collectors": {"layers": {"steps": {"first": 1}}}}
+    assert hook_count(llama) == 0
+    with perfsdk.session(cfg, store=None) as s:
+        s.load(model=llama, tokenizer=None)
+        out = gen(s, llama, B, T, G)
+        assert hook_count(llama) == 0  # removed right after the step
+        gen(s, llama, B, T, G)  # same shape, not instrumented: the overhead baseline
+    assert out.shape == (B, T + G)
+    assert hook_count(llama) == 0
+    res = s.result.collectors["layers"]
+    assert res["status"] == "ok"
+    assert res["steps_instrumented"] == 1 and res["step_indices"] == [0]
+    phases = {p["phase"]: p for p in res["phases"]}
+    assert set(phases) == {"prefill", "decode"}
+    # exactly one prefill forward and G-1 decode forwards for G generated tokens
+    assert phases["prefill"]["forwards"] == 1
+    assert phases["decode"]["forwards"] == G - 1
+    assert (phases["prefill"]["context_len_min"], phases["prefill"]["context_len_max"]) == (T, T)
+    assert (phases["decode"]["context_len_min"], phases["decode"]["context_len_max"]) == (T + 1, T + G - 1)
+    pre, dec = rows(res, "prefill"), rows(res, "decode")
+    for layer in ("model.layers.0", "model.layers.1"):
+        assert pre[layer]["calls"] == 1 and dec[layer]["calls"] == G - 1
+        assert pre[layer]["module_type"] == "LlamaDecoderLayer"
+        assert pre[layer]["total_s"] > 0 and dec[layer]["mean_s"] > 0
+    assert pre["model.layers.0"]["input_shapes"][0] == [B, T, 64]
+    assert dec["model.layers.0"]["input_shapes"][0] == [B, 1, 64]
+    assert pre[ROOT_PATH]["module_type"] == "LlamaForCausalLM"
+    types_pre, types_dec = rows(res, "prefill", "module_types"), rows(res, "decode", "module_types")
+    assert types_pre["Linear"]["modules"] == LINEARS and types_pre["Linear"]["calls"] == LINEARS
+    assert types_dec["Linear"]["calls"] == LINEARS * (G - 1)
+    assert types_pre["LlamaRMSNorm"]["calls"] == 2 * 2 + 1
+    # every module is timed by default: all 33 modules but the ModuleList container
+    assert len(list(llama.modules())) == 33 and res["modules_timed"] == 32
+    # Coverage: the top-level children (embedding, decoder layers, norm, rotary, LM head) add up
+    # to most of the step; the rest is generate's own work between forwards (masks, cache,
+    # sampling). 50% is far below what this shape gives even on a loaded 2-core machine.
+    assert res["coverage_modules"] == COVERAGE
+    cov = sum(r["total_s"] for r in res["modules"] if r["path"] in COVERAGE)
+    assert cov == pytest.approx(res["coverage_time_s"])
+    assert 50.0 <= res["coverage_pct"] <= 100.0
+    assert res["coverage_pct"] == pytest.approx(cov / res["step_time_s"] * 100)
+    assert res["forward_coverage_pct"] <= 100.0
+    # overhead against the un-instrumented step of the same shape
+    assert res["overhead_compared_steps"] == 1 and res["overhead_baseline_steps"] == 1
+    assert isinstance(res["overhead_pct"], float)
+    # 32 modules x 2 hooks x G forwards
+    assert res["hook_calls"] == 32 * 2 * G
+    assert res["hook_time_s"] > 0
+
+
+class FailsOnSecondForward(LlamaForCausalLM):
+    """Raises in the first decode step, i.e. inside ``generate``."""
+
+    calls = 0
+
+    def forward(self, *args, **kwargs):  # type: ignore[no-untyped-def]
+        type(self).calls += 1
+        if type(self).calls == 2:
+            raise RuntimeError("boom in decode")
+        return super().forward(*args, **kwargs)
+
+
+def test_hooks_removed_when_step_raises() -> None:
+    model = tiny_llama(FailsOnSecondForward)
+    assert hook_count(model) == 0
+    with pytest.raises(RuntimeError, match="boom in decode"):
+        with perfsdk.session({"collectors": {"layers": {}}}, store=None) as s:
+            s.load(model=model, tokenizer=None)
+            gen(s, model, 1, 8, 4)
+    assert hook_count(model) == 0
+    assert FailsOnSecondForward.calls == 2
+    res = s.result.collectors["layers"]
+    assert res["status"] == "unavailable"
+    assert res["steps_failed"] == 1 and res["steps_instrumented"] == 0
+    assert "failed" in res["reason"]
+
+
+def test_forward_on_sequential_with_event_log() -> None:
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4))
+    x = torch.randn(3, 8)
+    cfg = {"collectors": {"layers": {"steps": {"first": 2}, "log_events": True}}}
+    with perfsdk.session(cfg, store=None) as s:
+        with s.warmup():
+            s.forward(model, x)
+        y = s.forward(model, x)
+        s.forward(model, x)
+    assert y.shape == (3, 4)
+    assert hook_count(model) == 0
+    res = s.result.collectors["layers"]
+    assert res["step_indices"] == [1, 2]
+    assert [(p["phase"], p["forwards"]) for p in res["phases"]] == [("forward", 2)]
+    assert res["coverage_modules"] == ["0", "1", "2"]
+    fwd = rows(res, "forward")
+    assert set(fwd) == {ROOT_PATH, "0", "1", "2"}
+    assert {p: r["calls"] for p, r in fwd.items()} == {ROOT_PATH: 2, "0": 2, "1": 2, "2": 2}
+    assert fwd["0"]["input_shapes"] == [[3, 8]]
+    assert fwd["2"]["input_shapes"] == [[3, 16]]
+    assert fwd[ROOT_PATH]["module_type"] == "Sequential" and fwd["1"]["module_type"] == "ReLU"
+    assert 0 < res["coverage_pct"] <= 100.0
+    # both measured steps were instrumented: nothing to compare with
+    assert res["overhead_pct"] is None and res["overhead_reason"]
+    events = s.series["layers_events"]
+    assert res["events_series"] == "layers_events" and res["events"] == len(events) == 8
+    assert [e["path"] for e in events] == [ROOT_PATH, "0", "1", "2"] * 2
+    assert [e["step"] for e in events] == [1] * 4 + [2] * 4
+    starts = [e["start_s"] for e in events[:4]]
+    assert starts == sorted(starts)
+    assert events[1]["input_shapes"] == [[3, 8]] and events[0]["phase"] == "forward"
+    assert all(e["duration_s"] > 0 for e in events)
+
+
+def test_module_filters(llama: nn.Module) -> None:
+    cfg = {"collectors": {"layers": {"module_types": ["Linear"]}}}
+    with perfsdk.session(cfg, store=None) as s:
+        gen(s, llama, 1, 6, 2)
+    res = s.result.collectors["layers"]
+    # the top module and the six coverage modules are always timed, plus every other Linear
+    assert res["modules_timed"] == 1 + len(COVERAGE) + (LINEARS - 1)
+    with perfsdk.session({"collectors": {"layers": {"max_depth": 1}}}, store=None) as s:
+        gen(s, llama, 1, 6, 2)
+    res = s.result.collectors["layers"]
+    assert sorted(r["path"] for r in res["modules"] if r["phase"] == "prefill") == sorted(
+        [ROOT_PATH, "model"] + COVERAGE)
+    with perfsdk.session({"collectors": {"layers": {"max_depth": 1, "top_n": 2}}}, store=None) as s:
+        gen(s, llama, 1, 6, 2)
+    res = s.result.collectors["layers"]
+    assert [r["phase"] for r in res["modules"]] == ["prefill", "prefill", "decode", "decode"]
+    assert hook_count(llama) == 0
+
+
+def test_every_nth_step_and_overhead() -> None:
+    model = nn.Sequential(nn.Linear(8, 8), nn.Tanh())
+    x = torch.ones(2, 8)
+    with perfsdk.session({"collectors": {"layers": {"steps": {"every": 2}}}}, store=None) as s:
+        with s.warmup():
+            s.forward(model, x)
+        for _ in range(4):
+            s.forward(model, x)
+    res = s.result.collectors["layers"]
+    assert res["steps_selection"] == "every 2"
+    assert res["step_indices"] == [1, 3]
+    assert res["overhead_compared_steps"] == 2 and res["overhead_baseline_steps"] == 2
+    assert res["overhead_pct"] is not None and res["overhead_reason"] is None
+
+
+def test_not_a_module_and_not_enabled() -> None:
+    with perfsdk.session(None, store=None) as s:
+        s.forward(lambda x: x + 1, torch.ones(2))
+    assert "layers" not in s.result.collectors  # opt-in
+    with perfsdk.session({"collectors": {"layers": {}}}, store=None) as s:
+        s.forward(lambda x: x + 1, torch.ones(2))
+    res = s.result.collectors["layers"]
+    assert res["status"] == "unavailable" and "not a torch.nn.Module" in res["reason"]
+
+
+def test_step_selection_config() -> None:
+    assert StepSelection.model_validate(3).first == 3
+    assert StepSelection().first == 1 and StepSelection().every is None
+    sel = StepSelection(every=3)
+    assert [k for k in range(10) if sel.selects(k)] == [0, 3, 6, 9]
+    assert [k for k in range(5) if StepSelection(first=2).selects(k)] == [0, 1]
+    with pytest.raises(ConfigError, match="collectors.layers"):
+        perfsdk.session({"collectors": {"layers": {"steps": {"first": 1, "every": 2}}}}, store=None)
+    with pytest.raises(ConfigError, match="unknown key"):
+        perfsdk.session({"collectors": {"layers": {"depth": 2}}}, store=None)
+    assert LayersCollector.default_enabled is False
+
+
+def test_coverage_paths(llama: nn.Module) -> None:
+    assert coverage_paths(llama) == COVERAGE
+    assert coverage_paths(nn.Sequential(nn.Linear(2, 2), nn.ReLU())) == ["0", "1"]
+    assert coverage_paths(nn.Linear(2, 2)) == [""]
+    nested = nn.Sequential(nn.ModuleList([nn.Linear(2, 2), nn.Linear(2, 2)]), nn.ReLU())
+    assert coverage_paths(nested) == ["0.0", "0.1", "1"]
