@@ -224,3 +224,26 @@ def test_coverage_paths(llama: nn.Module) -> None:
     assert coverage_paths(nn.Linear(2, 2)) == [""]
     nested = nn.Sequential(nn.ModuleList([nn.Linear(2, 2), nn.Linear(2, 2)]), nn.ReLU())
     assert coverage_paths(nested) == ["0.0", "0.1", "1"]
+
+
+def test_per_function_accounting_through_capture(llama: nn.Module) -> None:
+    B, T, G = 1, 6, 3
+    cfg = {"collectors": {"layers": {"per_function": True, "max_depth": 3}}}
+    with perfsdk.session(cfg, store=None) as s:
+        gen(s, llama, B, T, G)
+    assert hook_count(llama) == 0  # the capture's hooks are gone too
+    res = s.result.collectors["layers"]
+    assert res["per_function_status"] == "ok"
+    totals = {(r["phase"], r["category"]): r for r in res["per_function_totals"]}
+    assert {c for _, c in totals} <= {"matmul", "attention", "softmax", "norm"}
+    # 7 projections per layer x 2 layers + LM head: one matmul each per forward
+    mm_pre = [r for r in res["per_function"] if r["phase"] == "prefill" and r["category"] == "matmul"]
+    assert sorted({r["path"] for r in mm_pre})[:2] == ["lm_head", "model.layers.0.mlp.down_proj"]
+    assert len({r["path"] for r in mm_pre}) == LINEARS
+    # q_proj: 2 * tokens * in * out FLOPs (hidden 64 -> 4 heads x 16)
+    q = next(r for r in mm_pre if r["path"] == "model.layers.0.self_attn.q_proj")
+    assert q["flops"] == 2 * B * T * 64 * 64
+    lm = next(r for r in res["per_function"] if r["path"] == "lm_head" and r["phase"] == "decode"
+              and r["category"] == "matmul")
+    assert lm["flops"] == 2 * B * 1 * 64 * 256 * (G - 1)
+    assert totals[("prefill", "attention")]["flops"] > 0 and totals[("prefill", "norm")]["ops"] > 0

@@ -158,13 +158,31 @@ class PhaseRow(CollectorResult):
 
 
 class FunctionRow(CollectorResult):
-    """Operations of one category (softmax, matmul, norm) inside one module and phase."""
+    """Operations of one kind (matmul, attention, softmax, norm) inside one module and phase.
+
+    Counted by the shared operation capture (``perfsdk.capture``); ``ops`` counts ATen operations
+    (a normalization written as several elementwise operations counts each of them).
+    """
 
     path: str
+    module_type: str | None = None
     phase: str
     category: str
-    calls: int
+    ops: int
     flops: int
+    elements: int
+    bytes: int = Field(description="bytes read + bytes written")
+
+
+class FunctionTotalRow(CollectorResult):
+    """All operations of one kind in one phase."""
+
+    phase: str
+    category: str
+    ops: int
+    flops: int
+    elements: int
+    bytes: int
 
 
 class LayersResult(CollectorResult):
@@ -204,6 +222,7 @@ class LayersResult(CollectorResult):
     per_function_status: Literal["off", "ok", "unavailable"] = "off"
     per_function_reason: str | None = None
     per_function: list[FunctionRow] = Field(default_factory=list)
+    per_function_totals: list[FunctionTotalRow] = Field(default_factory=list)
 
 
 # -- module selection ---------------------------------------------------------------------
@@ -462,9 +481,10 @@ class LayersCollector(Collector):
     @hookimpl
     def perfsdk_after_generate(self, session: Session, step: Step) -> None:
         rec = self._current if step.index in self._instrumented_indices else None
+        ops: list[Any] = []
         try:
             if rec is not None and self.cfg.per_function:
-                self._stop_capture(step)
+                ops = self._stop_capture(step)
         finally:
             if rec is not None:
                 self._detach()
@@ -478,12 +498,17 @@ class LayersCollector(Collector):
         if rec is not None:
             rec.start_ns = step.start_ns
             self._records.append(rec)
+            self._capture_ops.extend(ops)
             self._step_times[step.index] = duration_s
 
     @hookimpl
     def perfsdk_finalize(self, session: Session) -> LayersResult:
         # Normally nothing is attached here; a step interrupted between hooks must not leave any.
-        self._detach()
+        try:
+            if self._capture is not None:
+                self._stop_capture_quietly()
+        finally:
+            self._detach()
         self._current = None
         return self._build_result(session)
 
@@ -508,7 +533,7 @@ class LayersCollector(Collector):
     def _start_capture(self, session: Session, model: Any, step: Step) -> None:
         """Per-function accounting through the shared operation capture, when installed."""
         try:
-            from perfsdk import capture  # noqa: F401
+            import perfsdk.capture  # noqa: F401
         except ImportError as exc:
             self._capture_error = f"perfsdk.capture is not available: {exc}"
             return
@@ -518,14 +543,22 @@ class LayersCollector(Collector):
             self._capture = None
             self._capture_error = f"operation capture failed to start: {exc!r}"
 
-    def _stop_capture(self, step: Step) -> None:
+    def _stop_capture_quietly(self) -> None:
+        cap, self._capture = self._capture, None
+        try:
+            cap.__exit__(None, None, None)
+        except Exception as exc:
+            log.warning("could not stop the operation capture", error=repr(exc))
+
+    def _stop_capture(self, step: Step) -> list[Any]:
         cap, self._capture = self._capture, None
         if cap is None:
-            return
+            return []
         try:
-            self._capture_ops.extend(_close_capture(cap))
+            return _close_capture(cap)
         except Exception as exc:
             self._capture_error = f"operation capture failed: {exc!r}"
+            return []
 
     def _build_result(self, session: Session) -> LayersResult:
         base: dict[str, Any] = {"steps_selection": self.cfg.steps.describe(), "steps_failed": self._failed,
@@ -671,37 +704,45 @@ class LayersCollector(Collector):
             return {}
         if self._capture_error is not None and not self._capture_ops:
             return {"per_function_status": "unavailable", "per_function_reason": self._capture_error}
-        agg: dict[tuple[str, str, str], list[int]] = {}
+        agg: dict[tuple[str, str | None, str, str], list[int]] = {}
+        tot: dict[tuple[str, str], list[int]] = {}
         for op in self._capture_ops:
-            cat = _function_category(op)
-            if cat is None:
+            cat = op.category
+            if cat not in FUNCTION_CATEGORIES:
                 continue
-            a = agg.setdefault((op.module_path or ROOT_PATH, str(op.phase), cat), [0, 0])
-            a[0] += 1
-            a[1] += int(op.flops or 0)
-        rows = [FunctionRow(path=p, phase=ph, category=c, calls=v[0], flops=v[1]) for (p, ph, c), v in agg.items()]
-        rows.sort(key=lambda r: (r.path, r.phase, r.category))
-        out: dict[str, Any] = {"per_function_status": "ok", "per_function": rows}
+            nbytes = int(op.bytes_read) + int(op.bytes_written)
+            for acc in (agg.setdefault((op.module_path or ROOT_PATH, op.module_type, str(op.phase), cat), [0, 0, 0, 0]),
+                        tot.setdefault((str(op.phase), cat), [0, 0, 0, 0])):
+                acc[0] += 1
+                acc[1] += int(op.flops)
+                acc[2] += int(op.elements)
+                acc[3] += nbytes
+        rows = [FunctionRow(path=p, module_type=mt, phase=ph, category=c, ops=v[0], flops=v[1], elements=v[2], bytes=v[3])
+                for (p, mt, ph, c), v in agg.items()]
+        rows.sort(key=lambda r: (r.phase, r.path, r.category))
+        totals = [FunctionTotalRow(phase=ph, category=c, ops=v[0], flops=v[1], elements=v[2], bytes=v[3])
+                  for (ph, c), v in sorted(tot.items())]
+        out: dict[str, Any] = {"per_function_status": "ok", "per_function": rows, "per_function_totals": totals}
         if self._capture_error is not None:
             out["per_function_reason"] = self._capture_error
         return out
 
 
-def _function_category(op: Any) -> str | None:
-    """softmax, matmul or norm for the operations per-function accounting counts, else None."""
-    cat = getattr(op, "category", None)
-    if cat in ("matmul", "attention"):
-        return "matmul"
-    if cat == "softmax":
-        return "softmax"
-    if cat == "norm":
-        return "norm"
-    return None
+#: Operation kinds counted by per-function accounting (``attention`` is a fused QK^T/softmax/PV
+#: kernel, or the matrix products of an eager attention).
+FUNCTION_CATEGORIES = ("matmul", "attention", "softmax", "norm")
 
 
-def _open_capture(model: Any, step: Step) -> Any:  # pragma: no cover - replaced once capture lands
-    raise RuntimeError("operation capture is not wired yet")
+def _open_capture(model: Any, step: Step) -> Any:
+    """Start the shared operation capture on ``model`` for one step."""
+    from perfsdk.capture import OperationCapture
+
+    cap = OperationCapture(model, auto_phase=step.kind == "generate", phase="forward", step=step.index)
+    cap.__enter__()
+    return cap
 
 
-def _close_capture(cap: Any) -> list[Any]:  # pragma: no cover - replaced once capture lands
-    return []
+def _close_capture(cap: Any) -> list[Any]:
+    """Stop the capture (removing its hooks) and return its operation records."""
+    cap.__exit__(None, None, None)
+    return list(cap.records)
