@@ -1,0 +1,467 @@
+"""Multi-process runs: rank detection, gathering to rank 0, aggregation, prompt sharding.
+
+Under ``torchrun``, Accelerate or ``mpirun`` every process runs its own :class:`~perfsdk.Session`.
+This module makes those sessions one run:
+
+1. At session set-up :func:`attach` detects the rank (an initialized ``torch.distributed``
+   first, then the launcher's environment), joins a process group if none is initialized
+   (``gloo``, from the ``env://`` variables the launcher sets) and broadcasts rank 0's run id,
+   so every rank carries the same id. Ranks other than 0 never write to the store.
+2. At finalize :func:`post_process` sends each rank's share (collector results, errors, the raw
+   per-request latency samples and per-step wall times, time series) to rank 0 with
+   ``gather_object`` over a gloo group, and rank 0 stores one run with a ``ranks`` section and an
+   aggregate:
+
+   - tokens and requests are summed;
+   - latency percentiles are recomputed from the pooled per-request samples of all ranks
+     (never averaged percentiles);
+   - the wall time of step ``k`` is the slowest rank's step ``k``; throughput is total tokens over
+     the slowest rank's wall time;
+   - energy is summed over hosts; a host-wide counter (``rapl:package``, ``codecarbon:machine``)
+     read by several ranks on the same host is counted once (the largest reading), per-process
+     sources (``...:process``) are summed.
+
+3. ``perfsdk run`` gives each rank ``shard_prompts(prompts, rank, world_size)``.
+
+Single-process runs pass through untouched. Environment switches: ``PERFSDK_DISTRIBUTED=0``
+turns all of this off; ``PERFSDK_DIST_TIMEOUT_S`` (default 600) bounds how long a rank waits
+for the others.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import os
+import socket
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+import structlog
+
+from perfsdk.schemas import ErrorRecord, RankResult, RunResult, WorkloadInfo
+from perfsdk.stats import summarize
+
+log = structlog.get_logger("perfsdk.distributed")
+
+T = TypeVar("T")
+
+#: (rank, world size, local rank) variables, in the order they are looked for.
+_ENV_SETS: tuple[tuple[str, str, str, str], ...] = (
+    ("torchrun", "RANK", "WORLD_SIZE", "LOCAL_RANK"),
+    ("mpi", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK"),
+    ("mpi", "PMI_RANK", "PMI_SIZE", "MPI_LOCALRANKID"),
+)
+
+_STATUS_ORDER = {"ok": 0, "partial": 1, "failed": 2}
+
+#: Latency fields recomputed from pooled samples (field -> key of the per-rank sample lists).
+_POOLED_LATENCY = {
+    "ttft_s": "ttft_s",
+    "tpot_s": "tpot_s",
+    "itl_s": "itl_s",
+    "e2e_s": "e2e_s",
+    "prefill_s": "ttft_s",
+    "decode_s": "decode_s",
+    "forward_s": "forward_s",
+    "tokenize_s": "tokenize_s",
+}
+_SUMMED_LATENCY = ("input_tokens", "output_tokens", "requests", "warmup_steps", "failed_steps", "eos_stopped_requests")
+
+
+@dataclass
+class RankInfo:
+    """Where this process sits in a multi-process run."""
+
+    rank: int = 0
+    world_size: int = 1
+    local_rank: int = 0
+    source: str = "single"  # single | torchrun | accelerate | mpi | torch.distributed
+    hostname: str = field(default_factory=socket.gethostname)
+    backend: str | None = None
+    initialized_here: bool = False
+    gather_ok: bool = False
+    group: Any = None
+
+    @property
+    def is_distributed(self) -> bool:
+        return self.world_size > 1
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+
+def _int_env(env: Mapping[str, str], key: str) -> int | None:
+    raw = env.get(key)
+    if raw is None or not raw.strip():
+        return None
+    try:
+        return int(raw)
+    except ValueError:
+        return None
+
+
+def detect_rank(env: Mapping[str, str] | None = None, use_torch: bool = True) -> RankInfo:
+    """This process's rank, from an initialized ``torch.distributed`` or the launcher's env.
+
+    ``torchrun`` and ``accelerate launch`` set ``RANK``/``WORLD_SIZE``/``LOCAL_RANK``;
+    Open MPI and PMI launchers set their own variables. Without any, a single process.
+    """
+    env = os.environ if env is None else env
+    if use_torch:
+        dist = _torch_dist()
+        if dist is not None and dist.is_initialized():
+            local = _int_env(env, "LOCAL_RANK")
+            return RankInfo(rank=dist.get_rank(), world_size=dist.get_world_size(),
+                            local_rank=local if local is not None else 0, source="torch.distributed",
+                            backend=str(dist.get_backend()))
+    for source, rk, ws, lr in _ENV_SETS:
+        rank, world = _int_env(env, rk), _int_env(env, ws)
+        if rank is None or world is None:
+            continue
+        if world < 1 or not 0 <= rank < world:
+            log.warning("ignoring inconsistent rank variables", rank=rank, world_size=world)
+            continue
+        if source == "torchrun" and any(k.startswith("ACCELERATE_") for k in env):
+            source = "accelerate"
+        local = _int_env(env, lr)
+        return RankInfo(rank=rank, world_size=world, local_rank=local if local is not None else 0, source=source)
+    return RankInfo()
+
+
+def _torch_dist() -> Any:
+    try:
+        import torch.distributed as dist
+    except ImportError:
+        return None
+    return dist if dist.is_available() else None
+
+
+def _timeout() -> _dt.timedelta:
+    try:
+        secs = float(os.environ.get("PERFSDK_DIST_TIMEOUT_S", "600"))
+    except ValueError:
+        secs = 600.0
+    return _dt.timedelta(seconds=max(secs, 1.0))
+
+
+def disabled() -> bool:
+    """``PERFSDK_DISTRIBUTED=0`` turns rank awareness off (every process is its own run)."""
+    return os.environ.get("PERFSDK_DISTRIBUTED", "").strip().lower() in ("0", "false", "no", "off")
+
+
+def init_group(info: RankInfo) -> RankInfo:
+    """Make sure a process group exists and pick a gloo group for object collectives.
+
+    If the user initialized ``torch.distributed`` (any backend), it is used; a gloo group is
+    added when the default backend is not gloo, because objects travel on the host. Otherwise
+    the group is created here from the launcher's ``env://`` variables with the gloo backend
+    and destroyed again by :func:`shutdown`.
+    """
+    if not info.is_distributed:
+        return info
+    dist = _torch_dist()
+    if dist is None:
+        log.warning("torch.distributed unavailable: ranks cannot be gathered")
+        return info
+    try:
+        if not dist.is_initialized():
+            env = os.environ
+            if "MASTER_ADDR" not in env or "MASTER_PORT" not in env:
+                raise RuntimeError("MASTER_ADDR/MASTER_PORT not set by the launcher")
+            os.environ.setdefault("RANK", str(info.rank))
+            os.environ.setdefault("WORLD_SIZE", str(info.world_size))
+            dist.init_process_group(backend="gloo", rank=info.rank, world_size=info.world_size, timeout=_timeout())
+            info.initialized_here = True
+        info.backend = str(dist.get_backend())
+        info.group = None if info.backend == "gloo" else dist.new_group(backend="gloo", timeout=_timeout())
+        info.gather_ok = True
+    except Exception as exc:
+        log.error("could not join the process group; each rank keeps its own run", error=repr(exc))
+        info.gather_ok = False
+    return info
+
+
+def broadcast_object(obj: T, info: RankInfo) -> T:
+    """Rank 0's ``obj`` on every rank (unchanged when not distributed)."""
+    if not (info.is_distributed and info.gather_ok):
+        return obj
+    import torch.distributed as dist
+
+    box = [obj]
+    dist.broadcast_object_list(box, src=0, group=info.group)
+    return box[0]
+
+
+def gather_to_main(obj: Any, info: RankInfo) -> list[Any] | None:
+    """Every rank's ``obj`` on rank 0 (in rank order); ``None`` on the other ranks."""
+    if not (info.is_distributed and info.gather_ok):
+        return [obj]
+    import torch.distributed as dist
+
+    out: list[Any] | None = [None] * info.world_size if info.is_main else None
+    dist.gather_object(obj, out, dst=0, group=info.group)
+    return out
+
+
+def shutdown(info: RankInfo) -> None:
+    """Destroy the process group if this module created it."""
+    if not info.initialized_here:
+        return
+    dist = _torch_dist()
+    if dist is not None and dist.is_initialized():
+        try:
+            dist.destroy_process_group()
+        except Exception as exc:  # never fail a run on teardown
+            log.warning("could not destroy the process group", error=repr(exc))
+    info.initialized_here = False
+
+
+def shard_prompts(prompts: Sequence[T], rank: int, world_size: int) -> list[T]:
+    """This rank's share of the prompts for data-parallel runs.
+
+    Strided (``prompts[rank::world_size]``) so that, with prompts sorted by length, every rank
+    gets a similar mix; shares differ by at most one prompt, and together cover every prompt
+    exactly once.
+    """
+    if world_size < 1 or not 0 <= rank < world_size:
+        raise ValueError(f"rank {rank} is not in a world of size {world_size}")
+    return list(prompts[rank::world_size])
+
+
+def current_shard(prompts: Sequence[T]) -> list[T]:
+    """``shard_prompts`` for the rank this process detects (all prompts when single)."""
+    if disabled():
+        return list(prompts)
+    info = detect_rank()
+    return shard_prompts(prompts, info.rank, info.world_size)
+
+
+# -- session integration --------------------------------------------------------------------
+
+
+def attach(session: Any) -> RankInfo:
+    """Called from ``Session.__init__``: detect the rank, join the group, share the run id.
+
+    Non-zero ranks get ``store_dir = None``: only rank 0 stores.
+    """
+    if disabled():
+        return RankInfo()
+    info = detect_rank()
+    if not info.is_distributed:
+        return info
+    init_group(info)
+    if info.gather_ok:
+        session.run_id = broadcast_object(session.run_id, info)
+        if not info.is_main:
+            session.store_dir = None
+    session.tags.setdefault("world_size", str(info.world_size))
+    if not info.gather_ok:
+        session.tags["rank"] = str(info.rank)
+        session.errors.append(ErrorRecord(source="distributed", hook=None, type="GatherUnavailable",
+                                          message=f"rank {info.rank}/{info.world_size}: process group unavailable; "
+                                                  "this rank's results are stored on their own"))
+    return info
+
+
+def rank_payload(session: Any, result: RunResult) -> dict[str, Any]:
+    """What one rank sends to rank 0: its results plus the raw samples needed to pool."""
+    from perfsdk.collectors.latency import request_latencies
+
+    samples: dict[str, list[float]] = {k: [] for k in ("ttft_s", "tpot_s", "itl_s", "e2e_s", "decode_s", "forward_s")}
+    steps: dict[int, float] = {}
+    ordinal = 0
+    for st in session.measured_steps:
+        # steps are matched across ranks by their order among measured steps
+        steps[ordinal] = st.duration_s or 0.0
+        ordinal += 1
+        if st.kind == "forward":
+            samples["forward_s"].append(st.duration_s or 0.0)
+            continue
+        for r in request_latencies(st):
+            samples["ttft_s"].append(r["ttft_s"])
+            samples["e2e_s"].append(r["e2e_s"])
+            samples["decode_s"].append(r["e2e_s"] - r["ttft_s"])
+            if r["tpot_s"] is not None:
+                samples["tpot_s"].append(r["tpot_s"])
+            samples["itl_s"].extend(r["itl_s"])
+    samples["tokenize_s"] = [ev.tokenize_s for ev in session.tokenize_events]
+    return {
+        "rank": session.rank_info.rank,
+        "world_size": session.rank_info.world_size,
+        "hostname": session.rank_info.hostname,
+        "status": result.status,
+        "collectors": result.collectors,
+        "errors": [e.model_dump(mode="json") for e in result.errors],
+        "workload": result.workload.model_dump(mode="json") if result.workload else None,
+        "records": [r.model_dump(mode="json") for r in result.records],
+        "samples": samples,
+        "step_s": steps,
+        "series": dict(session.series),
+    }
+
+
+def _worst(statuses: list[str]) -> str:
+    return max(statuses, key=lambda s: _STATUS_ORDER.get(s, 2))
+
+
+def aggregate_latency(payloads: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """The latency section of the aggregate from every rank's payload (see module docs)."""
+    per_rank = [p["collectors"].get("latency") for p in payloads]
+    if not any(per_rank):
+        return None
+    base = dict(next(x for x in per_rank if x))
+    pooled: dict[str, list[float]] = {}
+    for p in payloads:
+        for key, vals in p["samples"].items():
+            pooled.setdefault(key, []).extend(vals)
+    for fld, key in _POOLED_LATENCY.items():
+        base[fld] = summarize(pooled.get(key, [])).model_dump(mode="json")
+    for fld in _SUMMED_LATENCY:
+        base[fld] = sum(int((r or {}).get(fld) or 0) for r in per_rank)
+    n_steps = max((len(p["step_s"]) for p in payloads), default=0)
+    slowest = [max(float(p["step_s"][k]) for p in payloads if k in p["step_s"]) for k in range(n_steps)]
+    base["step_s"] = summarize(slowest).model_dump(mode="json")
+    base["steps"] = n_steps
+    base["busy_s"] = sum(slowest) if slowest else None
+    walls = [float(r["wall_s"]) for r in per_rank if r and r.get("wall_s") is not None]
+    wall = max(walls) if walls else None
+    base["wall_s"] = wall
+    in_tok, out_tok, reqs = base["input_tokens"], base["output_tokens"], base["requests"]
+
+    def per_s(n: int) -> float | None:
+        return n / wall if wall and wall > 0 else None
+
+    base["output_tokens_per_s"] = per_s(out_tok) if out_tok else None
+    base["input_tokens_per_s"] = per_s(in_tok)
+    base["total_tokens_per_s"] = per_s(in_tok + out_tok)
+    base["requests_per_s"] = per_s(reqs)
+    stages: dict[str, Any] = {}
+    for r in per_rank:
+        for name in (r or {}).get("stages", {}):
+            stages.setdefault(name, None)
+    if stages:
+        # stage samples are not shipped: keep the slowest rank's summary per stage
+        for name in stages:
+            cands = [r["stages"][name] for r in per_rank if r and name in r.get("stages", {})]
+            stages[name] = max(cands, key=lambda s: s.get("max") or 0.0)
+        base["stages"] = stages
+    return base
+
+
+def _energy_total(key: str, per_rank: list[tuple[str, float]]) -> float:
+    """Sum over hosts; a host-wide counter read by several ranks of one host counts once."""
+    if key.endswith(":process"):
+        return sum(v for _, v in per_rank)
+    by_host: dict[str, float] = {}
+    for host, v in per_rank:
+        by_host[host] = max(by_host.get(host, v), v)
+    return sum(by_host.values())
+
+
+def aggregate_energy(payloads: list[dict[str, Any]], output_tokens: int | None) -> dict[str, Any] | None:
+    """The energy section of the aggregate (see module docs for the summing rules)."""
+    per_rank = [(p["hostname"], p["collectors"].get("energy")) for p in payloads]
+    present = [(h, e) for h, e in per_rank if e]
+    if not present:
+        return None
+    base = dict(present[0][1])
+    for fld in ("energy_j", "steps_energy_j"):
+        keys: dict[str, list[tuple[str, float]]] = {}
+        for host, e in present:
+            for k, v in (e.get(fld) or {}).items():
+                if v is not None:
+                    keys.setdefault(k, []).append((host, float(v)))
+        if keys:
+            base[fld] = {k: _energy_total(k, vals) for k, vals in keys.items()}
+    tokens = output_tokens if output_tokens is not None else sum(int(e.get("output_tokens") or 0) for _, e in present)
+    base["output_tokens"] = tokens
+    if isinstance(base.get("energy_j"), dict):
+        base["j_per_output_token"] = {k: v / tokens for k, v in base["energy_j"].items() if v and tokens}
+        base["output_tokens_per_j"] = {k: tokens / v for k, v in base["energy_j"].items() if v and tokens}
+    base["status"] = "ok" if any(e.get("status") == "ok" for _, e in present) else base.get("status", "unavailable")
+    return base
+
+
+def aggregate(result: RunResult, payloads: list[dict[str, Any]]) -> tuple[RunResult, dict[str, list[dict[str, Any]]]]:
+    """Rank 0's stored run: aggregate collectors, ``ranks`` section, merged errors and series."""
+    collectors = dict(result.collectors)
+    lat = aggregate_latency(payloads)
+    if lat is not None:
+        collectors["latency"] = lat
+    en = aggregate_energy(payloads, lat.get("output_tokens") if lat else None)
+    if en is not None:
+        collectors["energy"] = en
+    ranks = [
+        RankResult(rank=p["rank"], world_size=p["world_size"], hostname=p["hostname"], status=p["status"],  # type: ignore[arg-type]
+                   collectors=p["collectors"], errors=[ErrorRecord.model_validate(e) for e in p["errors"]])
+        for p in payloads
+    ]
+    errors = list(result.errors)
+    for p in payloads[1:]:
+        for e in p["errors"]:
+            errors.append(ErrorRecord.model_validate({**e, "source": f"rank{p['rank']}:{e['source']}"}))
+    status = _worst([p["status"] for p in payloads])
+    workload = result.workload
+    wls = [p["workload"] for p in payloads if p.get("workload")]
+    if workload is not None and wls:
+        workload = WorkloadInfo.model_validate({
+            **workload.model_dump(mode="json"),
+            "num_prompts": sum(int(w.get("num_prompts") or 0) for w in wls),
+            "prompts_filtered": sum(int(w.get("prompts_filtered") or 0) for w in wls),
+        })
+    env = result.environment
+    extra = dict(env.extra)
+    extra["distributed"] = {
+        "world_size": len(payloads),
+        "hosts": sorted({p["hostname"] for p in payloads}),
+        "aggregation": "tokens summed; latency percentiles from pooled samples; step wall time = slowest rank; "
+                       "energy summed over hosts",
+    }
+    series: dict[str, list[dict[str, Any]]] = {}
+    for p in payloads[1:]:
+        for name, rows in p["series"].items():
+            series[f"rank{p['rank']}.{name}"] = rows
+    out = result.model_copy(update={
+        "collectors": collectors, "ranks": ranks, "errors": errors, "status": status, "workload": workload,
+        "environment": env.model_copy(update={"extra": extra}),
+    })
+    return RunResult.model_validate(out.model_dump()), series
+
+
+def post_process(session: Any, result: RunResult) -> RunResult:
+    """Called from ``Session._post_process``: gather to rank 0 and aggregate there.
+
+    On rank 0 returns the aggregated run; on other ranks their own result (not stored).
+    """
+    info: RankInfo | None = getattr(session, "rank_info", None)
+    if info is None or not info.is_distributed or not info.gather_ok:
+        return result
+    try:
+        payloads = gather_to_main(rank_payload(session, result), info)
+    except Exception as exc:
+        log.error("gathering ranks failed", rank=info.rank, error=repr(exc))
+        err = ErrorRecord(source="distributed", type=type(exc).__name__, message=f"gather failed: {exc}")
+        out = result.model_copy(update={"errors": [*result.errors, err],
+                                        "status": "failed" if result.status == "failed" else "partial"})
+        if session.store_dir is None and not info.is_main:
+            # nobody else will store what this rank measured
+            session.store_dir = session.config.store
+            out = out.model_copy(update={"tags": {**out.tags, "rank": str(info.rank)},
+                                         "run_id": f"{out.run_id}-rank{info.rank}"})
+        shutdown(info)
+        return out
+    if not info.is_main or payloads is None:
+        shutdown(info)
+        return result
+    try:
+        out, extra_series = aggregate(result, payloads)
+        session.series.update(extra_series)
+    except Exception as exc:  # a bug in aggregation must not lose rank 0's run
+        log.error("aggregating ranks failed", error=repr(exc))
+        err = ErrorRecord(source="distributed", type=type(exc).__name__, message=f"aggregation failed: {exc}")
+        out = result.model_copy(update={"errors": [*result.errors, err], "status": "partial"
+                                        if result.status == "ok" else result.status})
+    shutdown(info)
+    return out

@@ -1,0 +1,77 @@
+"""Two ranks on CPU under torchrun (gloo): one stored run with a ``ranks`` section."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from perfsdk.store import Store
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _torchrun(args: list[str], cwd: Path, timeout: int = 50) -> subprocess.CompletedProcess[str]:
+    env = dict(os.environ)
+    env.update(HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", OMP_NUM_THREADS="1", PERFSDK_DIST_TIMEOUT_S="40",
+               PYTHONPATH=str(ROOT / "src") + os.pathsep + env.get("PYTHONPATH", ""))
+    for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
+        env.pop(k, None)
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", *args]
+    return subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
+
+
+def test_session_script_under_torchrun(tmp_path: Path) -> None:
+    store_dir = tmp_path / "store"
+    proc = _torchrun([str(ROOT / "examples" / "distributed_session.py"), "--store", str(store_dir),
+                      "--prompts", "6", "--max-new-tokens", "4"], tmp_path)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    store = Store(store_dir)
+    ids = store.run_ids()
+    assert len(ids) == 1, "only rank 0 stores"
+    assert store.indexed_ids() == ids
+    run = store.get(ids[0])
+    assert run.status == "ok"
+    # both ranks printed the same run id
+    assert proc.stdout.count(ids[0]) == 2
+    assert run.ranks is not None and [r.rank for r in run.ranks] == [0, 1]
+    assert all(r.world_size == 2 for r in run.ranks)
+    lat = run.collectors["latency"]
+    # 6 prompts of 4..9 tokens, 3 per rank, 4 new tokens each
+    assert [r.collectors["latency"]["requests"] for r in run.ranks] == [3, 3]
+    assert lat["requests"] == 6 and lat["output_tokens"] == 24 and lat["input_tokens"] == 4 + 5 + 6 + 7 + 8 + 9
+    assert lat["ttft_s"]["count"] == 6 and lat["tpot_s"]["count"] == 6 and lat["itl_s"]["count"] == 18
+    assert lat["steps"] == 3 and lat["step_s"]["count"] == 3
+    assert lat["wall_s"] == max(r.collectors["latency"]["wall_s"] for r in run.ranks)
+    assert run.environment.extra["distributed"]["world_size"] == 2
+    assert "rank1.token_times" in run.series
+    assert len(store.read_series(ids[0], "rank1.token_times")) == 3 * 4
+
+
+@pytest.mark.skipif(importlib.util.find_spec("perfsdk.models.runner") is None, reason="workload runner not available")
+def test_perfsdk_run_under_torchrun(tmp_path: Path) -> None:
+    store_dir = tmp_path / "store"
+    proc = _torchrun(["-m", "perfsdk", "run", "--store", str(store_dir), "-q",
+                      "--set", "workload.num_prompts=4", "--set", "workload.batching.batch_size=1",
+                      "--set", "workload.generate.max_new_tokens=3", "--set", "workload.generate.min_new_tokens=3",
+                      "--set", "workload.warmup_runs=0", "--set", "workload.min_iterations=1",
+                      "--set", "collectors.energy=false", "--set", "collectors.utilization=false"], tmp_path)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    store = Store(store_dir)
+    ids = store.run_ids()
+    assert len(ids) == 1
+    run = store.get(ids[0])
+    assert run.ranks is not None and len(run.ranks) == 2
+    per_rank = [r.collectors["latency"]["requests"] for r in run.ranks]
+    lat = run.collectors["latency"]
+    # the 4 prompts are split 2 + 2 (each rank's runner may repeat its share to reach min_iterations)
+    assert lat["requests"] == sum(per_rank)
+    assert lat["ttft_s"]["count"] == sum(r.collectors["latency"]["ttft_s"]["count"] for r in run.ranks)
+    assert lat["output_tokens"] == 3 * lat["requests"]
+    assert run.workload is not None and run.workload.num_prompts == 4
+    assert json.loads(json.dumps(run.model_dump(mode="json")))["run_id"] == ids[0]
