@@ -14,6 +14,10 @@ from __future__ import annotations
 
 __version__ = "0.1.0"
 
+from perfsdk.logs import configure_default as _configure_logging  # noqa: E402
+
+_configure_logging()
+
 from perfsdk.collector import Collector, CollectorConfig, CollectorResult, Exporter  # noqa: E402
 from perfsdk.config import Config, ConfigError, load_config  # noqa: E402
 from perfsdk.events import LoadEvent, Step, TokenizeEvent, Window  # noqa: E402

@@ -36,11 +36,10 @@ def configure_logging(verbose: int = 0) -> None:
     """Library code is quiet: warnings and errors only, unless -v."""
     import logging
 
-    level = logging.WARNING if verbose == 0 else (logging.INFO if verbose == 1 else logging.DEBUG)
-    structlog.configure(
-        wrapper_class=structlog.make_filtering_bound_logger(level),
-        logger_factory=structlog.PrintLoggerFactory(file=sys.stderr),
-    )
+    from perfsdk.logs import configure_default, default_level
+
+    level = default_level() if verbose == 0 else (logging.INFO if verbose == 1 else logging.DEBUG)
+    configure_default(level, force=True)
 
 
 def fail_usage(message: str) -> None:
@@ -119,6 +118,8 @@ def execute_run(sess: Any, quiet: bool = False, as_json: bool = False) -> int:
     from perfsdk.summary import print_summary
 
     console = Console(stderr=False)
+    if not console.is_terminal:
+        console = Console(stderr=False, width=120)
     previous = _install_signal_handlers()
     code = EXIT_OK
     try:

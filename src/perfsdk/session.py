@@ -565,6 +565,8 @@ class Session:
         collected: dict[str, dict[str, Any]] = {}
         for impl in self._hook_impls("perfsdk_finalize"):
             owner = self._owner(impl)
+            if self._trace:
+                log.info("hook call", hook="perfsdk_finalize", plugin=impl.plugin_name)
             t0 = time.perf_counter_ns()
             try:
                 res = impl.function(*[{"session": self}[a] for a in impl.argnames])
