@@ -36,6 +36,7 @@ DEFAULT_PLUGINS: list[str] = [
     "perfsdk.collectors.memory",
     "perfsdk.energy.plugin",
     "perfsdk.exporters.builtin",
+    "perfsdk.store_cli",
     "perfsdk.collectors.profiling_plugin",
 ]
 
