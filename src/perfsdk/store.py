@@ -55,6 +55,16 @@ def _sanitize(name: str) -> str:
     return cleaned[:200]
 
 
+def _unique(stem: str, suffix: str, taken: Iterable[str]) -> str:
+    """``stem + suffix``, or ``stem-2 + suffix``... when two names sanitize to the same file."""
+    used = set(taken)
+    fname, n = stem + suffix, 1
+    while fname in used:
+        n += 1
+        fname = f"{stem}-{n}{suffix}"
+    return fname
+
+
 def atomic_write(path: Path, data: bytes) -> None:
     """Write ``data`` to ``path`` through a temporary file in the same folder and a rename."""
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -131,7 +141,7 @@ class Store:
         try:
             series_files: dict[str, str] = dict(result.series)
             for name, rows in (series or {}).items():
-                fname = f"series/{_sanitize(name)}.jsonl"
+                fname = _unique(f"series/{_sanitize(name)}", ".jsonl", series_files.values())
                 (tmp / "series").mkdir(exist_ok=True)
                 with open(tmp / fname, "w", encoding="utf-8") as fh:
                     for row in rows:
@@ -140,7 +150,7 @@ class Store:
                 series_files[name] = fname
             artifact_files: dict[str, str] = dict(result.artifacts)
             for name, data in (artifacts or {}).items():
-                fname = f"artifacts/{_sanitize(name)}"
+                fname = _unique(f"artifacts/{_sanitize(name)}", "", artifact_files.values())
                 (tmp / "artifacts").mkdir(exist_ok=True)
                 (tmp / fname).write_bytes(data)
                 artifact_files[name] = fname
