@@ -247,3 +247,17 @@ def test_per_function_accounting_through_capture(llama: nn.Module) -> None:
               and r["category"] == "matmul")
     assert lm["flops"] == 2 * B * 1 * 64 * 256 * (G - 1)
     assert totals[("prefill", "attention")]["flops"] > 0 and totals[("prefill", "norm")]["ops"] > 0
+
+
+def test_steps_also_profiled_left_out_of_overhead() -> None:
+    model = nn.Sequential(nn.Linear(8, 8), nn.Tanh())
+    x = torch.ones(2, 8)
+    cfg = {"collectors": {"layers": {"steps": {"first": 2}}, "torch_profiler": {"save_traces": False}}}
+    with perfsdk.session(cfg, store=None) as s:
+        for _ in range(4):
+            s.forward(model, x)
+    res = s.result.collectors["layers"]
+    assert s.result.collectors["torch_profiler"]["step_indices"] == [0]
+    assert res["step_indices"] == [0, 1] and res["steps_also_profiled"] == [0]
+    # step 0 (layers + profiler) is left out; step 1 is compared with steps 2 and 3
+    assert res["overhead_compared_steps"] == 1 and res["overhead_baseline_steps"] == 2

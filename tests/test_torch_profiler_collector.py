@@ -134,3 +134,25 @@ def test_registered_opt_in() -> None:
     with perfsdk.session(None, store=None) as s:
         s.forward(nn.Linear(2, 2), torch.ones(1, 2))
     assert "torch_profiler" not in s.result.collectors and s.artifacts == {}
+
+
+def test_summary_tables() -> None:
+    from rich.console import Console
+
+    from perfsdk.collectors.profiling_plugin import profiling_tables
+
+    model = nn.Sequential(nn.Linear(8, 8), nn.ReLU())
+    cfg = {"collectors": {"layers": {"steps": {"every": 2}}, "torch_profiler": {"save_traces": False}}}
+    with perfsdk.session(cfg, store=None) as s:
+        for _ in range(3):
+            s.forward(model, torch.ones(2, 8))
+    tables = profiling_tables(s.result.collectors)
+    assert len(tables) == 3  # forward layers, coverage/overhead, top operators
+    console = Console(record=True, width=150)
+    for t in tables:
+        console.print(t)
+    text = console.export_text()
+    assert "Layers — forward (2 forwards" in text and "ReLU" in text
+    assert "coverage of step time" in text and "Top operators (1 profiled steps" in text
+    assert "aten::addmm" in text
+    assert profiling_tables({}) == []

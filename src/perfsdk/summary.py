@@ -107,6 +107,10 @@ def print_summary(run: RunResult, console: Console | None = None, run_dir: str |
     for label, value in headline_rows(run):
         t.add_row(label, value)
     console.print(t)
+    from perfsdk.collectors.profiling_plugin import profiling_tables
+
+    for table in profiling_tables(run.collectors):
+        console.print(table)
     if lat and any((lat.get(k) or {}).get("low_sample_count") for k in ("ttft_s", "tpot_s")):
         console.print("* fewer than 100 samples: tail percentiles (p95/p99) are extrapolations")
     for err in run.errors:

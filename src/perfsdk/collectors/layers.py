@@ -212,6 +212,10 @@ class LayersResult(CollectorResult):
     overhead_compared_steps: int = 0
     overhead_baseline_steps: int = 0
     overhead_reason: str | None = None
+    steps_also_profiled: list[int] = Field(
+        default_factory=list,
+        description="Instrumented steps that torch_profiler also wrapped: their times include the profiler's "
+        "slowdown (they are left out of overhead_pct; steps profiled alone are left out of its baseline).")
     hook_calls: int = 0
     hook_time_s: float = 0.0
     hook_time_pct: float | None = Field(default=None, description="hook_time_s / instrumented step time * 100")
@@ -353,8 +357,8 @@ class LayersCollector(Collector):
         self._step_times: dict[int, float] = {}
         self._failed = 0
         self._unavailable: str | None = None
-        # (shape key, duration_s, instrumented) of every measured step that finished
-        self._timings: list[tuple[tuple[Any, ...], float, bool]] = []
+        # (step index, shape key, duration_s, instrumented) of every measured step that finished
+        self._timings: list[tuple[int, tuple[Any, ...], float, bool]] = []
         self._instrumented_indices: set[int] = set()
         self._capture: Any = None
         self._capture_ops: list[Any] = []
@@ -494,7 +498,7 @@ class LayersCollector(Collector):
                 self._failed += 1
             return
         duration_s = (step.end_ns - step.start_ns) / 1e9
-        self._timings.append((_step_shape_key(step), duration_s, rec is not None))
+        self._timings.append((step.index, _step_shape_key(step), duration_s, rec is not None))
         if rec is not None:
             rec.start_ns = step.start_ns
             self._records.append(rec)
@@ -647,7 +651,9 @@ class LayersCollector(Collector):
         if self.cfg.log_events:
             events.sort(key=lambda e: (e["step"], e["start_s"], e["depth"]))
             session.add_series("layers_events", events)
-        overhead = self._overhead()
+        profiler = session.collector("torch_profiler")
+        profiled = set(getattr(profiler, "profiled_steps", []) or [])
+        overhead = self._overhead(profiled)
         per_fn = self._per_function_rows()
         return LayersResult(
             status="ok",
@@ -673,13 +679,15 @@ class LayersCollector(Collector):
             **base,
         )
 
-    def _overhead(self) -> dict[str, Any]:
+    def _overhead(self, profiled: set[int]) -> dict[str, Any]:
         method = ("median instrumented step time vs median un-instrumented step time, per step shape "
                   "(kind, batch, input tokens, generated positions), weighted by instrumented steps: "
                   "(sum n*median_instrumented / sum n*median_baseline - 1) * 100")
         baseline: dict[tuple[Any, ...], list[float]] = {}
         instrumented_by_key: dict[tuple[Any, ...], list[float]] = {}
-        for key, dur, instrumented in self._timings:
+        for index, key, dur, instrumented in self._timings:
+            if index in profiled:  # the profiler's own slowdown would be counted
+                continue
             (instrumented_by_key if instrumented else baseline).setdefault(key, []).append(dur)
         actual = 0.0
         expected = 0.0
@@ -690,10 +698,14 @@ class LayersCollector(Collector):
                 expected += len(durs) * statistics.median(baseline[key])
                 compared += len(durs)
         out: dict[str, Any] = {"overhead_method": method,
-                               "overhead_baseline_steps": sum(len(v) for v in baseline.values())}
+                               "overhead_baseline_steps": sum(len(v) for v in baseline.values()),
+                               "steps_also_profiled": sorted(i for i in self._step_times if i in profiled)}
         if compared == 0 or expected <= 0:
-            out["overhead_reason"] = ("no un-instrumented measured step has the shape of an instrumented one; "
-                                      "run more measured steps than instrumented ones (e.g. steps: {every: 2})")
+            reason = ("no un-instrumented measured step has the shape of an instrumented one; "
+                      "run more measured steps than instrumented ones (e.g. steps: {every: 2})")
+            if out["steps_also_profiled"]:
+                reason += "; steps also wrapped in torch_profiler are left out of the comparison"
+            out["overhead_reason"] = reason
             return out
         out["overhead_pct"] = (actual / expected - 1.0) * 100.0
         out["overhead_compared_steps"] = compared

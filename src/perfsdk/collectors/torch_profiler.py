@@ -114,6 +114,11 @@ class TorchProfilerCollector(Collector):
         # name -> [calls, self_cpu_us, cpu_total_us, self_dev_us, dev_total_us, self_cpu_mem, self_dev_mem]
         self._ops: dict[str, list[float]] = {}
 
+    @property
+    def profiled_steps(self) -> list[int]:
+        """Indices of the steps profiled so far (their times are inflated by the profiler)."""
+        return list(self._profiled)
+
     def _choose_activities(self, session: Session, model: Any) -> list[Any]:
         import torch
         from torch.profiler import ProfilerActivity
