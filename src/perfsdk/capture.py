@@ -86,6 +86,10 @@ def _tensor_bytes(t: torch.Tensor) -> int:
 
 
 def _tensors(obj: Any) -> list[torch.Tensor]:
+    if isinstance(obj, torch.Tensor):
+        return [obj]
+    if isinstance(obj, (tuple, list)) and all(not isinstance(x, (tuple, list, dict)) for x in obj):
+        return [x for x in obj if isinstance(x, torch.Tensor)]
     flat, _ = tree_flatten(obj)
     return [x for x in flat if isinstance(x, torch.Tensor)]
 
@@ -173,11 +177,18 @@ class _CaptureMode(TorchDispatchMode):
         return out
 
 
+_COMPOSITE_CACHE: dict[Any, bool] = {}
+
+
 def _is_composite(func: Any) -> bool:
-    try:
-        return bool(torch._C._dispatch_has_kernel_for_dispatch_key(func.name(), "CompositeImplicitAutograd"))
-    except Exception:
-        return False
+    hit = _COMPOSITE_CACHE.get(func)
+    if hit is None:
+        try:
+            hit = bool(torch._C._dispatch_has_kernel_for_dispatch_key(func.name(), "CompositeImplicitAutograd"))
+        except Exception:
+            hit = False
+        _COMPOSITE_CACHE[func] = hit
+    return hit
 
 
 class OperationCapture:
@@ -302,7 +313,7 @@ class OperationCapture:
     # -- recording ------------------------------------------------------------------------
 
     def _record(self, func: Any, name: str, args: tuple[Any, ...], kwargs: dict[str, Any], out: Any) -> None:
-        ins = _tensors((args, kwargs))
+        ins = _tensors(args) + (_tensors(list(kwargs.values())) if kwargs else [])
         outs = _tensors(out)
         is_view = bool(getattr(func, "is_view", False))
         weight_in = [t for t in ins if t in self._weights]
