@@ -38,6 +38,7 @@ DEFAULT_PLUGINS: list[str] = [
     "perfsdk.exporters.builtin",
     "perfsdk.store_cli",
     "perfsdk.collectors.profiling_plugin",
+    "perfsdk.experiments.plugin",
 ]
 
 

@@ -110,6 +110,7 @@ class LatencyCollector(Collector):
         ttft, tpot, itl, e2e, decode, fwd, step_s = [], [], [], [], [], [], []
         in_tok = out_tok = requests = eos_stops = 0
         rows: list[dict[str, Any]] = []
+        req_rows: list[dict[str, Any]] = []
         for st in steps:
             step_s.append(st.duration_s or 0.0)
             in_tok += sum(st.input_tokens)
@@ -129,6 +130,9 @@ class LatencyCollector(Collector):
                 if r["tpot_s"] is not None:
                     tpot.append(r["tpot_s"])
                 itl.extend(r["itl_s"])
+                req_rows.append({"step": st.index, "request": r["request"], "input_tokens": r["input_tokens"],
+                                 "output_tokens": r["output_tokens"], "ttft_s": r["ttft_s"], "tpot_s": r["tpot_s"],
+                                 "e2e_s": r["e2e_s"]})
             if self.config.store_token_times:  # type: ignore[attr-defined]
                 for k, t in enumerate(st.token_times_ns):
                     rows.append({"step": st.index, "position": k, "t_s": (t - st.start_ns) / 1e9,
@@ -143,6 +147,8 @@ class LatencyCollector(Collector):
                 stages.setdefault(w.name.split(":", 1)[1], []).append(w.duration_s or 0.0)
         if rows:
             session.add_series("token_times", rows)
+        if req_rows:  # per-request samples, for bootstrap comparisons between runs
+            session.add_series("requests", req_rows)
         load_s = session.load_event.load_s if session.load_event and session.load_event.source == "config" else None
         return LatencyResult(
             ttft_s=summarize(ttft),

@@ -1,0 +1,235 @@
+"""CLI commands of the experiments package: ``perfsdk sweep``, ``perfsdk compare``, ``perfsdk report``.
+
+Registered through ``perfsdk_register_commands`` like any third-party command.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import click
+from rich.console import Console
+from rich.table import Table
+
+from perfsdk.plugins import hookimpl
+
+EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
+
+
+def _usage(message: str) -> None:
+    click.echo(f"perfsdk: error: {message}", err=True)
+    sys.exit(EXIT_USAGE)
+
+
+def _fmt(v: Any) -> str:
+    if v is None:
+        return "-"
+    if isinstance(v, float):
+        return f"{v:.4g}"
+    return str(v)
+
+
+class _SweepProgress:
+    """A rich progress bar with ETA on a terminal; one line per point otherwise."""
+
+    def __init__(self, enabled: bool) -> None:
+        self.enabled = enabled
+        self.tty = sys.stderr.isatty()
+        self.bar: Any = None
+        self.task: Any = None
+
+    def __enter__(self) -> _SweepProgress:
+        if self.enabled and self.tty:
+            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+
+            self.bar = Progress(TextColumn("sweep points"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                                TextColumn("ETA"), TimeRemainingColumn(), TextColumn("{task.description}"),
+                                console=Console(stderr=True))
+            self.bar.start()
+        return self
+
+    def __call__(self, done: int, total: int, point: Any) -> None:
+        label = ""
+        if point is not None:
+            vals = ", ".join(f"{k.rsplit('.', 1)[-1]}={v}" for k, v in point.values.items())
+            label = f"{point.status} ({vals})"
+        if self.bar is not None:
+            if self.task is None:
+                self.task = self.bar.add_task("", total=total, completed=done)
+            self.bar.update(self.task, completed=done, total=total, description=label)
+        elif self.enabled and point is not None:
+            click.echo(f"point {done}/{total} {label}" + (f": {point.error}" if point.error else ""), err=True)
+
+    def __exit__(self, *a: Any) -> None:
+        if self.bar is not None:
+            self.bar.stop()
+
+
+def print_sweep_summary(manifest: dict[str, Any], console: Console) -> None:
+    """The sweep's points with objective values, feasibility and the Pareto front."""
+    axes = list(manifest["axes"])
+    objs = manifest.get("objectives") or []
+    fields = [o["field"] for o in objs]
+    for c in manifest.get("constraints") or []:
+        f = c.split()[0]
+        if f not in fields:
+            fields.append(f)
+    t = Table(title=f"sweep {manifest['sweep_id']} ({manifest['status']})", show_edge=False)
+    for a in axes:
+        t.add_column(a.rsplit(".", 1)[-1])
+    t.add_column("status")
+    for f in fields:
+        t.add_column(f.replace("collectors.", ""), justify="right")
+    if manifest.get("constraints"):
+        t.add_column("feasible")
+    if objs:
+        t.add_column("pareto")
+    t.add_column("run")
+    for p in manifest["points"]:
+        row = [str(p["values"].get(a)) for a in axes] + [p["status"]]
+        row += [_fmt(p["objectives"].get(f)) for f in fields]
+        if manifest.get("constraints"):
+            row.append({True: "yes", False: "no", None: "-"}[p["feasible"]])
+        if objs:
+            row.append("*" if p["pareto"] else "")
+        row.append(p["run_id"] or "-")
+        t.add_row(*row)
+    console.print(t)
+    failed = [p for p in manifest["points"] if p["status"] == "failed"]
+    for p in failed:
+        console.print(f"[red]failed[/] {p['values']}: {p['error']}")
+    n_ok = sum(1 for p in manifest["points"] if p["status"] in ("ok", "partial"))
+    console.print(f"{n_ok}/{len(manifest['points'])} points finished, {len(failed)} failed; "
+                  f"Pareto front: {len(manifest.get('pareto') or [])} point(s)")
+
+
+@click.command("sweep")
+@click.argument("sweep_file", type=click.Path(dir_okay=False))
+@click.option("--store", "store_dir", default=None, help="Result store folder (default: the base config's `store`).")
+@click.option("--executor", type=click.Choice(["local", "ray", "submitit"]), default="local", show_default=True,
+              help="Where points run.")
+@click.option("--resume/--no-resume", default=True, show_default=True,
+              help="Skip points that already have a finished run in the store.")
+@click.option("--json", "as_json", is_flag=True, help="Print the final manifest as JSON.")
+@click.option("--quiet", "-q", is_flag=True, help="No progress, only the sweep id.")
+def sweep_cmd(sweep_file: str, store_dir: str | None, executor: str, resume: bool, as_json: bool, quiet: bool) -> None:
+    """Run a sweep: every point of SWEEP_FILE's axes is a stored run tagged with the sweep id."""
+    from perfsdk.experiments.executors import ExecutorUnavailable, get_executor
+    from perfsdk.experiments.strategies import StrategyUnavailable
+    from perfsdk.experiments.sweep import SweepError, SweepRunner, load_sweep
+
+    try:
+        sweep = load_sweep(sweep_file)
+    except SweepError as err:
+        _usage(str(err))
+        return
+    store = store_dir or sweep.base.get("store") or "perfsdk-results"
+    try:
+        ex = get_executor(executor, sweep.spec.executor_options, workdir=Path(store) / "sweeps" / sweep.sweep_id)
+    except ExecutorUnavailable as err:
+        _usage(str(err))
+        return
+    if not quiet and not as_json:
+        click.echo(f"sweep {sweep.sweep_id}: {sweep.spec.strategy}, store {store}", err=True)
+    try:
+        with _SweepProgress(not quiet and not as_json) as progress:
+            runner = SweepRunner(sweep, store, ex, resume=resume, progress=progress)
+            manifest = runner.run()
+    except KeyboardInterrupt:
+        click.echo(f"perfsdk: sweep {sweep.sweep_id} interrupted; run the same command again to resume", err=True)
+        sys.exit(130)
+    except StrategyUnavailable as err:
+        _usage(str(err))
+        return
+    if as_json:
+        click.echo(json.dumps(manifest, indent=2, default=str))
+    elif quiet:
+        click.echo(sweep.sweep_id)
+    else:
+        print_sweep_summary(manifest, Console())
+    failed = any(p["status"] == "failed" for p in manifest["points"])
+    sys.exit(EXIT_FAILED if failed else EXIT_OK)
+
+
+@click.command("compare")
+@click.argument("ids", nargs=-1, required=True)
+@click.option("--store", "store_dir", default="perfsdk-results", show_default=True, help="Result store folder.")
+@click.option("--metric", "metrics", multiple=True,
+              help="Metric to compare (repeatable): ttft_s, tpot_s, e2e_s, output_tokens_per_s, or any flattened "
+                   "result field. Default: the first four.")
+@click.option("--stat", default="mean", show_default=True, help="Statistic compared: mean, p50, p90, p95, p99.")
+@click.option("--fail-if-slower", "fail_if_slower", default=None, metavar="PCT",
+              help="Exit 1 when a candidate is significantly worse than the baseline by more than PCT (e.g. 5%).")
+@click.option("--bootstrap", "n_boot", default=2000, show_default=True, help="Bootstrap resamples.")
+@click.option("--seed", default=0, show_default=True, help="Seed of the bootstrap.")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+def compare_cmd(ids: tuple[str, ...], store_dir: str, metrics: tuple[str, ...], stat: str, fail_if_slower: str | None,
+                n_boot: int, seed: int, as_json: bool) -> None:
+    """Compare runs or sweeps (by id) with the first one: relative change and significance."""
+    from perfsdk.experiments.compare import DEFAULT_METRICS, CompareError, compare, parse_threshold, slower_than
+    from perfsdk.store import Store
+
+    if not Path(store_dir).is_dir():
+        _usage(f"--store {store_dir}: no such result store")
+    try:
+        threshold = parse_threshold(fail_if_slower) if fail_if_slower is not None else None
+        results = compare(Store(store_dir), ids, list(metrics) or list(DEFAULT_METRICS), stat=stat, n_boot=n_boot,
+                          seed=seed)
+    except CompareError as err:
+        _usage(str(err))
+        return
+    failing = slower_than(results, threshold) if threshold is not None else []
+    if as_json:
+        click.echo(json.dumps({"baseline": ids[0], "stat": stat, "comparisons": [c.to_dict() for c in results],
+                               "fail_if_slower": threshold, "failed": bool(failing)}, indent=2))
+    else:
+        t = Table(title=f"{stat}: candidates vs baseline {ids[0]}", show_edge=False)
+        has_point = any(c.point for c in results)
+        cols = (["point"] if has_point else []) + ["candidate", "metric", "baseline", "candidate value", "change",
+                                                   "95% CI", "verdict"]
+        for c in cols:
+            t.add_column(c, justify="right" if c in ("baseline", "candidate value", "change", "95% CI") else "left")
+        for c in results:
+            ci = f"[{c.ci_low * 100:+.1f}%, {c.ci_high * 100:+.1f}%]" if c.ci_low is not None and c.ci_high is not None else "-"
+            change = f"{c.change * 100:+.1f}%" if c.change is not None else "-"
+            style = {"slower": "red", "faster": "green"}.get(c.verdict)
+            verdict = f"[{style}]{c.verdict}[/]" if style else c.verdict
+            row = ([c.point or ""] if has_point else []) + [c.candidate, c.metric, _fmt(c.baseline_value),
+                                                            _fmt(c.candidate_value), change, ci, verdict]
+            t.add_row(*row)
+        Console().print(t)
+        if failing:
+            worst = max(failing, key=lambda c: c.slowdown or 0)
+            click.echo(f"FAIL: {worst.candidate} {worst.metric} is {worst.slowdown * 100:.1f}% worse than "  # type: ignore[operator]
+                       f"{worst.baseline} (limit {threshold * 100:.1f}%)", err=True)  # type: ignore[operator]
+    sys.exit(EXIT_FAILED if failing else EXIT_OK)
+
+
+@click.command("report")
+@click.argument("ident")
+@click.option("--store", "store_dir", default="perfsdk-results", show_default=True, help="Result store folder.")
+@click.option("--output", "-o", default="report.html", show_default=True,
+              help="HTML file; the PNGs go to a folder next to it (<name>_files/).")
+def report_cmd(ident: str, store_dir: str, output: str) -> None:
+    """Write an HTML report (figures inline) for a run or a sweep, plus its PNGs."""
+    from perfsdk.experiments.report import ReportError, write_report
+    from perfsdk.store import Store
+
+    if not Path(store_dir).is_dir():
+        _usage(f"--store {store_dir}: no such result store")
+    try:
+        path, pngs = write_report(Store(store_dir), ident, output)
+    except ReportError as err:
+        _usage(str(err))
+        return
+    click.echo(f"wrote {path} ({len(pngs)} figures in {Path(path).with_suffix('').name}_files/)")
+
+
+@hookimpl
+def perfsdk_register_commands(cli: Any) -> None:
+    cli.add_command(sweep_cmd)
+    cli.add_command(compare_cmd)
+    cli.add_command(report_cmd)
