@@ -39,6 +39,7 @@ DEFAULT_PLUGINS: list[str] = [
     "perfsdk.store_cli",
     "perfsdk.collectors.profiling_plugin",
     "perfsdk.experiments.plugin",
+    "perfsdk.flops.plugin",
 ]
 
 
