@@ -24,8 +24,9 @@ EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 SIGNAL_EXIT = {signal.SIGINT: 130, signal.SIGTERM: 143}
 
 
-class RunInterrupted(BaseException):
-    """Raised in the main thread when SIGTERM/SIGINT arrives during a run."""
+class RunInterrupted(KeyboardInterrupt):
+    """Raised in the main thread when SIGTERM/SIGINT arrives during a run (the session records
+    it as an ``interrupt``, like Ctrl-C)."""
 
     def __init__(self, signum: int) -> None:
         super().__init__(f"interrupted by {signal.Signals(signum).name}")
@@ -75,7 +76,13 @@ def preflight(cfg: Any) -> None:
 def _install_signal_handlers() -> dict[int, Any]:
     previous = {}
 
+    stopping: list[int] = []
+
     def handler(signum: int, frame: Any) -> None:
+        # Only the first signal stops the run; later ones must not break storing it.
+        if stopping:
+            return
+        stopping.append(signum)
         raise RunInterrupted(signum)
 
     for sig in (signal.SIGINT, signal.SIGTERM):
