@@ -1,0 +1,60 @@
+"""Every example script runs and prints what it promises."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
+
+
+def _run(script: str, tmp_path: Path, *args: str) -> str:
+    proc = subprocess.run([sys.executable, str(EXAMPLES / script), "--store", str(tmp_path), *args],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return proc.stdout
+
+
+def _one_run(tmp_path: Path) -> dict:
+    import json
+
+    runs = list((tmp_path / "runs").iterdir())
+    assert len(runs) == 1
+    return json.loads((runs[0] / "result.json").read_text())
+
+
+def test_hf_model_example(tmp_path):
+    out = _run("hf_model.py", tmp_path, "--max-new-tokens", "6")
+    assert "TTFT p50" in out and "status ok" in out
+    r = _one_run(tmp_path)
+    lat = r["collectors"]["latency"]
+    assert lat["steps"] == 3 and lat["warmup_steps"] == 1 and lat["requests"] == 12
+    assert 12 <= lat["output_tokens"] <= 72
+
+
+def test_plain_module_example(tmp_path):
+    out = _run("plain_module.py", tmp_path, "--steps", "5")
+    assert "5 forward steps" in out and "logits (8, 10)" in out
+    r = _one_run(tmp_path)
+    assert r["collectors"]["latency"]["forward_s"]["count"] == 5
+    assert r["model"]["model_class"] == "Sequential"
+    assert r["model"]["parameters"] == (3 * 16 * 9 + 16) + (1024 * 128 + 128) + (128 * 10 + 10)
+
+
+def test_stages_and_metrics_example(tmp_path):
+    out = _run("stages_and_metrics.py", tmp_path)
+    assert "stage preprocess: 3 calls" in out and "stage vision_encoder: 3 calls" in out
+    r = _one_run(tmp_path)
+    assert [rec["name"] for rec in r["records"]] == ["accuracy", "encoder_feature_norm"]
+    assert r["collectors"]["latency"]["stages"]["vision_encoder"]["count"] == 3
+
+
+def test_custom_collector_example(tmp_path):
+    out = _run("custom_collector.py", tmp_path)
+    assert "'steps': 4" in out
+    r = _one_run(tmp_path)
+    assert r["collectors"]["decode_rate"]["steps"] == 4
+    assert r["collectors"]["decode_rate"]["fastest_decode_tokens_per_s"] > 0

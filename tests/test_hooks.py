@@ -1,0 +1,270 @@
+"""Every hook is documented and has a test named test_hook_<name> here."""
+
+from __future__ import annotations
+
+import inspect
+import re
+from pathlib import Path
+from typing import Any
+
+import click
+import pytest
+import torch
+
+import perfsdk
+from perfsdk import hookspecs
+from perfsdk.plugins import collect_hardware, collect_registry, get_plugin_manager
+from perfsdk.testing import build_tiny_causal_lm
+
+DOCS = Path(__file__).resolve().parents[1] / "docs" / "hooks.md"
+HOOKS = sorted(n for n, f in inspect.getmembers(hookspecs, inspect.isfunction) if n.startswith("perfsdk_"))
+
+
+def test_every_hook_is_documented():
+    text = DOCS.read_text()
+    for name in HOOKS:
+        assert re.search(rf"^### `{name}\(", text, re.M), f"{name} is not documented in docs/hooks.md"
+        assert hookspecs.__dict__[name].__doc__, f"{name} has no docstring"
+
+
+def test_every_hook_has_a_test():
+    tests = {n for n in globals() if n.startswith("test_hook_")}
+    missing = [h for h in HOOKS if f"test_hook_{h}" not in tests]
+    assert not missing, f"hooks without a test_hook_<name> test: {missing}"
+
+
+def test_hookspecs_module_docstring_states_call_order():
+    doc = hookspecs.__doc__ or ""
+    positions = [doc.index(h) for h in ("perfsdk_session_start", "perfsdk_load", "perfsdk_tokenize",
+                                        "perfsdk_before_generate", "perfsdk_after_generate", "perfsdk_finalize")]
+    assert positions == sorted(positions)
+
+
+def test_typo_in_hook_name_fails_loudly():
+    class Typo(perfsdk.Collector):
+        name = "typo"
+
+        @perfsdk.hookimpl
+        def perfsdk_finalise(self, session: Any) -> None:  # British spelling: not a hook
+            return None
+
+    with pytest.raises(Exception, match="perfsdk_finalise"):
+        perfsdk.session(store=None, collectors=[Typo])
+
+
+# -- discovery hooks --------------------------------------------------------------------------
+
+class _Plugin:
+    """A module-like plugin object implementing the discovery hooks."""
+
+    class Thing(perfsdk.Collector):
+        name = "thing"
+
+    class Tsv(perfsdk.Exporter):
+        name = "tsv"
+        extension = "tsv"
+
+        def export(self, runs, stream):
+            stream.write("\n".join(r.run_id for r in runs))
+            return True
+
+    @perfsdk.hookimpl
+    def perfsdk_register_collectors(self, register):
+        register(self.Thing)
+
+    @perfsdk.hookimpl
+    def perfsdk_register_exporters(self, register):
+        register(self.Tsv)
+
+    @perfsdk.hookimpl
+    def perfsdk_register_hardware(self, register):
+        register({"name": "my-accel"})
+
+    @perfsdk.hookimpl
+    def perfsdk_register_commands(self, cli):
+        @cli.command("hello-plugin")
+        def hello() -> None:
+            click.echo("hello from a plugin")
+
+
+def test_hook_perfsdk_register_collectors():
+    reg = collect_registry(get_plugin_manager(extra_plugins=[_Plugin()]))
+    assert reg.collectors["thing"] is _Plugin.Thing
+    assert reg.collectors["latency"].__name__ == "LatencyCollector"  # built-ins use the same hook
+
+
+def test_hook_perfsdk_register_collectors_rejects_duplicates_and_non_collectors():
+    class Dup:
+        @perfsdk.hookimpl
+        def perfsdk_register_collectors(self, register):
+            class Latency2(perfsdk.Collector):
+                name = "latency"
+
+            register(Latency2)
+
+    with pytest.raises(perfsdk.plugins.PluginError, match="'latency' already registered"):
+        collect_registry(get_plugin_manager(extra_plugins=[Dup()]))
+
+    class NotOne:
+        @perfsdk.hookimpl
+        def perfsdk_register_collectors(self, register):
+            register(object)
+
+    with pytest.raises(perfsdk.plugins.PluginError, match="expects a perfsdk.Collector"):
+        collect_registry(get_plugin_manager(extra_plugins=[NotOne()]))
+
+
+def test_hook_perfsdk_register_exporters():
+    reg = collect_registry(get_plugin_manager(extra_plugins=[_Plugin()]))
+    assert reg.exporters["tsv"] is _Plugin.Tsv
+    assert {"csv", "json", "jsonl", "markdown", "parquet"} <= set(reg.exporters)
+
+
+def test_hook_perfsdk_register_hardware():
+    hw = collect_hardware(get_plugin_manager(extra_plugins=[_Plugin()]))
+    assert any(isinstance(p, dict) and p.get("name") == "my-accel" for _, p in hw)
+
+
+def test_hook_perfsdk_register_commands():
+    from click.testing import CliRunner
+
+    group = click.Group("perfsdk-test")
+    pm = get_plugin_manager(extra_plugins=[_Plugin()])
+    pm.hook.perfsdk_register_commands(cli=group)
+    r = CliRunner().invoke(group, ["hello-plugin"])
+    assert r.output.strip() == "hello from a plugin"
+
+
+# -- lifecycle hooks --------------------------------------------------------------------------
+
+class Recorder(perfsdk.Collector):
+    """Records every lifecycle call with the arguments that matter."""
+
+    name = "recorder"
+    calls: list[tuple[Any, ...]] = []
+
+    @perfsdk.hookimpl
+    def perfsdk_session_start(self, session):
+        self.calls.append(("session_start", session.run_id))
+
+    @perfsdk.hookimpl
+    def perfsdk_load(self, session, event):
+        self.calls.append(("load", event.source, type(event.model).__name__, event.load_s))
+
+    @perfsdk.hookimpl
+    def perfsdk_tokenize(self, session, event):
+        self.calls.append(("tokenize", tuple(event.token_counts)))
+
+    @perfsdk.hookimpl
+    def perfsdk_before_generate(self, session, step):
+        self.calls.append(("before", step.kind, step.index, step.batch_size, tuple(step.input_tokens), step.end_ns))
+
+    @perfsdk.hookimpl
+    def perfsdk_after_generate(self, session, step):
+        self.calls.append(("after", step.kind, step.index, tuple(step.output_tokens or ()), len(step.token_times_ns),
+                           step.end_ns is not None))
+
+    @perfsdk.hookimpl
+    def perfsdk_window_open(self, session, window):
+        self.calls.append(("open", window.name))
+
+    @perfsdk.hookimpl
+    def perfsdk_window_close(self, session, window):
+        self.calls.append(("close", window.name, window.end_ns is not None and window.end_ns >= window.start_ns))
+
+    @perfsdk.hookimpl
+    def perfsdk_finalize(self, session):
+        self.calls.append(("finalize",))
+        return None
+
+
+class _Tok:
+    """A minimal tokenizer: one token per whitespace-separated word."""
+
+    pad_token = "<pad>"
+    padding_side = "left"
+
+    def __call__(self, prompts, return_tensors="pt", padding=True, padding_side="left"):
+        from transformers import BatchEncoding
+
+        lens = [len(p.split()) for p in prompts]
+        width = max(lens)
+        ids = torch.zeros(len(prompts), width, dtype=torch.long)
+        mask = torch.zeros_like(ids)
+        for i, n in enumerate(lens):
+            ids[i, width - n:] = torch.arange(3, 3 + n)
+            mask[i, width - n:] = 1
+        return BatchEncoding({"input_ids": ids, "attention_mask": mask})
+
+
+@pytest.fixture(scope="module")
+def lifecycle_calls():
+    Recorder.calls = []
+    model = build_tiny_causal_lm()
+    with perfsdk.session(store=None, collectors=[Recorder]) as s:
+        s.load(model=model, tokenizer=_Tok())
+        batch = s.tokenize(s.tokenizer, ["a b c", "a b c d e"])
+        s.generate(model, **batch, max_new_tokens=3, eos_token_id=999)
+        s.forward(model, **batch)
+        with s.stage("post"):
+            pass
+    return list(Recorder.calls), s
+
+
+def test_hook_perfsdk_session_start(lifecycle_calls):
+    calls, s = lifecycle_calls
+    assert calls[0] == ("session_start", s.run_id)
+
+
+def test_hook_perfsdk_load(lifecycle_calls):
+    calls, _ = lifecycle_calls
+    assert ("load", "adopted", "LlamaForCausalLM", 0.0) in calls
+
+
+def test_hook_perfsdk_tokenize(lifecycle_calls):
+    calls, _ = lifecycle_calls
+    assert ("tokenize", (3, 5)) in calls
+
+
+def test_hook_perfsdk_before_generate(lifecycle_calls):
+    calls, _ = lifecycle_calls
+    befores = [c for c in calls if c[0] == "before"]
+    assert befores == [("before", "generate", 0, 2, (3, 5), None), ("before", "forward", 1, 2, (3, 5), None)]
+
+
+def test_hook_perfsdk_after_generate(lifecycle_calls):
+    calls, _ = lifecycle_calls
+    afters = [c for c in calls if c[0] == "after"]
+    assert afters == [("after", "generate", 0, (3, 3), 3, True), ("after", "forward", 1, (), 0, True)]
+
+
+def test_hook_perfsdk_window_open(lifecycle_calls):
+    calls, _ = lifecycle_calls
+    opens = [c[1] for c in calls if c[0] == "open"]
+    assert opens == ["session", "step:0", "prefill", "decode", "step:1", "stage:post"]
+
+
+def test_hook_perfsdk_window_close(lifecycle_calls):
+    calls, _ = lifecycle_calls
+    closes = [c for c in calls if c[0] == "close"]
+    assert [c[1] for c in closes] == ["prefill", "decode", "step:0", "step:1", "stage:post", "session"]
+    assert all(c[2] for c in closes)
+
+
+def test_hook_perfsdk_finalize(lifecycle_calls):
+    calls, s = lifecycle_calls
+    assert calls[-1] == ("finalize",)
+    # order of the whole lifecycle
+    kinds = [c[0] for c in calls]
+    assert kinds.index("session_start") < kinds.index("load") < kinds.index("tokenize") < kinds.index("before")
+    assert kinds.index("after") < kinds.index("finalize")
+    assert s.result.status == "ok"
+
+
+def test_latency_hooks_sit_closest_to_the_call():
+    pm = get_plugin_manager()
+    from perfsdk.collectors.latency import LatencyCollector
+
+    assert LatencyCollector.perfsdk_before_generate.perfsdk_impl["trylast"] is True
+    assert LatencyCollector.perfsdk_after_generate.perfsdk_impl["tryfirst"] is True
+    del pm
