@@ -27,6 +27,7 @@ import torch
 from perfsdk.capture import CONVENTION, OperationCapture
 from perfsdk.flops.analytic import (
     ArchSpec,
+    ForwardMacs,
     analytic_generate,
     arch_from_config,
     forward_macs,
@@ -182,10 +183,17 @@ def _ptflops_macs(model: torch.nn.Module, ids: torch.Tensor) -> int:
     import contextlib
     import io
 
+    def inputs(_shape: Any) -> dict[str, Any]:
+        # a fresh KV cache: without one, transformers inspects position ids by value (fails on meta)
+        from transformers import DynamicCache
+
+        cfg = getattr(model, "config", None)
+        return {"input_ids": ids, "past_key_values": DynamicCache(config=cfg), "use_cache": True,
+                "logits_to_keep": 1}
+
     with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
         macs, _params = get_model_complexity_info(
-            model, tuple(ids.shape), input_constructor=lambda _s: {"input_ids": ids, "use_cache": False,
-                                                                     "logits_to_keep": 1},
+            model, tuple(ids.shape), input_constructor=inputs,
             as_strings=False, print_per_layer_stat=False, backend="aten", verbose=False)
     if macs is None:
         raise BackendUnavailable("ptflops could not count this model")
@@ -235,30 +243,35 @@ def count_third_party(backend: str, model: torch.nn.Module, batch_size: int, inp
     dev = next(model.parameters()).device
     ids_pre = torch.zeros((batch_size, input_tokens), dtype=torch.long, device=dev)
     ids_dec = torch.zeros((batch_size, 1), dtype=torch.long, device=dev)
-    eager = _attn_impl(model) == "eager"
     notes = [f"{backend} counts multiply-adds (MACs); FLOPs = 2 x MACs"]
 
-    def run(ids: torch.Tensor) -> tuple[int, bool]:
+    def run(ids: torch.Tensor) -> int:
         if backend == "ptflops":
-            return _ptflops_macs(model, ids), eager
-        macs, unsupported = _fvcore_macs(model, ids)
-        sees_attention = not any("scaled_dot_product" in op or "attention" in op for op in unsupported)
-        return macs, sees_attention
+            return _ptflops_macs(model, ids)
+        return _fvcore_macs(model, ids)[0]
+
+    def sees_attention(counted: int, expected: ForwardMacs) -> bool:
+        # Whether the backend saw the attention products depends on the kernel path it was
+        # given (fused SDPA is invisible, the math path is not): decide from which analytic
+        # total, with or without attention, the backend's count is nearer.
+        without = expected.linear + expected.lm_head
+        return abs(counted - (without + expected.attention)) < abs(counted - without)
 
     with torch.no_grad():
-        pre_macs, pre_sees = run(ids_pre)
+        pre_macs = run(ids_pre)
         dec_macs = 0
         n_dec = max(output_tokens - 1, 0)
         if n_dec:
-            one_macs, one_sees = run(ids_dec)
-    pre_attn = forward_macs(spec, batch_size, input_tokens, input_tokens, 1).attention
-    if not pre_sees:
+            one_macs = run(ids_dec)
+    pre_expected = forward_macs(spec, batch_size, input_tokens, input_tokens, 1)
+    pre_attn = pre_expected.attention
+    if not sees_attention(pre_macs, pre_expected):
         pre_macs += pre_attn
-        notes.append(f"{backend} does not count fused SDPA attention: prefill attention "
+        notes.append(f"{backend} did not count the (fused SDPA) attention: prefill attention "
                      f"({2 * pre_attn} FLOPs) filled from the analytic term")
     if n_dec:
-        one_attn = forward_macs(spec, batch_size, 1, 1, 1).attention
-        linear_per_step = one_macs - (one_attn if one_sees else 0)
+        one_expected = forward_macs(spec, batch_size, 1, 1, 1)
+        linear_per_step = one_macs - (one_expected.attention if sees_attention(one_macs, one_expected) else 0)
         dec_attn = sum(forward_macs(spec, batch_size, 1, input_tokens + k, 1, decode=True).attention
                        for k in range(1, output_tokens))
         dec_macs = n_dec * linear_per_step + dec_attn

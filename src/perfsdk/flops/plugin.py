@@ -1,0 +1,427 @@
+"""The ``flops`` collector (opt-in) and the ``perfsdk flops`` command.
+
+The collector counts the real run. By default (``steps: first``) it counts the first measured
+step of each distinct shape — (kind, batch size, padded input length, generation settings) —
+because counting runs every operation through a Python dispatch hook, which slows the counted
+step down; the counted step's FLOPs are then exact for that shape. ``steps: all`` counts every
+measured step. Totals (``flops_total`` …) are over the counted steps. Achieved FLOP/s divide
+those FLOPs by the durations of measured steps of the same shape that were *not* counted, when
+there are any (otherwise by the counted step's own, slowed, duration — then ``notes`` says so).
+
+Quantized models (torch dynamic int8, bitsandbytes) are counted on a weightless meta-device copy
+of the unquantized architecture with the same batch, input length and number of generated
+positions; ``method`` says so.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from typing import Any, Literal
+
+import click
+import structlog
+from pydantic import BaseModel, Field
+
+from perfsdk.capture import CONVENTION
+from perfsdk.collector import Collector, CollectorConfig, CollectorResult
+from perfsdk.events import Step
+from perfsdk.flops.counter import FLAG_THRESHOLD_PCT, FlopsCount, deviation_pct
+from perfsdk.plugins import hookimpl
+
+log = structlog.get_logger("perfsdk.flops.plugin")
+
+Backend = Literal["torch", "ptflops", "fvcore", "analytic"]
+
+
+class FlopsConfig(CollectorConfig):
+    """Settings of the flops collector."""
+
+    backend: Backend = Field(default="torch", description="torch (dispatch-level, default), ptflops, fvcore, analytic")
+    steps: Literal["first", "all"] = Field(
+        default="first", description="count the first measured step of each distinct shape, or every measured step")
+    top_n: int = Field(default=10, ge=0, description="modules listed in top_modules")
+    peak_tflops: float | None = Field(default=None, gt=0, description="hardware peak (TFLOP/s) for MFU")
+    hardware: str | None = Field(default=None, description="hardware profile whose peak (for the model dtype) gives MFU")
+
+
+class TopModule(BaseModel):
+    """One module's share of the counted FLOPs."""
+
+    name: str
+    flops: int
+    share_pct: float
+
+
+class CountedStep(BaseModel):
+    """One counted step."""
+
+    step: int
+    kind: str
+    batch_size: int
+    input_tokens: int
+    forwards: int
+    flops: int
+    analytic_flops: int | None = None
+    duration_s: float | None = None
+
+
+class FlopsResult(CollectorResult):
+    """FLOPs and MACs of the counted steps, the analytic comparison, and achieved FLOP/s."""
+
+    status: Literal["ok", "unavailable"] = "ok"
+    reason: str | None = None
+    flops_total: int | None = None
+    flops_prefill: int | None = None
+    flops_decode: int | None = None
+    flops_forward: int | None = None
+    macs_total: int | None = None
+    macs_prefill: int | None = None
+    macs_decode: int | None = None
+    flops_per_output_token: float | None = None
+    analytic_flops_total: int | None = None
+    deviation_pct: float | None = None
+    deviation_flagged: bool | None = None
+    backend: str | None = None
+    method: str | None = None
+    convention: str = CONVENTION
+    achieved_flops_per_s: float | None = None
+    mfu_pct: float | None = None
+    peak_tflops: float | None = None
+    decode_forwards: int | None = None
+    output_tokens: int | None = None
+    steps_counted: int = 0
+    steps_measured: int = 0
+    top_modules: list[TopModule] = Field(default_factory=list)
+    counted_steps: list[CountedStep] = Field(default_factory=list)
+    notes: list[str] = Field(default_factory=list)
+
+
+def result_fields(count: FlopsCount, analytic_total: int | None, *, output_tokens: int | None, top_n: int = 10,
+                  time_s: float | None = None, peak_tflops: float | None = None) -> dict[str, Any]:
+    """The result fields shared by the collector and ``perfsdk flops --json``."""
+    dev = deviation_pct(count.flops_total, analytic_total) if analytic_total is not None else None
+    achieved = count.flops_total / time_s if time_s else None
+    mfu = 100.0 * achieved / (peak_tflops * 1e12) if achieved is not None and peak_tflops else None
+    return {
+        "flops_total": count.flops_total,
+        "flops_prefill": count.flops_prefill,
+        "flops_decode": count.flops_decode,
+        "flops_forward": count.flops_forward,
+        "macs_total": count.macs_total,
+        "macs_prefill": count.macs_prefill,
+        "macs_decode": count.macs_decode,
+        "flops_per_output_token": (count.flops_total / output_tokens) if output_tokens else None,
+        "analytic_flops_total": analytic_total,
+        "deviation_pct": dev,
+        "deviation_flagged": (abs(dev) > FLAG_THRESHOLD_PCT) if dev is not None else None,
+        "backend": count.backend,
+        "method": count.method,
+        "convention": count.convention,
+        "achieved_flops_per_s": achieved,
+        "mfu_pct": mfu,
+        "peak_tflops": peak_tflops,
+        "decode_forwards": count.decode_forwards,
+        "output_tokens": output_tokens,
+        "top_modules": count.top_modules(top_n),
+        "notes": list(count.notes),
+    }
+
+
+def _step_shape(step: Step) -> tuple[Any, ...]:
+    ids = step.inputs.get("input_ids") if step.inputs else None
+    length = int(ids.shape[-1]) if hasattr(ids, "shape") and len(ids.shape) >= 2 else max(step.input_tokens or [0])
+    gen = tuple(sorted((k, repr(v)) for k, v in (step.gen_kwargs or {}).items()
+                       if k in ("max_new_tokens", "min_new_tokens", "max_length", "do_sample", "num_beams")))
+    return step.kind, step.batch_size, length, gen
+
+
+def _padded_len(step: Step) -> int:
+    return int(_step_shape(step)[2])
+
+
+def _analytic_for_step(model: Any, step: Step, positions: int) -> int | None:
+    from perfsdk.flops.analytic import UnsupportedConfig, analytic_forward, analytic_generate
+
+    cfg = getattr(model, "config", None)
+    if cfg is None:
+        return None
+    try:
+        if step.kind == "generate":
+            return analytic_generate(cfg, step.batch_size, _padded_len(step), positions).flops_total
+        keep = step.inputs.get("logits_to_keep") if step.inputs else None
+        return analytic_forward(cfg, step.batch_size, _padded_len(step),
+                                int(keep) if isinstance(keep, int) and keep > 0 else None).flops_total
+    except (UnsupportedConfig, TypeError, ValueError):
+        return None
+
+
+class FlopsCollector(Collector):
+    """FLOPs and MACs of the real run: prefill/decode split, per module, analytic deviation, MFU."""
+
+    name = "flops"
+    Config = FlopsConfig
+    Result = FlopsResult
+    default_enabled = False
+    description = "FLOPs/MACs of the run (prefill/decode, per module), deviation from the analytic model, MFU"
+
+    def __init__(self, config: BaseModel | None = None) -> None:
+        super().__init__(config)
+        self.cfg: FlopsConfig = self.config  # type: ignore[assignment]
+        self._seen: set[tuple[Any, ...]] = set()
+        self._cap: Any = None
+        self._cap_step: int | None = None
+        self._pending: set[int] = set()  # step indexes to count after the step
+        self._counted: list[tuple[Step, FlopsCount, int | None, tuple[Any, ...]]] = []
+        self._notes: list[str] = []
+        self._forward_rows: list[dict[str, Any]] = []
+
+    @hookimpl
+    def perfsdk_before_generate(self, session: Any, step: Step) -> None:
+        if step.warmup:
+            return
+        key = _step_shape(step)
+        if self.cfg.steps == "first" and key in self._seen:
+            return
+        self._seen.add(key)
+        model = step.model
+        from perfsdk.flops.counter import is_quantized
+
+        quant = is_quantized(model) if model is not None else None
+        if self.cfg.backend == "torch" and quant is None:
+            from perfsdk.capture import OperationCapture
+
+            cap = OperationCapture(model, auto_phase=step.kind == "generate", phase="forward", step=step.index)
+            cap.__enter__()
+            self._cap, self._cap_step = cap, step.index
+        else:
+            self._pending.add(step.index)
+
+    @hookimpl
+    def perfsdk_after_generate(self, session: Any, step: Step) -> None:
+        count: FlopsCount | None = None
+        if self._cap is not None and self._cap_step == step.index:
+            cap, self._cap, self._cap_step = self._cap, None, None
+            cap.__exit__(None, None, None)
+            if step.error is not None:
+                return
+            from perfsdk.flops.counter import count_from_records
+
+            count = count_from_records(cap.records, "torch", "capture")
+            for f in count.forwards:
+                self._forward_rows.append({"step": step.index, **f})
+        elif step.index in self._pending:
+            self._pending.discard(step.index)
+            if step.error is not None:
+                return
+            count = self._count_after(step)
+        if count is None:
+            return
+        positions = len(step.token_times_ns) if step.kind == "generate" else 0
+        self._counted.append((step, count, _analytic_for_step(step.model, step, positions), _step_shape(step)))
+
+    def _count_after(self, step: Step) -> FlopsCount | None:
+        """Count a step that could not be captured inline (other backends, quantized models)."""
+        from perfsdk.flops.counter import count_analytic, count_third_party, is_quantized
+
+        model = step.model
+        positions = len(step.token_times_ns) if step.kind == "generate" else 0
+        b, t = step.batch_size, _padded_len(step)
+        quant = is_quantized(model)
+        if self.cfg.backend == "analytic":
+            return count_analytic(model.config, b, t, positions)
+        if quant is not None:
+            from perfsdk.flops.meta import count_meta_generate, meta_copy
+
+            meta = meta_copy(model)
+            c = count_meta_generate(meta, b, t, positions)
+            c.method = f"meta-device copy of the unquantized architecture ({quant} model)"
+            c.notes.append(f"{quant} layers counted with their unquantized shapes (same matrix products)")
+            return c
+        return count_third_party(self.cfg.backend, model, b, t, positions)
+
+    def _peak(self, session: Any) -> float | None:
+        if self.cfg.peak_tflops:
+            return self.cfg.peak_tflops
+        if self.cfg.hardware:
+            try:
+                from perfsdk.hardware.catalog import get_profile
+
+                dtype = "float32"
+                info = getattr(session, "model_info", None)
+                if info is not None and getattr(info, "dtype", None):
+                    dtype = str(info.dtype)
+                return get_profile(self.cfg.hardware).peak_flops(dtype) / 1e12
+            except Exception as exc:
+                self._notes.append(f"no peak from hardware profile {self.cfg.hardware!r}: {exc}")
+        return None
+
+    @hookimpl
+    def perfsdk_finalize(self, session: Any) -> FlopsResult:
+        if self._cap is not None:  # a step never finished
+            self._cap.__exit__(None, None, None)
+            self._cap = None
+        measured = session.measured_steps
+        if not self._counted:
+            return FlopsResult(status="unavailable", reason="no measured step was counted",
+                               steps_measured=len(measured), backend=self.cfg.backend)
+        total = FlopsCount(backend=self._counted[0][1].backend, method=self._counted[0][1].method)
+        analytic_total: int | None = 0
+        output_tokens = 0
+        time_s = 0.0
+        slowed = False
+        counted_ids = {s.index for s, _, _, _ in self._counted}
+        rows: list[CountedStep] = []
+        for step, count, analytic, key in self._counted:
+            total.add(count)
+            if total.method != count.method:
+                total.method = "mixed: " + ", ".join(sorted({c.method for _, c, _, _ in self._counted}))
+            analytic_total = None if analytic is None or analytic_total is None else analytic_total + analytic
+            output_tokens += sum(step.output_tokens or [])
+            positions = len(step.token_times_ns)
+            twins = [s.duration_s for s in measured if s.index not in counted_ids and _step_shape(s) == key
+                     and len(s.token_times_ns) == positions and s.duration_s]
+            if twins:
+                time_s += sum(twins) / len(twins)  # type: ignore[arg-type]
+            elif step.duration_s:
+                time_s += step.duration_s
+                if count.backend == "torch" and count.method == "capture":
+                    slowed = True
+            rows.append(CountedStep(step=step.index, kind=step.kind, batch_size=step.batch_size,
+                                    input_tokens=_padded_len(step), forwards=len(count.forwards) or 1,
+                                    flops=count.flops_total, analytic_flops=analytic, duration_s=step.duration_s))
+        if slowed:
+            total.notes.append("achieved FLOP/s uses a counted step's own duration, which includes the counter's "
+                               "overhead (no uncounted step of the same shape was measured)")
+        fields = result_fields(total, analytic_total, output_tokens=output_tokens or None, top_n=self.cfg.top_n,
+                               time_s=time_s or None, peak_tflops=self._peak(session))
+        fields["notes"] = list(fields["notes"]) + self._notes
+        if self._forward_rows:
+            session.add_series("flops_forwards", self._forward_rows)
+        return FlopsResult(status="ok", steps_counted=len(self._counted), steps_measured=len(measured),
+                           counted_steps=rows, **fields)
+
+
+# -- CLI ---------------------------------------------------------------------------------------
+
+
+def count_model(model: str, *, batch_size: int = 1, input_tokens: int = 128, output_tokens: int = 32,
+                backend: str = "torch", attn_implementation: str = "sdpa", exact: bool = False,
+                top_n: int = 10) -> dict[str, Any]:
+    """Count ``model`` (folder, config file, ``builtin:<name>`` or bundled name) without weights.
+
+    Returns the same fields as the collector's result plus ``model``, ``source``, the shape and
+    ``forwards``. Raises :class:`~perfsdk.flops.meta.UnknownModel` or ``ValueError``.
+    """
+    from perfsdk.flops.analytic import analytic_generate
+    from perfsdk.flops.counter import BACKENDS, count_analytic, count_third_party
+    from perfsdk.flops.meta import count_config, meta_model, resolve_config
+
+    if backend not in BACKENDS:
+        raise ValueError(f"unknown backend {backend!r} (available: {', '.join(BACKENDS)})")
+    cfg, source = resolve_config(model)
+    if backend == "analytic":
+        count = count_analytic(cfg, batch_size, input_tokens, output_tokens)
+    elif backend == "torch":
+        count = count_config(cfg, batch_size, input_tokens, output_tokens, attn_implementation=attn_implementation,
+                             exact=exact)
+    else:
+        m = meta_model(cfg, attn_implementation=attn_implementation)
+        count = count_third_party(backend, m, batch_size, input_tokens, output_tokens)
+        count.method += " on the meta device"
+    analytic = analytic_generate(cfg, batch_size, input_tokens, output_tokens).flops_total
+    out_tokens = batch_size * output_tokens if output_tokens > 0 else None
+    fields = result_fields(count, analytic, output_tokens=out_tokens, top_n=top_n)
+    return {"model": model, "source": source, "batch_size": batch_size, "input_tokens": input_tokens,
+            "output_tokens": output_tokens, **fields, "forwards": count.forwards}
+
+
+def _fmt(n: Any) -> str:
+    if n is None:
+        return "-"
+    if isinstance(n, float) and not n.is_integer():
+        return f"{n:.4g}"
+    n = float(n)
+    for unit, div in (("P", 1e15), ("T", 1e12), ("G", 1e9), ("M", 1e6), ("k", 1e3)):
+        if abs(n) >= div:
+            return f"{n / div:.3f} {unit}"
+    return f"{n:.0f}"
+
+
+@click.command("flops")
+@click.argument("model")
+@click.option("--batch-size", "-b", default=1, show_default=True, type=click.IntRange(min=1))
+@click.option("--input-tokens", "-t", default=128, show_default=True, type=click.IntRange(min=1))
+@click.option("--output-tokens", "-g", default=32, show_default=True, type=click.IntRange(min=0),
+              help="generated tokens; 0 counts one plain forward (logits for every position)")
+@click.option("--backend", default="torch", show_default=True, help="torch | ptflops | fvcore | analytic")
+@click.option("--attn-implementation", default="sdpa", show_default=True, type=click.Choice(["sdpa", "eager"]))
+@click.option("--exact", is_flag=True, help="count every decode step instead of summing them in closed form")
+@click.option("--top", "top_n", default=10, show_default=True, type=click.IntRange(min=0))
+@click.option("--json", "as_json", is_flag=True, help="print the result as JSON")
+def flops_command(model: str, batch_size: int, input_tokens: int, output_tokens: int, backend: str,
+                  attn_implementation: str, exact: bool, top_n: int, as_json: bool) -> None:
+    """Count the FLOPs of MODEL's generate without loading weights (meta device).
+
+    MODEL is a folder with config.json, a config.json file, builtin:<name>, or a bundled
+    architecture (gpt2, llama-2-7b, llama-3-8b, llama-3-70b, mistral-7b, mixtral-8x7b, qwen2-7b).
+    """
+    from perfsdk.flops.counter import BACKENDS, BackendUnavailable
+    from perfsdk.flops.meta import UnknownModel
+
+    if backend not in BACKENDS:
+        click.echo(f"Error: unknown backend {backend!r} (available: {', '.join(BACKENDS)})", err=True)
+        sys.exit(2)
+    try:
+        res = count_model(model, batch_size=batch_size, input_tokens=input_tokens, output_tokens=output_tokens,
+                          backend=backend, attn_implementation=attn_implementation, exact=exact, top_n=top_n)
+    except UnknownModel as exc:
+        click.echo(f"Error: {exc}", err=True)
+        sys.exit(2)
+    except BackendUnavailable as exc:
+        click.echo(f"Error: backend {backend}: {exc}", err=True)
+        sys.exit(1)
+    except Exception as exc:
+        click.echo(f"Error: counting {model} with the {backend} backend failed: {exc}", err=True)
+        sys.exit(1)
+    if as_json:
+        click.echo(json.dumps(res, indent=2))
+        return
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console()
+    t = Table(title=f"FLOPs of {model} — batch {batch_size}, {input_tokens} input, {output_tokens} output tokens")
+    t.add_column("quantity")
+    t.add_column("value", justify="right")
+    t.add_column("exact", justify="right")
+    for key in ("flops_total", "flops_prefill", "flops_decode", "macs_total", "flops_per_output_token",
+                "analytic_flops_total"):
+        v = res.get(key)
+        t.add_row(key, _fmt(v), f"{v:,}" if isinstance(v, int) else (f"{v:,.1f}" if isinstance(v, float) else "-"))
+    t.add_row("deviation_pct", "-" if res["deviation_pct"] is None else f"{res['deviation_pct']:+.4f} %",
+              "FLAGGED" if res["deviation_flagged"] else "")
+    t.add_row("decode_forwards", str(res["decode_forwards"]), "")
+    t.add_row("backend / method", f"{res['backend']} / {res['method']}", "")
+    console.print(t)
+    if res["top_modules"]:
+        m = Table(title="top modules")
+        m.add_column("module")
+        m.add_column("FLOPs", justify="right")
+        m.add_column("share", justify="right")
+        for row in res["top_modules"]:
+            m.add_row(row["name"], _fmt(row["flops"]), f"{row['share_pct']:.2f} %")
+        console.print(m)
+    console.print(f"convention: {res['convention']}")
+    for n in res["notes"]:
+        console.print(f"note: {n}")
+
+
+@hookimpl
+def perfsdk_register_collectors(register: Any) -> None:
+    register(FlopsCollector)
+
+
+@hookimpl
+def perfsdk_register_commands(cli: Any) -> None:
+    cli.add_command(flops_command)
