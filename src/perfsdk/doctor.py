@@ -7,6 +7,7 @@ table; ``perfsdk.env`` records ``nvml_status()`` and ``rapl_status()`` with ever
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict
@@ -62,9 +63,9 @@ def nvml_status() -> tuple[bool, str]:
     return True, f"{len(names)} GPU(s): " + "; ".join(parts)
 
 
-def rapl_status(root: str = DEFAULT_ROOT) -> tuple[bool, str]:
-    """Whether RAPL counters under ``root`` can be read, and which zones."""
-    src = RaplSource(root)
+def rapl_status(root: str = DEFAULT_ROOT, read_text: Callable[[Path], str] | None = None) -> tuple[bool, str]:
+    """Whether RAPL counters under ``root`` can be read, and which zones (``read_text``: test seam)."""
+    src = RaplSource(root, read_text)
     return src.open()
 
 

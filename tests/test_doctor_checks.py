@@ -1,0 +1,54 @@
+"""``perfsdk.doctor``: one check per source, with the reason and the fix."""
+
+from __future__ import annotations
+
+from functools import partial
+from pathlib import Path
+
+import pytest
+
+import perfsdk.doctor as doctor
+from perfsdk.energy.fake import make_powercap_tree
+
+
+def test_checks_cover_every_source(tmp_path: Path) -> None:
+    checks = doctor.run_checks(rapl_root=str(tmp_path / "absent"))
+    assert [c.name for c in checks] == ["cuda", "nvml", "rapl", "codecarbon"]
+    rapl = checks[2]
+    assert not rapl.available and "does not exist" in rapl.reason and "rapl_root" in (rapl.fix or "")
+    for c in checks:
+        assert c.reason
+        assert c.available or c.fix  # whatever is missing says what to do
+
+
+def test_rapl_ok_and_root_only(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    make_powercap_tree(tmp_path, {"intel-rapl:0": ("package-0", 5, 100), "intel-rapl:0:0": ("dram", 1, 100)})
+    ok, reason = doctor.rapl_status(str(tmp_path))
+    assert ok and reason == "package: package-0; dram: dram"
+
+    def denied(p: Path) -> str:
+        if p.name == "energy_uj":
+            raise PermissionError(13, "Permission denied")
+        return p.read_text()
+
+    monkeypatch.setattr(doctor, "rapl_status", partial(doctor.rapl_status, read_text=denied))
+    rapl = next(c for c in doctor.run_checks(rapl_root=str(tmp_path)) if c.name == "rapl")
+    assert not rapl.available and "root only" in rapl.reason
+    assert rapl.fix == f"sudo chmod o+r {tmp_path}/intel-rapl:*/energy_uj {tmp_path}/intel-rapl:*:*/energy_uj (or run as root)"
+
+
+def test_nvml_and_cuda_on_this_machine() -> None:
+    ok, reason = doctor.nvml_status()
+    if ok:
+        pytest.skip("NVML works here")
+    assert reason
+    nv = next(c for c in doctor.run_checks() if c.name == "nvml")
+    assert nv.fix
+
+
+def test_codecarbon_check_names_offline_settings() -> None:
+    cc = doctor.codecarbon_check()
+    if not cc.available:
+        assert cc.fix == "pip install codecarbon"
+    else:
+        assert "offline" in cc.reason and "country_iso_code" in cc.reason
