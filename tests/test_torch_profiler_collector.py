@@ -156,3 +156,28 @@ def test_summary_tables() -> None:
     assert "coverage of step time" in text and "Top operators (1 profiled steps" in text
     assert "aten::addmm" in text
     assert profiling_tables({}) == []
+
+
+def test_stored_trace_and_csv_export(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    import csv
+    import io
+
+    from perfsdk.exporters.builtin import CsvExporter
+    from perfsdk.store import Store
+
+    cfg = {"collectors": {"torch_profiler": {"top_n": 3}, "layers": {"log_events": True}}, "exporters": []}
+    with perfsdk.session(cfg, store=str(tmp_path)) as s:
+        s.forward(nn.Sequential(nn.Linear(4, 4), nn.ReLU()), torch.ones(2, 4))
+    store = Store(str(tmp_path))
+    run = store.get(s.result.run_id)
+    assert "torch_trace_step0.json" in run.artifacts
+    stored = tmp_path / "runs" / run.run_id / run.artifacts["torch_trace_step0.json"]
+    assert "traceEvents" in json.loads(stored.read_text())
+    assert len(store.read_series(run.run_id, "layers_events")) == 3  # root + 2 children
+    assert len(run.collectors["torch_profiler"]["operators"]) == 3
+    buf = io.StringIO()
+    assert CsvExporter().export([run], buf)
+    row = next(csv.DictReader(io.StringIO(buf.getvalue())))
+    assert row["collectors.torch_profiler.status"] == "ok"
+    assert "aten::" in row["collectors.torch_profiler.operators"]
+    assert float(row["collectors.layers.coverage_pct"]) > 0
