@@ -59,7 +59,8 @@ _SDPA_OPS = {
 # (B, L, H, D) layouts of the low-level kernels
 _BLHD_ATTENTION_OPS = {"aten::_flash_attention_forward", "aten::_efficient_attention_forward"}
 _MATMUL_OPS = {"aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm", "aten::matmul", "aten::linear",
-               "aten::_addmm_activation", "aten::addbmm", "aten::mv", "aten::dot"}
+               "aten::_addmm_activation", "aten::addbmm", "aten::mv", "aten::dot", "aten::_grouped_mm",
+               "aten::_scaled_grouped_mm"}
 _CONV_OPS = {"aten::convolution", "aten::_convolution", "aten::cudnn_convolution",
              "aten::_slow_conv2d_forward", "aten::convolution_overrideable"}
 _NORM_OPS = {"aten::layer_norm", "aten::native_layer_norm", "aten::rms_norm", "aten::_fused_rms_norm",
@@ -341,7 +342,7 @@ class OperationCapture:
             category = "attention"
             kv = _tensor_bytes(args[1]) + _tensor_bytes(args[2])
         elif name in _MATMUL_OPS:
-            macs = self._matmul_macs(name, args)
+            macs = self._matmul_macs(name, args, outs)
             has_weight = bool(weight_in)
             if not has_weight and in_attention:
                 category = "attention"
@@ -406,9 +407,16 @@ class OperationCapture:
         )
 
     @staticmethod
-    def _matmul_macs(name: str, args: tuple[Any, ...]) -> int:
+    def _matmul_macs(name: str, args: tuple[Any, ...], outs: list[torch.Tensor]) -> int:
         def shp(i: int) -> tuple[int, ...]:
             return tuple(int(s) for s in args[i].shape)
+
+        if name in ("aten::_grouped_mm", "aten::_scaled_grouped_mm"):
+            # grouped GEMM (mixture-of-experts): each output element contracts one K slice
+            a, b = shp(0), shp(1)
+            if len(a) == 2 and len(b) == 2:  # groups split K: M x K_total x N
+                return int(a[0]) * int(a[1]) * int(b[1])
+            return int(outs[0].numel()) * int(a[-1]) if outs else 0
 
         if name == "aten::linear":
             x, w = shp(0), shp(1)

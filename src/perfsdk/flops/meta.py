@@ -90,12 +90,21 @@ def resolve_config(model: str) -> tuple[Any, str]:
     )
 
 
-def meta_model(config: Any, attn_implementation: str = "sdpa") -> torch.nn.Module:
-    """Instantiate the causal-LM architecture of ``config`` on the meta device (no weights)."""
+def meta_model(config: Any, attn_implementation: str = "sdpa", dtype: torch.dtype | None = None) -> torch.nn.Module:
+    """Instantiate the causal-LM architecture of ``config`` on the meta device (no weights).
+
+    Mixture-of-experts models are built in bfloat16 by default: PyTorch's meta kernel of the
+    grouped GEMM their experts run accepts only bfloat16 (FLOPs do not depend on the dtype).
+    """
     from transformers import AutoModelForCausalLM
 
+    if dtype is None and arch_from_config(config).is_moe:
+        dtype = torch.bfloat16
+    kwargs: dict[str, Any] = {"attn_implementation": attn_implementation}
+    if dtype is not None:
+        kwargs["dtype"] = dtype
     with _quiet(), torch.device("meta"):
-        model = AutoModelForCausalLM.from_config(config, attn_implementation=attn_implementation)
+        model = AutoModelForCausalLM.from_config(config, **kwargs)
     return model.eval()
 
 
@@ -217,20 +226,21 @@ def count_meta_generate(model: torch.nn.Module, batch_size: int, input_tokens: i
 
 def count_config(config: Any, batch_size: int, input_tokens: int, output_tokens: int, *,
                  attn_implementation: str = "sdpa", exact: bool = False) -> FlopsCount:
-    """Count a config on the meta device; mixture-of-experts falls back to the analytic model.
+    """Count a config on the meta device (falls back to the analytic model, labeled, on failure).
 
-    MoE routing is data-dependent (which experts each token visits), which a weightless run cannot
-    decide; the analytic model counts the ``top_k`` active experts per token instead.
+    Mixture-of-experts routing sends each token to ``top_k`` experts; on the meta device the
+    grouped expert GEMM still has the routed shapes (tokens x top_k rows), so the count is exact.
     """
-    spec = arch_from_config(config)
-    if spec.is_moe:
-        c = count_analytic(spec, batch_size, input_tokens, output_tokens)
+    try:
+        model = meta_model(config, attn_implementation=attn_implementation)
+        return count_meta_generate(model, batch_size, input_tokens, output_tokens, exact=exact)
+    except Exception as exc:  # an architecture whose forward needs real values
+        log.warning("meta-device count failed; using the analytic model", error=repr(exc))
+        c = count_analytic(config, batch_size, input_tokens, output_tokens)
         c.backend = "torch"
-        c.method = "analytic (mixture-of-experts routing is data-dependent on the meta device)"
-        c.notes.append("mixture-of-experts: top-k active experts and the router counted analytically")
+        c.method = "analytic (the meta-device forward failed)"
+        c.notes.append(f"meta-device forward failed ({type(exc).__name__}: {exc}); counted analytically")
         return c
-    model = meta_model(config, attn_implementation=attn_implementation)
-    return count_meta_generate(model, batch_size, input_tokens, output_tokens, exact=exact)
 
 
 __all__ = [
