@@ -268,3 +268,19 @@ def test_latency_hooks_sit_closest_to_the_call():
     assert LatencyCollector.perfsdk_before_generate.perfsdk_impl["trylast"] is True
     assert LatencyCollector.perfsdk_after_generate.perfsdk_impl["tryfirst"] is True
     del pm
+
+
+def test_broken_discovery_hook_does_not_break_a_session():
+    class Broken:
+        @perfsdk.hookimpl
+        def perfsdk_register_collectors(self, register):
+            raise ImportError("missing optional dependency of a third-party plugin")
+
+    with perfsdk.session(store=None, plugins=[Broken()]) as s:
+        pass
+    assert s.result.status == "partial"
+    err = s.result.errors[0]
+    assert err.hook == "discovery" and "missing optional dependency" in err.message
+    assert "latency" in s.result.collectors
+    with pytest.raises(ImportError):
+        collect_registry(get_plugin_manager(extra_plugins=[Broken()]))

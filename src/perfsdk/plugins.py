@@ -133,8 +133,12 @@ def enable_tracing(pm: pluggy.PluginManager) -> None:
     pm.add_hookcall_monitoring(before, after)
 
 
-def collect_registry(pm: pluggy.PluginManager) -> PluginRegistry:
-    """Run the discovery hooks and return what was registered, validated and de-duplicated."""
+def collect_registry(pm: pluggy.PluginManager, strict: bool = True) -> PluginRegistry:
+    """Run the discovery hooks and return what was registered, validated and de-duplicated.
+
+    With ``strict=False`` a plugin whose discovery hook raises (or registers something invalid)
+    is skipped: the problem is logged and kept in ``load_errors`` instead of raised.
+    """
     reg = PluginRegistry()
     reg.distributions = dict(getattr(pm, "_perfsdk_dists", {}))
     reg.load_errors = list(getattr(pm, "_perfsdk_load_errors", []))
@@ -155,7 +159,7 @@ def collect_registry(pm: pluggy.PluginManager) -> PluginRegistry:
             reg.collectors[cls.name] = cls
             reg.origins["collector:" + cls.name] = _owner
 
-        impl.function(register=register_collector)
+        _call_discovery(impl, reg, strict, register=register_collector)
 
     for impl in reversed(pm.hook.perfsdk_register_exporters.get_hookimpls()):
         owner = impl.plugin_name
@@ -171,8 +175,18 @@ def collect_registry(pm: pluggy.PluginManager) -> PluginRegistry:
             reg.exporters[cls.name] = cls
             reg.origins["exporter:" + cls.name] = _owner
 
-        impl.function(register=register_exporter)
+        _call_discovery(impl, reg, strict, register=register_exporter)
     return reg
+
+
+def _call_discovery(impl: Any, reg: PluginRegistry, strict: bool, **kwargs: Any) -> None:
+    try:
+        impl.function(**kwargs)
+    except Exception as exc:
+        if strict:
+            raise
+        log.warning("plugin failed during discovery", plugin=impl.plugin_name, error=repr(exc))
+        reg.load_errors.append((impl.plugin_name, repr(exc)))
 
 
 def collect_hardware(pm: pluggy.PluginManager) -> list[tuple[str, Any]]:

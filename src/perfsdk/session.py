@@ -141,7 +141,7 @@ class Session:
         self.clock = Clock()
         self.sampler = Sampler(self.clock.now_ns)
         self.pm: pluggy.PluginManager = get_plugin_manager(extra_plugins=plugins)
-        self.registry: PluginRegistry = collect_registry(self.pm)
+        self.registry: PluginRegistry = collect_registry(self.pm, strict=False)
         self.collectors: dict[str, Collector] = {}
         self._init_collectors(collectors or [])
         if store is True:
@@ -158,7 +158,10 @@ class Session:
         self.steps: list[Step] = []
         self.windows: list[Window] = []
         self.records: list[Record] = []
-        self.errors: list[ErrorRecord] = []
+        self.errors: list[ErrorRecord] = [
+            ErrorRecord(source=plugin, hook="discovery", type="PluginError", message=msg)
+            for plugin, msg in self.registry.load_errors
+        ]
         self.series: dict[str, list[dict[str, Any]]] = {}
         self.artifacts: dict[str, bytes] = {}
         self.tags: dict[str, str] = dict(self.config.tags)
