@@ -87,3 +87,27 @@ def test_real_session_stores_series_and_primed_cpu() -> None:
     assert set(rows[0]) >= {"t_s", "phase", "warmup", "cpu_process_pct", "cpu_system_pct", "rss_bytes"}
     assert sum(p["samples"] for p in u["per_phase"].values()) + u["warmup_samples"] == u["samples"]
     assert u["rss_bytes"]["min"] > 0
+
+
+def test_rss_includes_child_processes() -> None:
+    import subprocess
+    import sys
+
+    import psutil
+
+    from perfsdk.collectors.utilization import _TreeRss
+
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    try:
+        tree = _TreeRss(psutil.Process())
+        total = tree(0)
+        assert [c.pid for c in tree.children] == [child.pid]
+        child_rss = psutil.Process(child.pid).memory_info().rss
+        assert total >= child_rss + psutil.Process().memory_info().rss // 2
+        tree(500_000_000)  # within a second: the child list is reused, not rebuilt
+        assert [c.pid for c in tree.children] == [child.pid]
+    finally:
+        child.kill()
+        child.wait()
+    assert tree(2_000_000_000) > 0  # after a second the list is rebuilt; the dead child is gone
+    assert tree.children == []

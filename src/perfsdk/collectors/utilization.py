@@ -81,17 +81,32 @@ class UtilizationResult(CollectorResult):
     notes: list[str] = Field(default_factory=list)
 
 
-def _tree_rss(proc: Any) -> int:
-    """RSS of ``proc`` and all its children (children that vanish meanwhile are skipped)."""
-    import psutil
+#: How often the list of child processes is rebuilt. Listing children scans every process in
+#: /proc (about a millisecond); reading the RSS of known children is cheap.
+CHILDREN_REFRESH_S = 1.0
 
-    total = proc.memory_info().rss
-    for child in proc.children(recursive=True):
-        try:
-            total += child.memory_info().rss
-        except (psutil.NoSuchProcess, psutil.AccessDenied):
-            continue
-    return int(total)
+
+class _TreeRss:
+    """RSS of a process and its children, with the child list refreshed every second."""
+
+    def __init__(self, proc: Any) -> None:
+        self.proc = proc
+        self.children: list[Any] = []
+        self._listed_ns: int | None = None
+
+    def __call__(self, t_ns: int) -> int:
+        import psutil
+
+        if self._listed_ns is None or t_ns - self._listed_ns >= CHILDREN_REFRESH_S * 1e9:
+            self.children = self.proc.children(recursive=True)
+            self._listed_ns = t_ns
+        total = self.proc.memory_info().rss
+        for child in self.children:
+            try:
+                total += child.memory_info().rss
+            except (psutil.NoSuchProcess, psutil.AccessDenied):
+                continue
+        return int(total)
 
 
 class UtilizationCollector(Collector):
@@ -118,6 +133,7 @@ class UtilizationCollector(Collector):
         self._session: Session | None = None
         self._proc: Any = None
         self._sys: SystemCpu | None = None
+        self._rss: _TreeRss | None = None
 
     @hookimpl
     def perfsdk_session_start(self, session: Session) -> None:
@@ -127,6 +143,7 @@ class UtilizationCollector(Collector):
         self._proc = psutil.Process()
         self._proc.cpu_percent(None)  # prime: the first call always returns 0.0
         self._sys = SystemCpu()
+        self._rss = _TreeRss(self._proc)
         if self.cfg.gpus:
             if self._nvml is None:
                 self._nvml, why = open_nvml()
@@ -156,7 +173,7 @@ class UtilizationCollector(Collector):
             "warmup": s.in_warmup,
             "cpu_process_pct": self._proc.cpu_percent(None),
             "cpu_system_pct": self._sys.percent(),
-            "rss_bytes": _tree_rss(self._proc),
+            "rss_bytes": self._rss(t_ns) if self._rss is not None else None,
         }
         if self._nvml is not None:
             r = self._nvml
