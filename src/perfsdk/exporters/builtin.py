@@ -71,7 +71,8 @@ class CsvExporter(Exporter):
     def export(self, runs: list[RunResult], stream: IO[Any]) -> bool:
         def go() -> None:
             cols, rows = rows_for(runs)
-            w = csv.DictWriter(stream, fieldnames=cols, extrasaction="ignore", lineterminator="\n")
+            # "\r\n" (RFC 4180): with "\n" alone, a field holding a bare "\r" is written unquoted and breaks readers
+            w = csv.DictWriter(stream, fieldnames=cols, extrasaction="ignore", lineterminator="\r\n")
             w.writeheader()
             for row in rows:
                 w.writerow({k: spreadsheet_safe(v) for k, v in row.items()})
