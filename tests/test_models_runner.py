@@ -209,3 +209,19 @@ def test_run_workload_forward_and_adaptive() -> None:
     assert [st.warmup for st in s.steps] == [True, True, False, False, False]
     assert info.max_new_tokens is None and info.batch_size is None and info.max_batch_tokens == 20
     assert s.steps[2].outputs.logits.shape == (2, 8, 4096)
+
+
+def test_check_workload(tmp_path: Path) -> None:
+    from perfsdk.models.runner import check_workload
+
+    check_workload(perfsdk.Config())  # the quickstart is valid
+    bad = tmp_path / "p.jsonl"
+    bad.write_text('{"prompt": "a"}\n{"text": "b"}\n')
+    with pytest.raises(ConfigError, match=r"^workload\.prompts: .*p\.jsonl line 2: missing"):
+        check_workload(perfsdk.Config(workload={"prompts": str(bad)}))  # type: ignore[arg-type]
+    with pytest.raises(ConfigError, match=r"^model\.id: folder \./nowhere not found"):
+        check_workload(perfsdk.Config(model={"id": "./nowhere"}))  # type: ignore[arg-type]
+    with pytest.raises(ConfigError, match=r"^model\.id: unknown built-in model"):
+        check_workload(perfsdk.Config(model={"id": "builtin:nope"}))  # type: ignore[arg-type]
+    with pytest.raises(ConfigError, match=r"^model\.quantization: bnb-4bit needs a CUDA GPU"):
+        check_workload(perfsdk.Config(model={"quantization": "bnb-4bit"}))  # type: ignore[arg-type]

@@ -93,8 +93,11 @@ def _looks_like_path(model_id: str) -> bool:
     )
 
 
-def _resolve_source(cfg: ModelConfig) -> tuple[str, str]:
-    """Return ``(kind, location)``: kind is ``builtin``, ``local`` or ``hub``."""
+def _resolve_source(cfg: ModelConfig, build: bool = True) -> tuple[str, str]:
+    """Return ``(kind, location)``: kind is ``builtin``, ``local`` or ``hub``.
+
+    With ``build=False`` an embedded model is only checked by name, not built.
+    """
     mid = cfg.id.strip()
     if not mid:
         raise ConfigError("model.id: must not be empty")
@@ -106,7 +109,7 @@ def _resolve_source(cfg: ModelConfig) -> tuple[str, str]:
         if name not in names:
             avail = ", ".join(BUILTIN_PREFIX + n for n in names)
             raise ConfigError(f"model.id: unknown built-in model {mid!r} (available: {avail})")
-        return "builtin", os.fspath(ensure_tiny_llama(name))
+        return "builtin", os.fspath(ensure_tiny_llama(name)) if build else mid
     path = Path(mid).expanduser()
     if path.exists():
         if not path.is_dir():
@@ -186,6 +189,17 @@ def _prepare_tokenizer(tokenizer: Any, model: Any) -> None:
     gc = getattr(model, "generation_config", None)
     if gc is not None and getattr(gc, "pad_token_id", None) is None and tokenizer.pad_token_id is not None:
         gc.pad_token_id = tokenizer.pad_token_id
+
+
+def check_model_config(cfg: ModelConfig) -> None:
+    """Check ``cfg`` without loading anything heavy: device, quantization, and that ``model.id``
+    names a known embedded model or an existing checkpoint folder (Hub ids are not contacted).
+
+    Raises the same :class:`~perfsdk.config.ConfigError` that :func:`load_model` would.
+    """
+    device = resolve_device(cfg.device)
+    _check_quantization(cfg, device)
+    _resolve_source(cfg, build=False)
 
 
 def load_model(cfg: ModelConfig) -> tuple[Any, Any]:

@@ -25,7 +25,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from perfsdk.config import ArrivalConfig, ConfigError, GenerateConfig, WorkloadConfig
+from perfsdk.config import ArrivalConfig, Config, ConfigError, GenerateConfig, WorkloadConfig
 from perfsdk.schemas import WorkloadInfo
 
 ProgressFn = Callable[[int, int], None]
@@ -164,6 +164,19 @@ def plan_workload(workload: WorkloadConfig, tokenizer: Any, prompts: list[str] |
         batch_lengths=[[kept_lengths[j] for j in g] for g in groups],
         filtered=filtered,
     )
+
+
+def check_workload(config: Config) -> None:
+    """Validate what a run would use before any session starts (nothing is loaded or built).
+
+    Checks the model settings (:func:`~perfsdk.models.loader.check_model_config`) and reads the
+    prompts (file present, every line valid). Raises :class:`~perfsdk.config.ConfigError`.
+    """
+    from perfsdk.models.loader import check_model_config
+    from perfsdk.models.prompts import load_prompts
+
+    check_model_config(config.model)
+    load_prompts(config.workload.prompts, config.workload.num_prompts, config.workload.seed)
 
 
 def _workload_info(workload: WorkloadConfig, plan: WorkloadPlan, warmup: int, timed: int, iterations: int) -> WorkloadInfo:
