@@ -54,7 +54,10 @@ def test_fake_nvml_session_reports_joules_per_token_per_phase(tiny: tuple) -> No
     assert all(w["energy_j"] is not None and w["energy_j"] >= 0 for w in res["windows"])
     assert all(w["method"] == "counter" and w["source"] == "nvml" for w in res["windows"])
     steps_e = res["steps_energy_j"][key]
-    assert res["j_per_output_token"][key] == pytest.approx(steps_e / 16)
+    assert res["j_per_output_token_by_source"][key] == pytest.approx(steps_e / 16)
+    assert res["measured_keys"] == [key]
+    assert res["j_per_output_token"] == pytest.approx(steps_e / 16)
+    assert res["output_tokens_per_j"] == pytest.approx(16 / steps_e)
     pp = res["per_phase"]
     assert pp["steps"][key]["windows"] == 2
     assert pp["prefill"][key]["energy_j"] + pp["decode"][key]["energy_j"] <= steps_e
@@ -92,6 +95,9 @@ def test_fake_powercap_session_reads_packages_and_dram(tmp_path: Path, tiny: tup
     # both packages advance 1 mJ per edge: the session spans edges-1 steps on each of two sockets
     assert res["energy_j"]["rapl:package"] == pytest.approx(2 * (edges - 1) * 0.001)
     assert res["energy_j"]["rapl:dram"] == pytest.approx((edges - 1) * 0.001)
+    assert res["measured_keys"] == ["rapl:dram", "rapl:package"]
+    assert res["measured_energy_j"] == pytest.approx(3 * (edges - 1) * 0.001)
+    assert res["j_per_output_token"] == pytest.approx(res["measured_steps_energy_j"] / 8)
     nv = next(x for x in res["sources"] if x["name"] == "nvml")
     assert nv == {"name": "nvml", "available": False, "reason": "not selected (collectors.energy.sources)"}
 
@@ -107,7 +113,8 @@ def test_this_machine_reports_unavailable_with_reasons(tiny: tuple) -> None:
     assert not srcs["nvml"]["available"] and srcs["nvml"]["reason"]
     assert not srcs["rapl"]["available"] and "powercap" in srcs["rapl"]["reason"]
     assert [r.split(":")[0] for r in res["reasons"]] == ["nvml", "rapl", "codecarbon"]
-    assert res["windows"] == [] and res["energy_j"] == {} and res["j_per_output_token"] == {}  # no zeros
+    assert res["windows"] == [] and res["energy_j"] == {} and res["j_per_output_token_by_source"] == {}  # no zeros
+    assert res["j_per_output_token"] is None and res["measured_energy_j"] is None
     assert s.result.status == "ok"
 
 

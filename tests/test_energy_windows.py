@@ -89,8 +89,12 @@ def test_per_window_per_phase_and_per_token_numbers() -> None:
     assert res.output_tokens == 15  # 4+4 + 4+3; warm-up step excluded
     assert res.energy_j[key] == pytest.approx(14.0)
     assert res.steps_energy_j[key] == pytest.approx(6.51)
-    assert res.j_per_output_token[key] == pytest.approx(6.51 / 15)
-    assert res.output_tokens_per_j[key] == pytest.approx(15 / 6.51)
+    assert res.j_per_output_token_by_source[key] == pytest.approx(6.51 / 15)
+    assert res.output_tokens_per_j_by_source[key] == pytest.approx(15 / 6.51)
+    assert res.j_per_output_token == pytest.approx(6.51 / 15)  # one GPU: the headline is its figure
+    assert res.measured_energy_j == pytest.approx(14.0)
+    assert res.j_per_output_token_per_phase == pytest.approx(
+        {"session": 14.0 / 15, "steps": 6.51 / 15, "prefill": 2.2 / 15, "decode": 4.0 / 15})
 
     pp = res.per_phase
     assert pp["prefill"][key].energy_j == pytest.approx(2.2)
@@ -133,4 +137,4 @@ def test_missing_reading_makes_the_phase_missing_not_zero() -> None:
     col.perfsdk_window_close(session, w)
     res = build_result(col, session)
     assert res.windows[0].energy_j is None and res.energy_j == {"nvml:gpu:0": None}
-    assert res.j_per_output_token == {}
+    assert res.j_per_output_token_by_source == {} and res.j_per_output_token is None

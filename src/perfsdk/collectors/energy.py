@@ -38,6 +38,8 @@ SourceName = Literal["nvml", "rapl", "codecarbon"]
 ALL_SOURCES: tuple[SourceName, ...] = ("nvml", "rapl", "codecarbon")
 #: Sources that measure (counter or integrated), as opposed to model.
 MEASURING = ("nvml", "rapl")
+#: Scopes that never overlap each other, so their joules may be added (psys contains packages).
+NON_OVERLAPPING = ("gpu", "package", "dram")
 
 
 class CodeCarbonSettings(CollectorConfig):
@@ -127,8 +129,11 @@ class CodeCarbonDetail(_Frozen):
 class EnergyResult(CollectorResult):
     """Per-window energy, per-source totals, joules per output token, per phase.
 
-    Keys of the summary dicts are ``source:scope`` (``source:gpu:N`` for GPUs), e.g.
-    ``nvml:gpu:0``, ``rapl:package``, ``rapl:dram``, ``codecarbon:machine``.
+    Keys of the per-source dicts are ``source:scope`` (``source:gpu:N`` for GPUs), e.g.
+    ``nvml:gpu:0``, ``rapl:package``, ``rapl:dram``, ``codecarbon:machine``. The headline
+    figures (``measured_energy_j``, ``j_per_output_token``, ``output_tokens_per_j``,
+    ``j_per_output_token_per_phase``) add up the measuring channels that do not overlap — every
+    GPU, RAPL package and RAPL dram (``measured_keys``) — and are ``None`` when there is none.
     """
 
     status: Literal["ok", "unavailable"]
@@ -138,8 +143,14 @@ class EnergyResult(CollectorResult):
     energy_j: dict[str, float | None] = Field(default_factory=dict)
     steps_energy_j: dict[str, float | None] = Field(default_factory=dict)
     output_tokens: int = 0
-    j_per_output_token: dict[str, float] = Field(default_factory=dict)
-    output_tokens_per_j: dict[str, float] = Field(default_factory=dict)
+    measured_keys: list[str] = Field(default_factory=list)
+    measured_energy_j: float | None = None
+    measured_steps_energy_j: float | None = None
+    j_per_output_token: float | None = None
+    output_tokens_per_j: float | None = None
+    j_per_output_token_per_phase: dict[str, float | None] = Field(default_factory=dict)
+    j_per_output_token_by_source: dict[str, float] = Field(default_factory=dict)
+    output_tokens_per_j_by_source: dict[str, float] = Field(default_factory=dict)
     per_phase: dict[str, dict[str, PhaseEnergy]] = Field(default_factory=dict)
     co2_kg: float | None = None
     codecarbon: CodeCarbonDetail | None = None
@@ -173,7 +184,6 @@ class EnergyCollector(Collector):
         self.meter: EnergyMeter | None = None
         self.codecarbon: CodeCarbonSource | None = None
         self.cc_reading: CodeCarbonReading | None = None
-        self.cc_window: tuple[int, int] | None = None
         self.notes: list[str] = []
 
     # -- lifecycle ------------------------------------------------------------------------
@@ -229,7 +239,6 @@ class EnergyCollector(Collector):
         self.codecarbon = CodeCarbonSource(cc.country_iso_code, cc.region, cc.tracking_mode, cc.measure_power_secs)
         ok, why = self.codecarbon.start()
         self.statuses.append(SourceStatus(name="codecarbon", available=ok, reason=why))
-        self.cc_start_ns = session.clock.now_ns()
 
     @hookimpl
     def perfsdk_window_open(self, session: Session, window: Window) -> None:
@@ -371,6 +380,24 @@ def build_result(col: EnergyCollector, session: Session) -> EnergyResult:
                      f"{col.cfg.codecarbon.measure_power_secs:g} s and cannot see single steps); its joules per "
                      "output token divide the whole session, idle time and warm-up included")
 
+    measured_keys = sorted({w.channel.key for w in closed
+                            if w.channel.source in MEASURING and w.channel.scope in NON_OVERLAPPING})
+
+    def measured_sum(phase: str) -> float | None:
+        vals = [per_phase.get(phase, {}).get(k) for k in measured_keys]
+        if not measured_keys or any(v is None or v.energy_j is None for v in vals):
+            return None
+        return float(sum(v.energy_j for v in vals if v is not None and v.energy_j is not None))
+
+    m_session, m_steps = measured_sum("session"), measured_sum("steps")
+    per_phase_jpt: dict[str, float | None] = {}
+    for phase in ("session", "steps", "prefill", "decode"):
+        if phase in per_phase and measured_keys:
+            e = measured_sum(phase)
+            per_phase_jpt[phase] = e / out_tokens if e is not None and out_tokens else None
+    if measured_keys and m_steps is None and steps_energy_j:
+        notes.append("a counter reading failed in some step window: the headline per-token figure is left out")
+
     measuring = [s for s in col.statuses if s.name in MEASURING and s.available]
     status: Literal["ok", "unavailable"] = "ok" if measuring else "unavailable"
     reasons = [f"{s.name}: {s.reason}" for s in col.statuses if not s.available]
@@ -380,6 +407,11 @@ def build_result(col: EnergyCollector, session: Session) -> EnergyResult:
     if not out_tokens:
         notes.append("no output tokens in measured steps: no per-token figures")
     return EnergyResult(status=status, reasons=reasons, sources=col.statuses, windows=windows, energy_j=energy_j,
-                        steps_energy_j=steps_energy_j, output_tokens=out_tokens, j_per_output_token=j_per_tok,
-                        output_tokens_per_j=tok_per_j, per_phase=per_phase, co2_kg=co2, codecarbon=detail,
+                        steps_energy_j=steps_energy_j, output_tokens=out_tokens, measured_keys=measured_keys,
+                        measured_energy_j=m_session, measured_steps_energy_j=m_steps,
+                        j_per_output_token=m_steps / out_tokens if m_steps is not None and out_tokens else None,
+                        output_tokens_per_j=out_tokens / m_steps if m_steps and out_tokens else None,
+                        j_per_output_token_per_phase=per_phase_jpt,
+                        j_per_output_token_by_source=j_per_tok, output_tokens_per_j_by_source=tok_per_j,
+                        per_phase=per_phase, co2_kg=co2, codecarbon=detail,
                         warmup_windows=warmup_windows, edge_reads=meter.edge_reads if meter else 0, notes=notes)
