@@ -7,6 +7,9 @@ Chrome/Perfetto trace with the run (artifact ``torch_trace_step<N>.json``, open 
 aggregated into a table of the top operators by self CPU time (self CUDA time when CUDA was
 profiled), with memory when ``profile_memory`` is on.
 
+Stopping the profiler is all that happens between steps; the operator table and the traces are
+built at the end of the run, so the profiles of the selected steps are held in memory until then.
+
 The profiler slows the step down a lot (every operator is recorded): the latency of profiled
 steps is not representative. Profile a few steps (``steps: {first: 1}``, the default, or
 ``{every: N}``) and read the times as relative weights.
@@ -113,6 +116,7 @@ class TorchProfilerCollector(Collector):
         self._traces: list[str] = []
         # name -> [calls, self_cpu_us, cpu_total_us, self_dev_us, dev_total_us, self_cpu_mem, self_dev_mem]
         self._ops: dict[str, list[float]] = {}
+        self._pending: list[tuple[int, Any]] = []
 
     @property
     def profiled_steps(self) -> list[int]:
@@ -182,15 +186,19 @@ class TorchProfilerCollector(Collector):
             self._failed += 1
             return
         self._profiled.append(step.index)
-        self._accumulate(prof)
-        if self.cfg.save_traces:
-            self._save_trace(session, prof, step.index)
+        # Aggregating and exporting take long; doing it at finalize keeps the gap between steps short.
+        self._pending.append((step.index, prof))
 
     @hookimpl
     def perfsdk_finalize(self, session: Session) -> TorchProfilerResult:
         # Normally stopped in after_generate; never leave a profiler running past the run.
         if self._prof is not None:
             self._stop()
+        pending, self._pending = self._pending, []
+        for index, prof in pending:
+            self._accumulate(prof)
+            if self.cfg.save_traces:
+                self._save_trace(session, prof, index)
         return self._build_result()
 
     # -- helpers --------------------------------------------------------------------------
