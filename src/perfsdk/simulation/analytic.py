@@ -7,8 +7,13 @@ conventions as operation capture: ``flops`` = 2 per multiply-add, ``bytes_read``
 and KV cache, ``kv_bytes`` is the KV-cache part. Module paths follow the Llama layout of
 ``transformers`` (``model.layers.N.self_attn.q_proj`` ...).
 
-Modelled: GQA (KV heads), sliding-window attention (the KV read is capped at the window), causal
-prefill attention (each query attends to the keys before it), MoE (router, then only the experts
+Conventions follow :mod:`perfsdk.capture`: attention counts the full QK^T and PV products over
+every (query, key) pair handed to the kernel (no causal halving; GQA counted with the query
+heads), and normalization, activation, softmax and other elementwise ops carry no FLOPs, only
+``elements`` (output elements) and bytes.
+
+Modelled: GQA (KV heads), sliding-window attention (the KV cache, and so the keys read, is capped
+at the window), MoE (router, then only the experts
 the batch's tokens reach, ``E * (1 - (1 - k/E)^tokens)`` of them in expectation), and the language
 model head on the last position only (as ``generate`` does).
 """
@@ -68,24 +73,22 @@ class _Emitter:
         self._add(module_path=path, op="rms_norm" if kind == "rms" else "layer_norm", category="norm",
                   module_type="RMSNorm" if kind == "rms" else "LayerNorm",
                   input_shapes=[(batch, tokens, h)], output_shape=(batch, tokens, h),
-                  flops=4 * e, weight_bytes=w, bytes_read=int(e * s) + w, bytes_written=int(e * s), elements=e)
+                  weight_bytes=w, bytes_read=int(e * s) + w, bytes_written=int(e * s), elements=e)
 
-    def pointwise(self, path: str, op: str, category: str, shape: tuple[int, ...], inputs: int, flops_per: int,
+    def pointwise(self, path: str, op: str, category: str, shape: tuple[int, ...], inputs: int,
                   elements: int | None = None) -> None:
         e = elements if elements is not None else math.prod(shape)
         s = self.s
         self._add(module_path=path, op=op, category=category, input_shapes=[shape] * inputs, output_shape=shape,
-                  flops=flops_per * e, bytes_read=int(inputs * e * s), bytes_written=int(e * s), elements=e)
+                  bytes_read=int(inputs * e * s), bytes_written=int(e * s), elements=e)
 
     def attention(self, path: str, batch: int, tokens: int, past: int, m: ModelShape) -> None:
         """Scaled-dot-product attention of ``tokens`` new queries over ``past + tokens`` keys."""
         s = self.s
         hd, nh, nkv = m.head_dim, m.num_heads, m.num_kv_heads
         w = m.sliding_window
-        # keys seen by each new query (causal), capped by the sliding window
-        kv_seen = sum(min(past + i + 1, w) if w else past + i + 1 for i in range(tokens))
-        kv_len = min(past + tokens, w) if w else past + tokens  # keys read from the cache
-        score_elems = batch * nh * kv_seen
+        kv_len = min(past + tokens, w) if w else past + tokens  # keys handed to the kernel
+        score_elems = batch * nh * tokens * kv_len
         kv = int(2 * batch * nkv * kv_len * hd * s)
         q_bytes = int(batch * nh * tokens * hd * s)
         self._add(module_path=path, op="scaled_dot_product_attention", category="attention",
@@ -106,16 +109,16 @@ def _layer(e: _Emitter, m: ModelShape, li: int, batch: int, tokens: int, past: i
     e.linear(f"{p}.self_attn.k_proj", batch, tokens, h, kv_out)
     e.linear(f"{p}.self_attn.v_proj", batch, tokens, h, kv_out)
     e.pointwise(f"{p}.self_attn.rotary", "rotary_embedding", "elementwise",
-                (batch, tokens, q_out + kv_out), inputs=2, flops_per=3)
+                (batch, tokens, q_out + kv_out), inputs=2)
     e.attention(f"{p}.self_attn.attn", batch, tokens, past, m)
     e.linear(f"{p}.self_attn.o_proj", batch, tokens, q_out, h)
-    e.pointwise(f"{p}.residual_attn", "add", "elementwise", (batch, tokens, h), inputs=2, flops_per=1)
+    e.pointwise(f"{p}.residual_attn", "add", "elementwise", (batch, tokens, h), inputs=2)
     e.norm(f"{p}.post_attention_layernorm", batch, tokens, h, m.norm)
     if m.num_experts:
         _moe(e, m, p, batch, tokens)
     else:
         _mlp(e, m, f"{p}.mlp", batch, tokens, None)
-    e.pointwise(f"{p}.residual_mlp", "add", "elementwise", (batch, tokens, h), inputs=2, flops_per=1)
+    e.pointwise(f"{p}.residual_mlp", "add", "elementwise", (batch, tokens, h), inputs=2)
 
 
 def _mlp(e: _Emitter, m: ModelShape, p: str, batch: int, tokens: int, rows: float | None) -> None:
@@ -126,19 +129,19 @@ def _mlp(e: _Emitter, m: ModelShape, p: str, batch: int, tokens: int, rows: floa
     if m.gated_mlp:
         e.linear(f"{p}.gate_proj", batch, tokens, h, i, rows)
         e.linear(f"{p}.up_proj", batch, tokens, h, i, rows)
-        e.pointwise(f"{p}.act_fn", "silu", "activation", act_shape, inputs=1, flops_per=4, elements=act_elems)
-        e.pointwise(f"{p}.gate_mul", "mul", "elementwise", act_shape, inputs=2, flops_per=1, elements=act_elems)
+        e.pointwise(f"{p}.act_fn", "silu", "activation", act_shape, inputs=1, elements=act_elems)
+        e.pointwise(f"{p}.gate_mul", "mul", "elementwise", act_shape, inputs=2, elements=act_elems)
         e.linear(f"{p}.down_proj", batch, tokens, i, h, rows)
     else:
         e.linear(f"{p}.fc1", batch, tokens, h, i, rows)
-        e.pointwise(f"{p}.act_fn", "gelu", "activation", act_shape, inputs=1, flops_per=8, elements=act_elems)
+        e.pointwise(f"{p}.act_fn", "gelu", "activation", act_shape, inputs=1, elements=act_elems)
         e.linear(f"{p}.fc2", batch, tokens, i, h, rows)
 
 
 def _moe(e: _Emitter, m: ModelShape, p: str, batch: int, tokens: int) -> None:
     n_tok = batch * tokens
     e.linear(f"{p}.mlp.gate", batch, tokens, m.hidden_size, m.num_experts)
-    e.pointwise(f"{p}.mlp.router_softmax", "softmax", "softmax", (batch, tokens, m.num_experts), inputs=1, flops_per=5)
+    e.pointwise(f"{p}.mlp.router_softmax", "softmax", "softmax", (batch, tokens, m.num_experts), inputs=1)
     active = expected_active_experts(m.num_experts, m.experts_per_token, n_tok)
     rows = n_tok * m.experts_per_token / active
     for j in range(active):

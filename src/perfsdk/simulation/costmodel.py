@@ -6,7 +6,7 @@ For one operation on one device (profile ``P``)::
                  (softmax / activation / norm ops: elements * ns_per_element, when P gives it;
                   attention adds score elements * softmax ns_per_element)
     memory_s   = (bytes_read + bytes_written) / (P.memory_bandwidth * P.memory_efficiency)
-    time_s     = max(compute_s, memory_s) + P.op_overhead_s
+    time_s     = max(compute_s, memory_s) + P.op_overhead_s   (no overhead for views: 0 bytes, 0 FLOPs)
     energy_j   = flops * P.compute_pj_per_flop + 8 * bytes * P.memory_pj_per_bit   (dynamic)
                  + P.static_power_w * time_s                                          (static)
 
@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from perfsdk.hardware.profile import HardwareProfile
+from perfsdk.hardware.profile import HardwareProfile, HardwareProfileError
 from perfsdk.ops import OpRecord
 
 PJ = 1e-12
@@ -68,6 +68,21 @@ def op_bytes(op: OpRecord) -> int:
     return op.bytes_read + op.bytes_written
 
 
+_PRECISION_ORDER = ("fp32", "tf32", "bf16", "fp16", "fp8", "int8", "int4")
+
+
+def effective_flops(profile: HardwareProfile, dtype: str) -> float:
+    """Achievable FLOP/s for ``dtype``, lenient: a dtype the profile cannot place (``int64``, or
+    ``float32`` on a bf16-only device) uses the profile's most precise type instead. Check
+    ``profile.dtype_key(dtype)`` first where a user chose the dtype and deserves an error."""
+    try:
+        return profile.effective_flops(dtype)
+    except HardwareProfileError:
+        avail = profile.peak_tflops.available()
+        key = next(k for k in _PRECISION_ORDER if k in avail)
+        return avail[key] * 1e12 * profile.compute_efficiency
+
+
 def compute_time_s(op: OpRecord, profile: HardwareProfile, dtype: str | None = None) -> float:
     """The compute term of an op (FLOP-based, or per-element where the profile gives a rate)."""
     field = _NS_FIELD.get(op.category)
@@ -75,7 +90,7 @@ def compute_time_s(op: OpRecord, profile: HardwareProfile, dtype: str | None = N
         ns = getattr(profile, field)
         if ns is not None and op.elements:
             return op.elements * ns * 1e-9
-    t = op.flops / profile.effective_flops(dtype or op.dtype) if op.flops else 0.0
+    t = op.flops / effective_flops(profile, dtype or op.dtype) if op.flops else 0.0
     if op.category == "attention" and profile.softmax_ns_per_element is not None and op.elements:
         t += op.elements * profile.softmax_ns_per_element * 1e-9
     return t
@@ -87,7 +102,8 @@ def cost_op(op: OpRecord, profile: HardwareProfile, dtype: str | None = None) ->
     return OpCost(
         compute_s=compute_time_s(op, profile, dtype),
         memory_s=nbytes / profile.effective_bandwidth_bytes_per_s if nbytes else 0.0,
-        overhead_s=profile.op_overhead_s,
+        # views and other metadata-only ops launch no kernel
+        overhead_s=profile.op_overhead_s if (nbytes or op.flops) else 0.0,
         compute_energy_j=op.flops * profile.compute_pj_per_flop * PJ,
         memory_energy_j=nbytes * 8 * profile.memory_pj_per_bit * PJ,
         static_power_w=profile.static_power_w,

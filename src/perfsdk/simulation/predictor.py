@@ -161,12 +161,14 @@ class Simulator:
     def predict(self, ops: list[OpRecord], *, batch_size: int | None = None, input_tokens: int | None = None,
                 step_weights: dict[int, float] | None = None, dtype: str | None = None, top_n: int = 10,
                 model: str | None = None, op_source: str = "captured",
-                kv_cache_bytes: int | None = None) -> SimulationResult:
+                kv_cache_bytes: int | None = None, weight_bytes: int | None = None) -> SimulationResult:
         """Predict TTFT, TPOT, throughput, energy and memory fit for ``ops``.
 
         ``step_weights`` gives how many real steps each step index stands for (sampled decode
         steps); ``dtype`` overrides the ops' dtype for peak lookup; ``kv_cache_bytes`` replaces
-        the KV size read off the ops (the largest ``kv_bytes`` per attention module).
+        the KV size read off the ops (the largest ``kv_bytes`` per attention module);
+        ``weight_bytes`` (the model's total) replaces the weights read off the ops for the
+        default device (captured embedding lookups only report the rows they gather).
         """
         if not ops:
             raise ValueError("no operations to simulate")
@@ -248,6 +250,9 @@ class Simulator:
                 st.kv = {"_": int(kv_cache_bytes * share)} if st.kv else {}
             if not any(st.kv for st in devs.values()):
                 devs[self.default_device].kv = {"_": kv_cache_bytes}
+        if weight_bytes is not None:
+            mapped = sum(sum(st.weights.values()) for n, st in devs.items() if n != self.default_device)
+            devs[self.default_device].weights = {"_": max(0, weight_bytes - mapped)}
         dev_out = []
         for name, st in devs.items():
             wb, kvb = sum(st.weights.values()), sum(st.kv.values())
@@ -288,6 +293,28 @@ class Simulator:
             categories={ph: dict(v) for ph, v in cats.items()},
             notes=notes,
         )
+
+
+_FLOAT_DTYPES = {"float32", "float16", "bfloat16", "float8_e4m3fn", "float8_e5m2"}
+
+
+def rescale_ops(ops: list[OpRecord], dtype: str) -> list[OpRecord]:
+    """Copies of ``ops`` as if run in ``dtype``: floating-point ops get the new dtype and their
+    byte counts scaled by the element-size ratio (integer/index ops are left alone)."""
+    from dataclasses import replace
+
+    from perfsdk.simulation.analytic import dtype_bytes
+
+    new = dtype_bytes(dtype)
+    out = []
+    for op in ops:
+        if op.dtype not in _FLOAT_DTYPES or op.dtype == dtype:
+            out.append(op)
+            continue
+        f = new / dtype_bytes(op.dtype)
+        out.append(replace(op, dtype=dtype, bytes_read=int(op.bytes_read * f), bytes_written=int(op.bytes_written * f),
+                           weight_bytes=int(op.weight_bytes * f), kv_bytes=int(op.kv_bytes * f)))
+    return out
 
 
 def simulate_model(shape: Any, hardware: HardwareProfile, *, batch_size: int = 1, input_tokens: int = 128,

@@ -119,9 +119,9 @@ def _flops_configs_dir() -> Path:
 def resolve_model_shape(spec: str) -> ModelShape:
     """What ``--model`` accepts, tried in order:
 
-    a ``config.json`` path or a folder holding one; a name in :data:`KNOWN_MODELS`; a bundled
-    config of the FLOPs counter (``perfsdk/flops/configs/<name>.json``); ``builtin:`` models of
-    the embedded loader; a Hugging Face id already in the local cache (no network).
+    a ``config.json`` path or a folder holding one; a bundled config of the FLOPs counter
+    (``perfsdk/flops/configs/<name>.json``); a name in :data:`KNOWN_MODELS`; ``builtin:`` models
+    (the embedded tiny Llama and its size variants); a Hugging Face id already in the local cache (no network).
     """
     p = Path(spec)
     if p.is_dir() and (p / "config.json").is_file():
@@ -129,20 +129,19 @@ def resolve_model_shape(spec: str) -> ModelShape:
     if p.is_file():
         return shape_from_config(json.loads(p.read_text(encoding="utf-8")), name=spec)
     key = spec.lower()
-    if key in KNOWN_MODELS:
-        return shape_from_config(KNOWN_MODELS[key], name=key)
     bundled = _flops_configs_dir() / f"{key}.json"
     if bundled.is_file():
         return shape_from_config(json.loads(bundled.read_text(encoding="utf-8")), name=key)
+    if key in KNOWN_MODELS:
+        return shape_from_config(KNOWN_MODELS[key], name=key)
     if spec.startswith("builtin:"):
         try:
-            from perfsdk.config import ModelConfig
-            from perfsdk.models.loader import load_model
+            from perfsdk.models.tiny import tiny_llama_config
 
-            model, _ = load_model(ModelConfig(id=spec, device="cpu"))
+            cfg = tiny_llama_config(spec.removeprefix("builtin:"))
         except Exception as exc:
-            raise ValueError(f"--model {spec}: cannot build the embedded model: {exc}") from None
-        return shape_from_config(model.config, name=spec)
+            raise ValueError(f"--model {spec}: unknown embedded model: {exc}") from None
+        return shape_from_config(cfg, name=spec)
     try:
         from transformers import AutoConfig
 

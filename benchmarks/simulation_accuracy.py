@@ -1,0 +1,117 @@
+"""How wrong is the simulation? Calibrate a host profile, then predict configurations not used
+for fitting and compare with measurement.
+
+Protocol
+--------
+1. Calibrate (``perfsdk.simulation.calibration``): the ``builtin:tiny-llama`` configuration
+   (hidden 256) at its own depth of 4 layers and truncated to 2 layers, on a grid of batch
+   sizes and prompt lengths, plus two micro-kernels (a 1024^3 matmul, a 3 x 64 MiB add).
+2. Predict, with the calibrated profile and the analytic op generator (no timing information),
+   three other model sizes (``tiny-llama-small``/``-medium``/``-large``: hidden 128/512/768,
+   2/8/12 layers) x batch sizes {1, 4} x output lengths {8, 32} at a 32-token prompt.
+3. Measure the same 12 configurations (TTFT = generate start to first token, TPOT = decode time
+   / (output tokens - 1); best of ``--repeats`` after one warm-up) and report the signed error
+   ``(predicted - measured) / measured``.
+
+Run: ``PYTHONPATH=src python benchmarks/simulation_accuracy.py [--threads 1] [--repeats 3]
+[--json out.json] [--markdown out.md]``. Random weights, nothing downloaded; a few minutes on
+two cores.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+
+CALIBRATION_MODELS = ["builtin:tiny-llama", "builtin:tiny-llama@layers=2"]
+TEST_MODELS = ["builtin:tiny-llama-small", "builtin:tiny-llama-medium", "builtin:tiny-llama-large"]
+BATCHES = [1, 4]
+OUTPUTS = [8, 32]
+INPUT_TOKENS = 32
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--threads", type=int, default=1, help="torch threads (1: least sensitive to a shared machine)")
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--json", help="write the rows as JSON here")
+    ap.add_argument("--markdown", help="write the table as Markdown here")
+    ap.add_argument("--profile-out", help="write the calibrated profile YAML here")
+    args = ap.parse_args(argv)
+
+    import torch
+
+    from perfsdk.hardware.profile import profile_to_yaml
+    from perfsdk.simulation.calibration import build_random_model, calibrate_here, measure_generate, profile_from_fit
+    from perfsdk.simulation.predictor import simulate_model
+    from perfsdk.simulation.shape import shape_from_config
+
+    torch.set_num_threads(args.threads)
+    t0 = time.time()
+    fit, _ = calibrate_here(CALIBRATION_MODELS, repeats=args.repeats, threads=args.threads)
+    profile = profile_from_fit(fit, name="host-calibrated", note="benchmarks/simulation_accuracy.py")
+    print(f"calibrated in {time.time() - t0:.0f} s: {json.dumps(fit.coefficients)}", file=sys.stderr)
+    print("in-sample errors %: " + ", ".join(f"{k}: {v:+.1f}" for k, v in fit.errors_pct.items()), file=sys.stderr)
+    if args.profile_out:
+        with open(args.profile_out, "w", encoding="utf-8") as fh:
+            fh.write(profile_to_yaml(profile))
+
+    rows = []
+    for spec in TEST_MODELS:
+        model = build_random_model(spec)
+        shape = shape_from_config(model.config, name=spec)
+        for b in BATCHES:
+            for o in OUTPUTS:
+                pred = simulate_model(shape, profile, batch_size=b, input_tokens=INPUT_TOKENS, output_tokens=o,
+                                      dtype="float32")
+                m = measure_generate(model, b, INPUT_TOKENS, o, repeats=args.repeats, label=spec)
+                row = {
+                    "model": spec.removeprefix("builtin:"), "batch": b, "input_tokens": INPUT_TOKENS,
+                    "output_tokens": o,
+                    "ttft_measured_ms": m.ttft_s * 1e3, "ttft_predicted_ms": pred.ttft_s * 1e3,
+                    "ttft_error_pct": 100 * (pred.ttft_s - m.ttft_s) / m.ttft_s,
+                    "tpot_measured_ms": (m.tpot_s or 0) * 1e3, "tpot_predicted_ms": (pred.tpot_s or 0) * 1e3,
+                    "tpot_error_pct": 100 * ((pred.tpot_s or 0) - (m.tpot_s or 0)) / (m.tpot_s or 1),
+                }
+                rows.append(row)
+                print(f"{row['model']:18s} b{b} out{o:<3d} TTFT {row['ttft_measured_ms']:8.2f} ms pred "
+                      f"{row['ttft_predicted_ms']:8.2f} ({row['ttft_error_pct']:+6.1f}%)  TPOT "
+                      f"{row['tpot_measured_ms']:7.2f} ms pred {row['tpot_predicted_ms']:7.2f} "
+                      f"({row['tpot_error_pct']:+6.1f}%)", file=sys.stderr, flush=True)
+        del model
+
+    errs = [abs(r[k]) for r in rows for k in ("ttft_error_pct", "tpot_error_pct")]
+    summary = {"median_abs_error_pct": statistics.median(errs), "max_abs_error_pct": max(errs),
+               "ttft_median_abs_error_pct": statistics.median(abs(r["ttft_error_pct"]) for r in rows),
+               "tpot_median_abs_error_pct": statistics.median(abs(r["tpot_error_pct"]) for r in rows),
+               "threads": args.threads, "repeats": args.repeats, "wall_s": time.time() - t0,
+               "calibration": fit.coefficients}
+    lines = ["| model | batch | out | TTFT meas. ms | TTFT pred. ms | TTFT err % | TPOT meas. ms | TPOT pred. ms | TPOT err % |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        lines.append(f"| {r['model']} | {r['batch']} | {r['output_tokens']} | {r['ttft_measured_ms']:.2f} | "
+                     f"{r['ttft_predicted_ms']:.2f} | {r['ttft_error_pct']:+.1f} | {r['tpot_measured_ms']:.2f} | "
+                     f"{r['tpot_predicted_ms']:.2f} | {r['tpot_error_pct']:+.1f} |")
+    lines.append("")
+    lines.append(f"Median |error| {summary['median_abs_error_pct']:.1f}% (TTFT {summary['ttft_median_abs_error_pct']:.1f}%, "
+                 f"TPOT {summary['tpot_median_abs_error_pct']:.1f}%), worst {summary['max_abs_error_pct']:.1f}%.")
+    table = "\n".join(lines)
+    print(table)
+    if args.markdown:
+        with open(args.markdown, "w", encoding="utf-8") as fh:
+            fh.write(table + "\n")
+    if args.json:
+        with open(args.json, "w", encoding="utf-8") as fh:
+            json.dump({"rows": rows, "summary": summary}, fh, indent=2)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,352 @@
+"""Calibration: fit a host profile (effective FLOP/s, bandwidth, per-op overhead) to measurements.
+
+Each observation is one phase of one measured ``generate`` call: the operations it executed
+(from capture or the analytic generator) and the measured time (TTFT for the prefill, the
+decode time for the decode steps). The model being fitted is the simulation's own::
+
+    time = sum_i max(flops_i * x_f, bytes_i * x_b) + ops * x_o + forward_passes * x_s
+
+with ``x_f = 1 / FLOP/s``, ``x_b = 1 / (bytes/s)``, ``x_o`` the per-op overhead and ``x_s`` the
+per-forward-pass overhead. The ``max`` makes it piecewise linear, so the fit alternates: label
+every op compute- or memory-bound with the current estimate, solve the linear least-squares
+problem (numpy, rows weighted by 1/measured so that the *relative* error is minimised, negative
+coefficients dropped and refitted), and repeat until the labels stop changing.
+"""
+
+from __future__ import annotations
+
+import platform
+import statistics
+import time
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from typing import Any
+
+import numpy as np
+import structlog
+
+from perfsdk.hardware.profile import HardwareProfile
+from perfsdk.ops import OpRecord
+from perfsdk.simulation.costmodel import op_bytes
+
+log = structlog.get_logger("perfsdk.simulation.calibration")
+
+PARAMS = ("s_per_flop", "s_per_byte", "op_overhead_s", "step_overhead_s")
+
+
+@dataclass
+class Observation:
+    """One measured phase: its ops (with step weights) and the measured seconds."""
+
+    label: str
+    phase: str
+    measured_s: float
+    flops: np.ndarray
+    bytes_: np.ndarray
+    weights: np.ndarray
+    forward_passes: float
+
+    @classmethod
+    def from_ops(cls, label: str, phase: str, measured_s: float, ops: list[OpRecord],
+                 step_weights: dict[int, float] | None = None) -> Observation:
+        w = np.array([(step_weights or {}).get(o.step, 1.0) for o in ops], dtype=float)
+        steps: dict[int, float] = {}
+        for o in ops:
+            steps[o.step] = (step_weights or {}).get(o.step, 1.0)
+        return cls(label=label, phase=phase, measured_s=measured_s,
+                   flops=np.array([o.flops for o in ops], dtype=float),
+                   bytes_=np.array([op_bytes(o) for o in ops], dtype=float),
+                   weights=w, forward_passes=float(sum(steps.values())))
+
+    def features(self, x_f: float, x_b: float) -> np.ndarray:
+        """[compute-bound FLOPs, memory-bound bytes, op count, forward passes] at this estimate."""
+        compute_bound = self.flops * x_f >= self.bytes_ * x_b
+        return np.array([
+            float(np.sum(self.weights * self.flops * compute_bound)),
+            float(np.sum(self.weights * self.bytes_ * ~compute_bound)),
+            float(np.sum(self.weights)),
+            self.forward_passes,
+        ])
+
+    def predict(self, x: np.ndarray) -> float:
+        return float(self.features(x[0], x[1]) @ x)
+
+
+@dataclass
+class FitResult:
+    """Fitted coefficients and the in-sample relative errors."""
+
+    coefficients: dict[str, float]
+    errors_pct: dict[str, float]
+    iterations: int
+    observations: int
+    fixed: list[str] = field(default_factory=list)
+
+    @property
+    def flops_per_s(self) -> float | None:
+        x = self.coefficients["s_per_flop"]
+        return 1.0 / x if x > 0 else None
+
+    @property
+    def bytes_per_s(self) -> float | None:
+        x = self.coefficients["s_per_byte"]
+        return 1.0 / x if x > 0 else None
+
+
+def _nnls(a: np.ndarray, b: np.ndarray, free: list[int]) -> np.ndarray:
+    """Least squares with the coefficients kept >= 0 by dropping negative ones and refitting."""
+    x = np.zeros(a.shape[1])
+    active = list(free)
+    while active:
+        sol, *_ = np.linalg.lstsq(a[:, active], b, rcond=None)
+        if np.all(sol >= 0):
+            x[active] = sol
+            break
+        active = [j for j, v in zip(active, sol) if v > 0] if np.any(sol > 0) else []
+    return x
+
+
+def fit(observations: list[Observation], *, fit_step_overhead: bool = True, max_iter: int = 30) -> FitResult:
+    """Fit the four coefficients to ``observations`` (see the module docstring)."""
+    if len(observations) < 3:
+        raise ValueError(f"need at least 3 observations to calibrate, got {len(observations)}")
+    free = [0, 1, 2, 3] if fit_step_overhead else [0, 1, 2]
+    # start from an additive model: every op both compute- and memory-costed
+    a0 = np.array([[np.sum(o.weights * o.flops), np.sum(o.weights * o.bytes_), np.sum(o.weights), o.forward_passes]
+                   for o in observations])
+    b = np.array([o.measured_s for o in observations])
+    scale = 1.0 / b
+    col = np.maximum(np.abs(a0).max(axis=0), 1e-30)  # column scaling for conditioning
+    x = _nnls(a0 * scale[:, None] / col, b * scale, free) / col
+    labels: list[Any] = []
+    it = 0
+    for it in range(1, max_iter + 1):
+        xf = x[0] if x[0] > 0 else 1e-18
+        xb = x[1] if x[1] > 0 else 1e-18
+        a = np.array([o.features(xf, xb) for o in observations])
+        new_labels = [tuple((o.flops * xf >= o.bytes_ * xb).tolist()) for o in observations]
+        col = np.maximum(np.abs(a).max(axis=0), 1e-30)
+        x = _nnls(a * scale[:, None] / col, b * scale, free) / col
+        if new_labels == labels:
+            break
+        labels = new_labels
+    errors = {o.label: 100.0 * (o.predict(x) - o.measured_s) / o.measured_s for o in observations}
+    return FitResult(coefficients=dict(zip(PARAMS, (float(v) for v in x))), errors_pct=errors, iterations=it,
+                     observations=len(observations), fixed=[] if fit_step_overhead else ["step_overhead_s"])
+
+
+def profile_from_fit(result: FitResult, *, name: str = "host-calibrated", base: HardwareProfile | None = None,
+                     note: str = "") -> HardwareProfile:
+    """A ``cpu`` profile carrying the fitted rates at efficiency 1.0 (they are achieved rates).
+
+    Energy, capacity and static power come from ``base`` (the built-in ``host-cpu`` estimates,
+    capacity from this machine's RAM) because timing runs cannot measure them.
+    """
+    from perfsdk.hardware.catalog import builtin_profiles
+
+    base = base or builtin_profiles()["host-cpu"]
+    fps = result.flops_per_s or base.effective_flops("float32")
+    bps = result.bytes_per_s or base.effective_bandwidth_bytes_per_s
+    try:
+        import psutil
+
+        capacity_gb = psutil.virtual_memory().total / 1e9
+    except Exception:
+        capacity_gb = base.memory_capacity_gb
+    cpu = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as fh:
+            for line in fh:
+                if line.startswith("model name"):
+                    cpu = line.split(":", 1)[1].strip()
+                    break
+    except OSError:
+        pass
+    missing = [k for k, v in (("FLOP/s", result.flops_per_s), ("bandwidth", result.bytes_per_s)) if v is None]
+    when = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    source = (f"Fitted by perfsdk calibrate on {when} from {result.observations} measured phases "
+              f"(least squares on the simulation's own cost model). {note}".strip())
+    if missing:
+        source += f" Not identifiable from the data, kept from {base.name}: {', '.join(missing)}."
+    source += f" Energy, static power and efficiency-free rates: energy figures copied from {base.name} (estimates)."
+    peak = fps / 1e12
+    return HardwareProfile(
+        name=name, kind="cpu", variant=f"{cpu}, fitted rates", source=source,
+        description="Effective rates of this host as perfsdk measured them (use with compute/memory efficiency 1.0).",
+        memory_bandwidth_gbs=bps / 1e9, memory_pj_per_bit=base.memory_pj_per_bit,
+        memory_capacity_gb=round(capacity_gb, 1),
+        peak_tflops={"fp32": peak, "bf16": peak, "fp16": peak},  # type: ignore[arg-type]
+        compute_pj_per_flop=base.compute_pj_per_flop, static_power_w=base.static_power_w,
+        compute_efficiency=1.0, memory_efficiency=1.0,
+        op_overhead_s=result.coefficients["op_overhead_s"], step_overhead_s=result.coefficients["step_overhead_s"],
+    )
+
+
+# -- measuring on this machine ------------------------------------------------------------------
+
+
+@dataclass
+class Measurement:
+    """Median TTFT and decode time of repeated ``generate`` calls of one configuration."""
+
+    model: str
+    batch_size: int
+    input_tokens: int
+    output_tokens: int
+    ttft_s: float
+    decode_s: float
+    repeats: int
+
+    @property
+    def tpot_s(self) -> float | None:
+        return self.decode_s / (self.output_tokens - 1) if self.output_tokens > 1 else None
+
+
+class _Stamps:
+    """A streamer recording when each generated position is ready (as the session does)."""
+
+    def __init__(self) -> None:
+        self.times: list[int] = []
+        self._prompt = False
+
+    def put(self, value: Any) -> None:
+        t = time.perf_counter_ns()
+        if self._prompt:
+            self.times.append(t)
+        self._prompt = True
+
+    def end(self) -> None:
+        pass
+
+
+def measure_generate(model: Any, batch_size: int, input_tokens: int, output_tokens: int, *, repeats: int = 3,
+                     warmup: int = 1, label: str = "model", seed: int = 0, estimator: str = "min") -> Measurement:
+    """Time ``model.generate`` on random token ids, forcing exactly ``output_tokens`` tokens.
+
+    TTFT = generate start to the first generated position; decode = first to last position
+    (one clock: ``time.perf_counter_ns``), over ``repeats`` calls after ``warmup``. The default
+    estimator is the minimum: on a shared machine other processes only ever add time, so the
+    fastest repeat is the best estimate of the machine's own speed (``estimator="median"``
+    for the median).
+    """
+    import torch
+
+    g = torch.Generator().manual_seed(seed)
+    vocab = int(model.config.vocab_size)
+    ids = torch.randint(4, vocab, (batch_size, input_tokens), generator=g)
+    mask = torch.ones_like(ids)
+    kw = dict(input_ids=ids, attention_mask=mask, max_new_tokens=output_tokens, min_new_tokens=output_tokens,
+              do_sample=False, pad_token_id=0)
+    ttft, dec = [], []
+    with torch.inference_mode():
+        for i in range(warmup + repeats):
+            st = _Stamps()
+            t0 = time.perf_counter_ns()
+            model.generate(**kw, streamer=st)
+            if i < warmup:
+                continue
+            ttft.append((st.times[0] - t0) / 1e9)
+            dec.append((st.times[-1] - st.times[0]) / 1e9)
+    pick = min if estimator == "min" else statistics.median
+    return Measurement(model=label, batch_size=batch_size, input_tokens=input_tokens, output_tokens=output_tokens,
+                       ttft_s=pick(ttft), decode_s=pick(dec), repeats=repeats)
+
+
+def build_random_model(spec: str) -> Any:
+    """A randomly initialised causal LM of ``spec``'s architecture (nothing read or downloaded).
+
+    ``spec@layers=N`` overrides the number of layers (same widths, different depth).
+    """
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    spec, _, suffix = spec.partition("@")
+    if spec.startswith("builtin:"):
+        from perfsdk.models.tiny import tiny_llama_config
+
+        cfg = tiny_llama_config(spec.removeprefix("builtin:"))
+    else:
+        cfg = AutoConfig.from_pretrained(spec, local_files_only=True)
+    if suffix:
+        key, _, value = suffix.partition("=")
+        if key != "layers" or not value.isdigit():
+            raise ValueError(f"{spec}@{suffix}: only @layers=N is understood")
+        cfg.num_hidden_layers = int(value)
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32)
+    model.eval()
+    if getattr(model, "generation_config", None) is not None:
+        model.generation_config.eos_token_id = None
+    return model
+
+
+def observations_for(shape: Any, m: Measurement, dtype: str = "float32") -> list[Observation]:
+    """Prefill and decode observations of one measurement, ops from the analytic generator."""
+    from perfsdk.simulation.analytic import forward_ops, sampled_decode_steps
+
+    label = f"{m.model} b{m.batch_size} in{m.input_tokens} out{m.output_tokens}"
+    pre = forward_ops(shape, m.batch_size, m.input_tokens, 0, dtype, "prefill", 0)
+    obs = [Observation.from_ops(label + " prefill", "prefill", m.ttft_s, pre)]
+    if m.output_tokens > 1:
+        steps, weights = sampled_decode_steps(m.output_tokens, 8)
+        ops: list[OpRecord] = []
+        for k in steps:
+            ops.extend(forward_ops(shape, m.batch_size, 1, m.input_tokens + k - 1, dtype, "decode", k))
+        obs.append(Observation.from_ops(label + " decode", "decode", m.decode_s, ops, weights))
+    return obs
+
+
+def micro_observations(repeats: int = 5) -> list[Observation]:
+    """Two micro-kernels that anchor the rates: a large fp32 matmul (compute) and a large
+    elementwise add (memory), timed with torch on the current thread setting."""
+    import torch
+
+    def best(fn: Any) -> float:
+        fn()
+        ts = []
+        for _ in range(repeats):
+            t0 = time.perf_counter_ns()
+            fn()
+            ts.append((time.perf_counter_ns() - t0) / 1e9)
+        return min(ts)
+
+    n = 1024
+    a, b = torch.randn(n, n), torch.randn(n, n)
+    t_mm = best(lambda: torch.mm(a, b))
+    m = 16 * 1024 * 1024  # 64 MiB per fp32 operand: far beyond any cache
+    x, y, z = torch.randn(m), torch.randn(m), torch.empty(m)
+    t_add = best(lambda: torch.add(x, y, out=z))
+    one = np.ones(1)
+    return [
+        Observation("micro matmul 1024^3 fp32", "micro", t_mm, np.array([2.0 * n**3]), np.array([3.0 * n * n * 4]),
+                    one, 0.0),
+        Observation("micro add 3x64MiB fp32", "micro", t_add, np.array([0.0]), np.array([3.0 * m * 4]), one, 0.0),
+    ]
+
+
+DEFAULT_CALIBRATION_GRID = [(1, 16, 16), (1, 128, 16), (4, 32, 16), (8, 128, 8), (2, 256, 8)]
+
+
+def calibrate_here(models: list[str], grid: list[tuple[int, int, int]] | None = None, *, repeats: int = 3,
+                   threads: int | None = None, fit_step_overhead: bool = True, micro: bool = True,
+                   progress: Any = None) -> tuple[FitResult, list[Measurement]]:
+    """Measure ``models`` (random weights) on a grid of (batch, input tokens, output tokens),
+    plus the micro-kernels (``micro``), and fit."""
+    import torch
+
+    from perfsdk.simulation.shape import shape_from_config
+
+    if threads:
+        torch.set_num_threads(threads)
+    obs: list[Observation] = micro_observations() if micro else []
+    meas: list[Measurement] = []
+    for spec in models:
+        model = build_random_model(spec)
+        shape = shape_from_config(model.config, name=spec)
+        for b, i, o in grid or DEFAULT_CALIBRATION_GRID:
+            m = measure_generate(model, b, i, o, repeats=repeats, label=spec)
+            meas.append(m)
+            obs.extend(observations_for(shape, m))
+            if progress is not None:
+                progress(m)
+    return fit(obs, fit_step_overhead=fit_step_overhead), meas

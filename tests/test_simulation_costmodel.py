@@ -1,0 +1,141 @@
+"""Cost model and predictor: hand-computed expectations."""
+
+from __future__ import annotations
+
+import pytest
+
+from perfsdk.hardware import HardwareProfile, builtin_profiles
+from perfsdk.ops import OpRecord
+from perfsdk.simulation.analytic import _Emitter, expected_active_experts, forward_ops, generation_ops
+from perfsdk.simulation.costmodel import cost_op
+from perfsdk.simulation.predictor import Simulator, rescale_ops, simulate_model
+from perfsdk.simulation.shape import ModelShape, resolve_model_shape
+
+PROFILE = HardwareProfile.model_validate({
+    "name": "testdev", "kind": "gpu", "variant": "v", "source": "s",
+    "host_to_device_gbs": 10, "host_to_device_pj_per_bit": 100,
+    "device_to_host_gbs": 20, "device_to_host_pj_per_bit": 50,
+    "memory_bandwidth_gbs": 100, "memory_pj_per_bit": 10, "memory_capacity_gb": 1,
+    "peak_tflops": {"fp32": 1, "bf16": 1}, "compute_pj_per_flop": 2,
+    "static_power_w": 10, "compute_efficiency": 0.5, "memory_efficiency": 0.5, "op_overhead_s": 1e-6,
+})
+
+
+def linear_op(dtype: str = "float32") -> OpRecord:
+    e = _Emitter(dtype, "prefill", 0, 1)
+    e.linear("model.layers.0.mlp.up_proj", batch=4, tokens=1, k=1024, n=1024)
+    return e.ops[0]
+
+
+def test_linear_op_record() -> None:
+    op = linear_op()
+    assert op.flops == 2 * 4 * 1024 * 1024 == 8_388_608
+    assert op.weight_bytes == 1024 * 1024 * 4 == 4_194_304
+    assert op.bytes_read == 4_194_304 + 4 * 1024 * 4 == 4_210_688
+    assert op.bytes_written == 16_384
+
+
+def test_single_linear_cost() -> None:
+    c = cost_op(linear_op(), PROFILE)
+    # 8,388,608 FLOPs at 1e12 * 0.5; 4,227,072 bytes at 100e9 * 0.5
+    assert c.compute_s == pytest.approx(8_388_608 / 5e11)
+    assert c.memory_s == pytest.approx(4_227_072 / 5e10)
+    assert c.bound == "memory"
+    assert c.time_s == pytest.approx(8.454144e-5 + 1e-6)
+    dynamic = 8_388_608 * 2e-12 + 4_227_072 * 8 * 10e-12
+    assert c.dynamic_energy_j == pytest.approx(dynamic)
+    assert c.energy_j == pytest.approx(dynamic + 10 * 8.554144e-5)
+
+
+def test_attention_at_known_context() -> None:
+    m = ModelShape(hidden_size=64, num_layers=1, num_heads=4, num_kv_heads=2, head_dim=16, intermediate_size=128,
+                   vocab_size=256)
+    e = _Emitter("bfloat16", "decode", 1, 100)
+    e.attention("model.layers.0.self_attn.attn", batch=1, tokens=1, past=99, m=m)
+    op = e.ops[0]
+    # 4 query heads x 100 keys; QK^T and PV: 4 FLOPs per score per head-dim element
+    assert op.elements == 400
+    assert op.flops == 4 * 400 * 16 == 25_600
+    assert op.kv_bytes == 2 * 2 * 100 * 16 * 2 == 12_800
+    assert op.bytes_read == 12_800 + 4 * 16 * 2
+    assert op.bytes_written == 128 + 2 * 2 * 16 * 2
+    c = cost_op(op, PROFILE)
+    assert c.memory_s == pytest.approx((12_928 + 256) / 5e10)
+    assert c.compute_s == pytest.approx(25_600 / 5e11)
+    assert c.bound == "memory"
+    # a sliding window of 64 caps the keys read
+    w = ModelShape(**{**m.to_dict(), "sliding_window": 64})
+    e2 = _Emitter("bfloat16", "decode", 1, 100)
+    e2.attention("a", batch=1, tokens=1, past=99, m=w)
+    assert e2.ops[0].kv_bytes == 2 * 2 * 64 * 16 * 2
+
+
+def test_kv_traffic_grows_with_context_and_gqa() -> None:
+    m = resolve_model_shape("llama-3-8b")  # 8 KV heads of 32
+    ops = generation_ops(m, 1, 100, 3, "bfloat16")
+    kv = {o.step: o.kv_bytes for o in ops if o.category == "attention" and o.module_path.startswith("model.layers.0.")}
+    per_token = 2 * 8 * 128 * 2
+    assert kv == {0: 100 * per_token, 1: 101 * per_token, 2: 102 * per_token}
+
+
+def test_per_element_rates_replace_flops() -> None:
+    pim = builtin_profiles()["pim-ai-dimm"]
+    e = _Emitter("bfloat16", "prefill", 0, 8)
+    e.pointwise("act", "silu", "activation", (1, 8, 1000), inputs=1)
+    c = cost_op(e.ops[0], pim)
+    assert c.compute_s == pytest.approx(8000 * 9.375e-3 * 1e-9)
+
+
+def test_moe_active_experts() -> None:
+    assert expected_active_experts(8, 2, 1) == 2
+    assert expected_active_experts(8, 2, 100) == 8
+    m = resolve_model_shape("mixtral-8x7b")
+    decode = forward_ops(m, 1, 1, 10, "bfloat16", "decode", 1)
+    experts = {o.module_path.split(".experts.")[1].split(".")[0] for o in decode if ".experts." in o.module_path
+               and o.module_path.startswith("model.layers.0.")}
+    assert experts == {"0", "1"}  # one token reaches its top-2 experts only
+
+
+def test_7b_decode_on_h100_is_memory_bound() -> None:
+    shape = resolve_model_shape("llama-2-7b")
+    h100 = builtin_profiles()["h100-sxm"]
+    res = simulate_model(shape, h100, batch_size=1, input_tokens=128, output_tokens=32, dtype="bfloat16")
+    weights = shape.param_count() * 2
+    assert res.phases["decode"].bound == "memory"
+    assert res.tpot_s is not None and res.tpot_s >= weights / (h100.memory_bandwidth_gbs * 1e9)
+    assert res.fits_in_memory
+    assert set(res.phases) == {"prefill", "decode"}
+    assert res.phases["decode"].steps == 31
+    assert all(l.bound in ("compute", "memory", "transfer") for l in res.layers)
+    assert res.output_tokens_per_s == pytest.approx(32 / (res.ttft_s + res.phases["decode"].time_s))
+    assert res.energy_j_per_output_token == pytest.approx(res.energy_j / 32)
+
+
+def test_70b_does_not_fit_on_one_l4() -> None:
+    res = simulate_model(resolve_model_shape("llama-2-70b"), builtin_profiles()["l4"], batch_size=1,
+                         input_tokens=16, output_tokens=2, dtype="bfloat16")
+    assert not res.fits_in_memory and res.memory_required_bytes > 24e9
+
+
+def test_sampled_decode_steps_match_full() -> None:
+    shape = resolve_model_shape("builtin:tiny-llama")
+    h100 = builtin_profiles()["h100-sxm"]
+    full = simulate_model(shape, h100, output_tokens=200, max_decode_steps=1000)
+    sampled = simulate_model(shape, h100, output_tokens=200, max_decode_steps=16)
+    assert sampled.phases["decode"].steps == pytest.approx(199)
+    assert sampled.tpot_s == pytest.approx(full.tpot_s, rel=1e-3)
+
+
+def test_single_device_energy_is_sum_of_op_energies() -> None:
+    ops = [linear_op(), linear_op()]
+    res = Simulator(PROFILE).predict(ops, batch_size=4)
+    c = cost_op(ops[0], PROFILE)
+    assert res.ttft_s == pytest.approx(2 * c.time_s)
+    assert res.phases["prefill"].energy_j == pytest.approx(2 * c.energy_j)
+    assert res.phases["prefill"].avg_power_w == pytest.approx(c.energy_j / c.time_s)
+    assert res.tpot_s is None
+
+
+def test_rescale_ops_halves_bytes() -> None:
+    [op] = rescale_ops([linear_op("float32")], "bfloat16")
+    assert op.dtype == "bfloat16" and op.weight_bytes == 2_097_152 and op.bytes_written == 8192
