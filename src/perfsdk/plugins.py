@@ -40,6 +40,7 @@ DEFAULT_PLUGINS: list[str] = [
     "perfsdk.collectors.profiling_plugin",
     "perfsdk.experiments.plugin",
     "perfsdk.flops.plugin",
+    "perfsdk.simulation.plugin",
 ]
 
 
