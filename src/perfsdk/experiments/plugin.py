@@ -82,7 +82,7 @@ def print_sweep_summary(manifest: dict[str, Any], console: Console) -> None:
         t.add_column(a.rsplit(".", 1)[-1])
     t.add_column("status")
     for f in fields:
-        t.add_column(f.replace("collectors.", ""), justify="right")
+        t.add_column(".".join(f.split(".")[-2:]), justify="right")
     if manifest.get("constraints"):
         t.add_column("feasible")
     if objs:

@@ -445,7 +445,7 @@ class SweepRunner:
 
     def __init__(self, sweep: Sweep, store: str | Path, executor: Any = None, *, resume: bool = True,
                  progress: ProgressFn | None = None,
-                 workload: str | Callable[[Any], Any] = DEFAULT_WORKLOAD) -> None:
+                 workload: str | Callable[[Any], Any] | None = None) -> None:
         from perfsdk.experiments.executors import LocalExecutor
 
         self.sweep = sweep
@@ -453,7 +453,8 @@ class SweepRunner:
         self.executor = executor or LocalExecutor()
         self.resume = resume
         self.progress = progress
-        self.workload = workload
+        # resolved now, not at import, so that tests can swap the module-level default
+        self.workload = workload if workload is not None else DEFAULT_WORKLOAD
         self.points: dict[str, PointState] = {}
         self.status = "running"
         self.created_at = datetime.now(timezone.utc).isoformat()
