@@ -1,0 +1,125 @@
+"""The simulate, hardware and calibrate commands, through click's CliRunner."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import yaml
+from click.testing import CliRunner
+
+from perfsdk.simulation.calibration import Observation, fit, profile_from_fit
+from perfsdk.simulation.plugin import calibrate_command, hardware_group, simulate_command
+
+KEYS = {"ttft_s", "tpot_s", "output_tokens_per_s", "energy_j_per_output_token", "fits_in_memory", "phases", "layers"}
+
+
+def test_hardware_list_json() -> None:
+    r = CliRunner().invoke(hardware_group, ["list", "--json"])
+    assert r.exit_code == 0, r.output
+    names = {row["name"] for row in json.loads(r.output)}
+    assert names == {"a100-80gb-sxm", "h100-sxm", "h100-pcie", "h200", "l4", "host-cpu", "pim-ai-chip", "pim-ai-dimm"}
+
+
+def test_hardware_show_json_and_unknown() -> None:
+    r = CliRunner().invoke(hardware_group, ["show", "h100-sxm", "--json"])
+    assert r.exit_code == 0
+    data = json.loads(r.output)
+    assert data["memory_bandwidth_gbs"] == 3350 and "H100" in data["source"]
+    r = CliRunner().invoke(hardware_group, ["show", "nope"])
+    assert r.exit_code == 2 and "unknown hardware profile 'nope'" in r.output
+
+
+def test_hardware_file_bad_field(tmp_path: Path) -> None:
+    f = tmp_path / "bad.yaml"
+    f.write_text("name: x\nkind: cpu\nvariant: v\nsource: s\nmemory_bandwidth_gbs: -1\nmemory_pj_per_bit: 1\n"
+                 "memory_capacity_gb: 1\npeak_tflops: {fp32: 1}\ncompute_pj_per_flop: 1\n")
+    r = CliRunner().invoke(hardware_group, ["show", "x", "--hardware-file", str(f)])
+    assert r.exit_code == 2
+    assert str(f) in r.output and "memory_bandwidth_gbs" in r.output
+
+
+def test_simulate_json_7b_h100() -> None:
+    r = CliRunner().invoke(simulate_command, ["--model", "llama-2-7b", "--hardware", "h100-sxm", "--batch-size", "2",
+                                              "--input-tokens", "64", "--output-tokens", "16", "--json", "--top", "3"])
+    assert r.exit_code == 0, r.output
+    d = json.loads(r.output)
+    assert KEYS <= set(d)
+    assert set(d["phases"]) == {"prefill", "decode"}
+    assert {"time_s", "energy_j", "avg_power_w"} <= set(d["phases"]["decode"])
+    assert d["batch_size"] == 2 and d["output_tokens"] == 16
+    assert d["phases"]["decode"]["bound"] == "memory"
+    assert len(d["layers"]) == 6 and {"name", "phase", "time_s", "bound"} <= set(d["layers"][0])
+
+
+def test_simulate_pim_mapping_and_user_profile(tmp_path: Path) -> None:
+    prof = yaml.safe_load(CliRunner().invoke(hardware_group, ["show", "h100-sxm"]).output)
+    prof.update(name="my-gpu", memory_bandwidth_gbs=1000)
+    pf = tmp_path / "my.yaml"
+    pf.write_text(yaml.safe_dump(prof))
+    mf = tmp_path / "map.yaml"
+    mf.write_text("devices: {gpu: my-gpu, pim0: pim-ai-dimm}\ndefault: gpu\n"
+                  "layers:\n  - {match: 'model.layers.*.mlp.*', device: pim0, transfer: t}\n")
+    args = ["--model", "llama-2-7b", "--hardware", "my-gpu", "--hardware-file", str(pf), "--output-tokens", "8",
+            "--input-tokens", "32", "--json"]
+    plain = json.loads(CliRunner().invoke(simulate_command, args).output)
+    r = CliRunner().invoke(simulate_command, [*args, "--mapping", str(mf), "--top", "50"])
+    assert r.exit_code == 0, r.output
+    mapped = json.loads(r.output)
+    assert {d["name"] for d in mapped["devices"]} == {"gpu", "pim0"}
+    assert mapped["phases"]["decode"]["transfer_s"] > 0 and plain["phases"]["decode"]["transfer_s"] == 0
+    mlp = [l for l in mapped["layers"] if ".mlp." in l["name"]]
+    assert mlp and all(l["device"] == "pim0" for l in mlp)
+    # MLP weights moved to the PIM device with 6.5 TB/s: decode gets faster than on the 1 TB/s GPU alone
+    assert mapped["tpot_s"] < plain["tpot_s"]
+
+
+def test_simulate_errors() -> None:
+    r = CliRunner().invoke(simulate_command, ["--model", "no-such-model", "--json"])
+    assert r.exit_code == 2 and "no-such-model" in r.output
+    r = CliRunner().invoke(simulate_command, ["--model", "llama-2-7b", "--hardware", "pim-ai-dimm", "--dtype", "float32"])
+    assert r.exit_code == 2 and "no peak_tflops for fp32" in r.output
+
+
+def test_simulate_human_output() -> None:
+    r = CliRunner().invoke(simulate_command, ["--model", "builtin:tiny-llama", "--hardware", "l4", "--output-tokens", "4"])
+    assert r.exit_code == 0, r.output
+    assert "TTFT" in r.output and "top layers by time" in r.output
+
+
+def test_fit_recovers_known_coefficients() -> None:
+    rng = np.random.default_rng(0)
+    truth = np.array([1e-11, 2e-10, 3e-5, 1e-3])
+    obs = []
+    for i in range(12):
+        n = int(rng.integers(20, 60))
+        flops = rng.uniform(1e5, 1e8, n)
+        bytes_ = rng.uniform(1e4, 1e7, n)
+        o = Observation(f"o{i}", "prefill", 1.0, flops, bytes_, np.ones(n), float(rng.integers(1, 5)))
+        o.measured_s = o.predict(truth)
+        obs.append(o)
+    res = fit(obs)
+    got = np.array([res.coefficients[k] for k in ("s_per_flop", "s_per_byte", "op_overhead_s", "step_overhead_s")])
+    assert got == pytest.approx(truth, rel=1e-6)
+    assert max(abs(e) for e in res.errors_pct.values()) < 1e-6
+    prof = profile_from_fit(res, name="fitted")
+    assert prof.kind == "cpu" and prof.peak_flops("float32") == pytest.approx(1e11)
+    assert prof.memory_bandwidth_gbs == pytest.approx(5.0)
+    assert prof.op_overhead_s == pytest.approx(3e-5) and prof.step_overhead_s == pytest.approx(1e-3)
+
+
+def test_calibrate_command_writes_profile(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import perfsdk.simulation.calibration as cal
+
+    monkeypatch.setattr(cal, "DEFAULT_CALIBRATION_GRID", [(1, 8, 3), (2, 16, 3)])
+    out = tmp_path / "host.yaml"
+    r = CliRunner().invoke(calibrate_command, ["--model", "builtin:tiny-llama-small", "--model",
+                                               "builtin:tiny-llama-small@layers=1", "--repeats", "1",
+                                               "--threads", "1", "-o", str(out), "--name", "my-host"])
+    assert r.exit_code == 0, r.output
+    r2 = CliRunner().invoke(hardware_group, ["show", "my-host", "--hardware-file", str(out), "--json"])
+    assert r2.exit_code == 0, r2.output
+    d = json.loads(r2.output)
+    assert d["kind"] == "cpu" and d["memory_bandwidth_gbs"] > 0 and "perfsdk calibrate" in d["source"]

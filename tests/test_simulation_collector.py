@@ -1,0 +1,61 @@
+"""The simulation collector inside a session: predictions per target, predicted vs measured."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import perfsdk
+from perfsdk.plugins import collect_registry, get_plugin_manager
+
+
+@pytest.fixture()
+def tiny_model():  # type: ignore[no-untyped-def]
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    return LlamaForCausalLM(LlamaConfig(hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+                                        num_key_value_heads=2, intermediate_size=128, vocab_size=256,
+                                        max_position_embeddings=256)).eval()
+
+
+def test_registered_and_opt_in() -> None:
+    reg = collect_registry(get_plugin_manager(load_entry_points=False))
+    assert "simulation" in reg.collectors and not reg.collectors["simulation"].default_enabled
+
+
+def test_collector_predicts_targets_and_compares(tiny_model) -> None:  # type: ignore[no-untyped-def]
+    cfg = {"collectors": {"simulation": {"targets": ["h100-sxm", "pim-ai-dimm"], "dtype": "bfloat16", "top_n": 2,
+                                         "mapping": {"devices": {"pim0": "pim-ai-chip"},
+                                                     "layers": [{"match": "model.layers.*.mlp.*", "device": "pim0",
+                                                                 "transfer": "t"}]}}}}
+    ids = torch.randint(4, 256, (2, 12))
+    with perfsdk.session(cfg, store=None) as s:
+        s.load(model=tiny_model)
+        with s.warmup():
+            s.generate(tiny_model, input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=2, pad_token_id=0)
+        s.generate(tiny_model, input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=5,
+                   min_new_tokens=5, pad_token_id=0)
+    res = s.result.collectors["simulation"]
+    assert res["status"] == "ok", res
+    assert res["captured_step"] == 1  # the first measured step, not the warm-up
+    assert res["batch_size"] == 2 and res["input_tokens"] == 12 and res["output_tokens"] == 5
+    assert set(res["predictions"]) == {"h100-sxm", "pim-ai-dimm", "host-cpu"}
+    h100 = res["predictions"]["h100-sxm"]
+    assert h100["ttft_s"] > 0 and h100["tpot_s"] > 0 and h100["fits_in_memory"]
+    assert len(h100["top_layers"]) == 4
+    assert set(res["comparison"]) == {"prefill", "decode", "tpot"}
+    step = [st for st in s.steps if not st.warmup][0]
+    measured_ttft = (step.token_times_ns[0] - step.start_ns) / 1e9
+    assert res["comparison"]["prefill"]["measured_s"] == pytest.approx(measured_ttft)
+    pre = res["comparison"]["prefill"]
+    assert pre["error_pct"] == pytest.approx(100 * (pre["predicted_s"] - pre["measured_s"]) / pre["measured_s"])
+    assert "simulation.json" in s.artifacts
+
+
+def test_collector_without_generate_is_unavailable(tiny_model) -> None:  # type: ignore[no-untyped-def]
+    with perfsdk.session({"collectors": {"simulation": {}}}, store=None) as s:
+        s.load(model=tiny_model)
+        s.forward(tiny_model, input_ids=torch.randint(4, 256, (1, 4)))
+    res = s.result.collectors["simulation"]
+    assert res["status"] == "unavailable" and "no measured generate step" in res["reason"]
