@@ -127,3 +127,14 @@ def test_quantized_dynamic_int8_counted_from_unquantized_shapes() -> None:
     meta = count_meta_generate(meta_copy(q), 2, 5, 3)
     assert meta.flops_total == real.flops_total and meta.flops_total > 0
     json.dumps(meta.top_modules())
+
+
+def test_layer_replication_equals_full_depth() -> None:
+    cfg, _ = resolve_config("gpt2")
+    fast = count_config(cfg, 2, 9, 5)
+    full = count_config(cfg, 2, 9, 5, full_depth=True)
+    assert any("replicated" in n for n in fast.notes)
+    assert (fast.flops_prefill, fast.flops_decode, fast.macs_total) == (full.flops_prefill, full.flops_decode,
+                                                                          full.macs_total)
+    assert fast.modules == full.modules and fast.categories == full.categories and fast.forwards == full.forwards
+    assert len([m for m in fast.modules if m.startswith("transformer.h.")]) == 12 * 5  # attention, c_attn, attn c_proj, c_fc, mlp c_proj

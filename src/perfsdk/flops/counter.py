@@ -79,6 +79,13 @@ class FlopsCount:
         return [{"name": k, "flops": v, "share_pct": round(100.0 * v / total, 3) if total else 0.0}
                 for k, v in items[:n]]
 
+    def shares(self, which: str = "module_types") -> list[dict[str, Any]]:
+        """FLOPs by module type (``module_types``) or op category (``categories``), largest first."""
+        data: dict[str, int] = getattr(self, which)
+        total = self.flops_total
+        items = sorted(((k, v) for k, v in data.items() if v), key=lambda kv: (-kv[1], kv[0]))
+        return [{"name": k, "flops": v, "share_pct": round(100.0 * v / total, 3) if total else 0.0} for k, v in items]
+
     def add(self, other: FlopsCount) -> None:
         """Accumulate another count (e.g. the next measured step) into this one."""
         self.flops_prefill += other.flops_prefill

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -224,14 +225,106 @@ def count_meta_generate(model: torch.nn.Module, batch_size: int, input_tokens: i
     return res
 
 
+_LAYER_RE = re.compile(r"^(?P<pre>.*?)\.(?P<idx>\d+)(?P<post>\..*)?$")
+
+
+def _layers_attr(config: Any) -> str | None:
+    for attr in ("num_hidden_layers", "n_layer", "num_layers"):
+        if isinstance(getattr(config, attr, None), int):
+            return attr
+    return None
+
+
+def _shallow_config(config: Any, layers: int) -> Any | None:
+    """A copy of ``config`` with ``layers`` decoder layers, or None if its layers differ."""
+    import copy
+
+    attr = _layers_attr(config)
+    if attr is None:
+        return None
+    types = getattr(config, "layer_types", None)
+    if types and len(set(types)) > 1:
+        return None  # heterogeneous layers (e.g. interleaved sliding windows): count every one
+    cfg = copy.deepcopy(config)
+    setattr(cfg, attr, layers)
+    if types:
+        cfg.layer_types = list(types[:layers])
+    if hasattr(cfg, "max_window_layers") and isinstance(cfg.max_window_layers, int):
+        cfg.max_window_layers = min(cfg.max_window_layers, layers)
+    return cfg
+
+
+def _replicate_layers(one: FlopsCount, two: FlopsCount, full: int) -> FlopsCount | None:
+    """Extend a count of a 2-layer model to ``full`` identical layers (None if layers differ)."""
+    by_suffix: dict[tuple[str, str], dict[int, int]] = {}
+    rest: dict[str, int] = {}
+    for path, v in two.modules.items():
+        m = _LAYER_RE.match(path)
+        if m is None:
+            rest[path] = v
+            continue
+        by_suffix.setdefault((m["pre"], m["post"] or ""), {})[int(m["idx"])] = v
+    modules = dict(rest)
+    for (pre, post), per_idx in by_suffix.items():
+        if set(per_idx) != {0, 1} or per_idx[0] != per_idx[1]:
+            return None
+        for i in range(full):
+            modules[f"{pre}.{i}{post}"] = per_idx[0]
+    n = full - 1
+
+    def ext(a: int, b: int) -> int:
+        return a + n * (b - a)
+
+    out = FlopsCount(backend="torch", method="meta-device capture", decode_forwards=two.decode_forwards)
+    out.flops_prefill = ext(one.flops_prefill, two.flops_prefill)
+    out.flops_decode = ext(one.flops_decode, two.flops_decode)
+    out.macs_prefill = ext(one.macs_prefill, two.macs_prefill)
+    out.macs_decode = ext(one.macs_decode, two.macs_decode)
+    out.flops_forward = ext(one.flops_forward, two.flops_forward)
+    out.macs_forward = ext(one.macs_forward, two.macs_forward)
+    for dst, a, b in ((out.module_types, one.module_types, two.module_types),
+                      (out.categories, one.categories, two.categories)):
+        for k in set(a) | set(b):
+            dst[k] = ext(a.get(k, 0), b.get(k, 0))
+    out.modules = modules
+    if sum(modules.values()) != out.flops_total:
+        return None
+    out.notes = list(two.notes) + [
+        f"decoder layers are identical: 1- and 2-layer copies counted on the meta device and the per-layer "
+        f"difference replicated over all {full} layers (full_depth counts every layer)"]
+    return out
+
+
 def count_config(config: Any, batch_size: int, input_tokens: int, output_tokens: int, *,
-                 attn_implementation: str = "sdpa", exact: bool = False) -> FlopsCount:
+                 attn_implementation: str = "sdpa", exact: bool = False, full_depth: bool = False) -> FlopsCount:
     """Count a config on the meta device (falls back to the analytic model, labeled, on failure).
+
+    By default a model whose decoder layers are identical is counted on 1- and 2-layer copies and
+    the per-layer difference replicated (exact, and independent of depth: a 70B model counts as
+    fast as a 1B one); ``full_depth=True`` instantiates and runs every layer.
 
     Mixture-of-experts routing sends each token to ``top_k`` experts; on the meta device the
     grouped expert GEMM still has the routed shapes (tokens x top_k rows), so the count is exact.
     """
     try:
+        attr = _layers_attr(config)
+        full = int(getattr(config, attr)) if attr else 0
+        if not full_depth and full > 2:
+            c1, c2 = _shallow_config(config, 1), _shallow_config(config, 2)
+            if c1 is not None and c2 is not None:
+                one = count_meta_generate(meta_model(c1, attn_implementation=attn_implementation), batch_size,
+                                          input_tokens, output_tokens, exact=exact)
+                two = count_meta_generate(meta_model(c2, attn_implementation=attn_implementation), batch_size,
+                                          input_tokens, output_tokens, exact=exact)
+                rep = _replicate_layers(one, two, full)
+                if rep is not None:
+                    firsts = {(f["phase"], f["step"]): f for f in one.forwards}
+                    rep.forwards = [
+                        dict(f, flops=firsts[k]["flops"] + (full - 1) * (f["flops"] - firsts[k]["flops"]),
+                             macs=firsts[k]["macs"] + (full - 1) * (f["macs"] - firsts[k]["macs"]))
+                        for f in two.forwards if (k := (f["phase"], f["step"])) in firsts]
+                    return rep
+                log.info("layers differ; counting the full-depth model")
         model = meta_model(config, attn_implementation=attn_implementation)
         return count_meta_generate(model, batch_size, input_tokens, output_tokens, exact=exact)
     except Exception as exc:  # an architecture whose forward needs real values

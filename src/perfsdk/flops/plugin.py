@@ -93,6 +93,8 @@ class FlopsResult(CollectorResult):
     steps_counted: int = 0
     steps_measured: int = 0
     top_modules: list[TopModule] = Field(default_factory=list)
+    by_module_type: list[TopModule] = Field(default_factory=list)
+    by_category: list[TopModule] = Field(default_factory=list)
     counted_steps: list[CountedStep] = Field(default_factory=list)
     notes: list[str] = Field(default_factory=list)
 
@@ -124,6 +126,8 @@ def result_fields(count: FlopsCount, analytic_total: int | None, *, output_token
         "decode_forwards": count.decode_forwards,
         "output_tokens": output_tokens,
         "top_modules": count.top_modules(top_n),
+        "by_module_type": count.shares("module_types"),
+        "by_category": count.shares("categories"),
         "notes": list(count.notes),
     }
 
@@ -307,7 +311,7 @@ class FlopsCollector(Collector):
 
 def count_model(model: str, *, batch_size: int = 1, input_tokens: int = 128, output_tokens: int = 32,
                 backend: str = "torch", attn_implementation: str = "sdpa", exact: bool = False,
-                top_n: int = 10) -> dict[str, Any]:
+                top_n: int = 10, full_depth: bool = False) -> dict[str, Any]:
     """Count ``model`` (folder, config file, ``builtin:<name>`` or bundled name) without weights.
 
     Returns the same fields as the collector's result plus ``model``, ``source``, the shape and
@@ -324,7 +328,7 @@ def count_model(model: str, *, batch_size: int = 1, input_tokens: int = 128, out
         count = count_analytic(cfg, batch_size, input_tokens, output_tokens)
     elif backend == "torch":
         count = count_config(cfg, batch_size, input_tokens, output_tokens, attn_implementation=attn_implementation,
-                             exact=exact)
+                             exact=exact, full_depth=full_depth)
     else:
         m = meta_model(cfg, attn_implementation=attn_implementation)
         count = count_third_party(backend, m, batch_size, input_tokens, output_tokens)
@@ -357,10 +361,12 @@ def _fmt(n: Any) -> str:
 @click.option("--backend", default="torch", show_default=True, help="torch | ptflops | fvcore | analytic")
 @click.option("--attn-implementation", default="sdpa", show_default=True, type=click.Choice(["sdpa", "eager"]))
 @click.option("--exact", is_flag=True, help="count every decode step instead of summing them in closed form")
+@click.option("--full-depth", is_flag=True,
+              help="instantiate every decoder layer instead of replicating the count of identical layers")
 @click.option("--top", "top_n", default=10, show_default=True, type=click.IntRange(min=0))
 @click.option("--json", "as_json", is_flag=True, help="print the result as JSON")
 def flops_command(model: str, batch_size: int, input_tokens: int, output_tokens: int, backend: str,
-                  attn_implementation: str, exact: bool, top_n: int, as_json: bool) -> None:
+                  attn_implementation: str, exact: bool, full_depth: bool, top_n: int, as_json: bool) -> None:
     """Count the FLOPs of MODEL's generate without loading weights (meta device).
 
     MODEL is a folder with config.json, a config.json file, builtin:<name>, or a bundled
@@ -374,7 +380,8 @@ def flops_command(model: str, batch_size: int, input_tokens: int, output_tokens:
         sys.exit(2)
     try:
         res = count_model(model, batch_size=batch_size, input_tokens=input_tokens, output_tokens=output_tokens,
-                          backend=backend, attn_implementation=attn_implementation, exact=exact, top_n=top_n)
+                          backend=backend, attn_implementation=attn_implementation, exact=exact, top_n=top_n,
+                          full_depth=full_depth)
     except UnknownModel as exc:
         click.echo(f"Error: {exc}", err=True)
         sys.exit(2)
@@ -412,6 +419,16 @@ def flops_command(model: str, batch_size: int, input_tokens: int, output_tokens:
         for row in res["top_modules"]:
             m.add_row(row["name"], _fmt(row["flops"]), f"{row['share_pct']:.2f} %")
         console.print(m)
+    if res["by_category"]:
+        k = Table(title="by operation category / module type")
+        k.add_column("category / type")
+        k.add_column("FLOPs", justify="right")
+        k.add_column("share", justify="right")
+        for row in res["by_category"]:
+            k.add_row(row["name"], _fmt(row["flops"]), f"{row['share_pct']:.2f} %")
+        for row in res["by_module_type"]:
+            k.add_row(f"[dim]{row['name']}[/]", _fmt(row["flops"]), f"{row['share_pct']:.2f} %")
+        console.print(k)
     console.print(f"convention: {res['convention']}")
     for n in res["notes"]:
         console.print(f"note: {n}")
