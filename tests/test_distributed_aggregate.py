@@ -141,3 +141,12 @@ def test_single_process_session_is_untouched(tmp_path, monkeypatch: pytest.Monke
     assert s.result is not None and s.result.ranks is None
     assert "distributed" not in s.result.environment.extra
     assert (tmp_path / "runs" / s.result.run_id / "result.json").is_file()
+
+
+def test_current_shard_refuses_an_empty_share(monkeypatch: pytest.MonkeyPatch) -> None:
+    from perfsdk.config import ConfigError
+
+    monkeypatch.setenv("RANK", "2")
+    monkeypatch.setenv("WORLD_SIZE", "3")
+    with pytest.raises(ConfigError, match="cannot be split over 3 ranks"):
+        distributed.current_shard(["a", "b"])

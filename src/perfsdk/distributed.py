@@ -235,7 +235,13 @@ def current_shard(prompts: Sequence[T]) -> list[T]:
     if disabled():
         return list(prompts)
     info = detect_rank()
-    return shard_prompts(prompts, info.rank, info.world_size)
+    share = shard_prompts(prompts, info.rank, info.world_size)
+    if prompts and not share:
+        from perfsdk.config import ConfigError
+
+        raise ConfigError(f"workload.num_prompts: {len(prompts)} prompt(s) cannot be split over "
+                          f"{info.world_size} ranks (rank {info.rank} would get none)")
+    return share
 
 
 # -- session integration --------------------------------------------------------------------
