@@ -124,7 +124,7 @@ def test_missing_ray_gives_install_hint(monkeypatch: pytest.MonkeyPatch) -> None
     with pytest.raises(ExecutorUnavailable, match=r"pip install 'perfsdk\[ray\]'"):
         get_executor("ray")
     monkeypatch.setitem(sys.modules, "submitit", None)
-    with pytest.raises(ExecutorUnavailable, match=r"pip install 'perfsdk\[submitit\]'"):
+    with pytest.raises(ExecutorUnavailable, match=r"pip install 'perfsdk\[slurm\]'"):
         get_executor("submitit", workdir="/tmp")
 
 

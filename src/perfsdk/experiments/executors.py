@@ -109,7 +109,7 @@ class SubmititExecutor(Executor):
             import submitit
         except ImportError:
             raise ExecutorUnavailable(
-                "executor submitit needs the optional dependency submitit: pip install 'perfsdk[submitit]'"
+                "executor submitit needs the optional dependency submitit: pip install 'perfsdk[slurm]'"
             ) from None
         self.submitit = submitit
         self.folder = Path(folder)
