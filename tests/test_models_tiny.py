@@ -187,3 +187,13 @@ def test_generates_32_tokens_batch_4(tokenizer: object) -> None:
     assert out.shape == (4, enc["input_ids"].shape[1] + 32)
     # greedy decoding of identical prompts gives identical rows
     assert all(torch.equal(out[0], out[i]) for i in range(1, 4))
+
+
+def test_unwritable_default_cache_falls_back_to_tmp(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    blocker = tmp_path / "not-a-folder"
+    blocker.write_text("x")  # a file where the cache folder should be: mkdir fails
+    monkeypatch.setenv("PERFSDK_CACHE_DIR", str(blocker))
+    monkeypatch.setattr(tiny.tempfile, "gettempdir", lambda: str(tmp_path / "tmp"))
+    folder = ensure_tiny_llama("tiny-llama-small")
+    assert folder.parent == tmp_path / "tmp" / "perfsdk" / "models"
+    assert (folder / BUILD_MARKER).is_file()

@@ -234,9 +234,21 @@ def _save_atomically(model: Any, tokenizer: Any, target: Path, name: str) -> Non
 def ensure_tiny_llama(name: str = "tiny-llama", cache_dir: str | os.PathLike[str] | None = None) -> Path:
     """Return the cache folder of ``name``, building and saving it first if needed."""
     target = cached_model_dir(name, cache_dir)
-    if not (target / BUILD_MARKER).is_file():
-        model, tokenizer = _build_fresh(name)
+    if (target / BUILD_MARKER).is_file():
+        return target
+    model, tokenizer = _build_fresh(name)
+    try:
         _save_atomically(model, tokenizer, target, name)
+    except OSError as err:
+        if cache_dir is not None:
+            raise
+        # e.g. a read-only home folder: fall back to the system temporary folder
+        fallback = cached_model_dir(name, Path(tempfile.gettempdir()) / "perfsdk" / "models")
+        log.warning("model cache not writable, using a temporary folder", cache=str(target.parent),
+                    fallback=str(fallback.parent), error=str(err))
+        if not (fallback / BUILD_MARKER).is_file():
+            _save_atomically(model, tokenizer, fallback, name)
+        return fallback
     return target
 
 
