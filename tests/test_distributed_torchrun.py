@@ -67,11 +67,14 @@ def test_perfsdk_run_under_torchrun(tmp_path: Path) -> None:
     assert len(ids) == 1
     run = store.get(ids[0])
     assert run.ranks is not None and len(run.ranks) == 2
-    per_rank = [r.collectors["latency"]["requests"] for r in run.ranks]
+    per_rank = [r.collectors["latency"] for r in run.ranks]
     lat = run.collectors["latency"]
-    # the 4 prompts are split 2 + 2 (each rank's runner may repeat its share to reach min_iterations)
-    assert lat["requests"] == sum(per_rank)
-    assert lat["ttft_s"]["count"] == sum(r.collectors["latency"]["ttft_s"]["count"] for r in run.ranks)
-    assert lat["output_tokens"] == 3 * lat["requests"]
+    # 4 prompts, batch size 1, one timed pass: ranks 0 and 1 each run their 2-prompt share
+    assert [r["requests"] for r in per_rank] == [2, 2] and [r["steps"] for r in per_rank] == [2, 2]
+    assert lat["requests"] == 4 and lat["output_tokens"] == 12 and lat["steps"] == 2
+    assert lat["input_tokens"] == per_rank[0]["input_tokens"] + per_rank[1]["input_tokens"]
+    assert lat["ttft_s"]["count"] == 4 and lat["tpot_s"]["count"] == 4 and lat["itl_s"]["count"] == 8
     assert run.workload is not None and run.workload.num_prompts == 4
+    # both ranks print the same run id (-q)
+    assert proc.stdout.split() == [ids[0], ids[0]]
     assert json.loads(json.dumps(run.model_dump(mode="json")))["run_id"] == ids[0]

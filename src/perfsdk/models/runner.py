@@ -136,10 +136,12 @@ class WorkloadPlan:
 
 def plan_workload(workload: WorkloadConfig, tokenizer: Any, prompts: list[str] | None = None) -> WorkloadPlan:
     """Load (or take) the prompts, filter by length, sort and batch them as ``workload`` says."""
+    from perfsdk.distributed import current_shard
     from perfsdk.models.prompts import load_prompts
 
     if prompts is None:
-        prompts = load_prompts(workload.prompts, workload.num_prompts, workload.seed)
+        # data-parallel under torchrun/Accelerate: this rank's strided share (all prompts when single)
+        prompts = current_shard(load_prompts(workload.prompts, workload.num_prompts, workload.seed))
     lengths = count_tokens(tokenizer, prompts)
     keep, filtered = filter_by_length(lengths, workload.max_input_tokens)
     if not keep:
