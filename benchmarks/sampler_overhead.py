@@ -5,8 +5,9 @@
    for ``--duration`` seconds at 10 Hz and at 50 Hz; the sampler thread's own CPU time
    (``time.thread_time``) per second of run is reported (``sampler_cpu_s_per_s``).
 2. End to end: the same generate loop bare and inside ``perfsdk.session`` with the default
-   collectors, alternating bare/session runs ``--pairs`` times; the median ratio of tokens/s
-   (session / bare) is the overhead figure.
+   collectors, alternating bare/session runs ``--pairs`` times; the medians of the per-pair
+   ratios of tokens/s and of process CPU seconds per token (all threads; less sensitive to
+   other load on the machine), session / bare, are the overhead figures.
 
 Usage: ``PYTHONPATH=src python benchmarks/sampler_overhead.py [--device cpu|cuda] [--json OUT]``
 """
@@ -53,35 +54,38 @@ def sync(device: str) -> None:
         torch.cuda.synchronize()
 
 
-def bare_loop(model: Any, kw: dict[str, Any], iters: int, device: str) -> float:
-    """Tokens per second of ``iters`` generate calls."""
+def bare_loop(model: Any, kw: dict[str, Any], iters: int, device: str) -> tuple[float, float]:
+    """Tokens per second of ``iters`` generate calls, and process CPU seconds per token."""
     sync(device)
     t0 = time.perf_counter()
+    c0 = time.process_time()
     tokens = 0
     with torch.inference_mode():
         for _ in range(iters):
             out = model.generate(**kw)
             tokens += (out.shape[1] - kw["input_ids"].shape[1]) * out.shape[0]
     sync(device)
-    return tokens / (time.perf_counter() - t0)
+    return tokens / (time.perf_counter() - t0), (time.process_time() - c0) / tokens
 
 
 def session_loop(model: Any, kw: dict[str, Any], iters: int, device: str,
-                 cfg: dict[str, Any] | None = None) -> tuple[float, perfsdk.Session, float]:
-    """Tokens per second of the same loop inside a session (set-up/finalize timed apart)."""
+                 cfg: dict[str, Any] | None = None) -> tuple[float, float, perfsdk.Session, float]:
+    """Tokens/s and CPU s/token of the same loop inside a session (set-up/finalize timed apart)."""
     t_setup = time.perf_counter()
     with perfsdk.session(cfg or {}, store=None) as s:
         s.load(model=model, tokenizer=None)
         sync(device)
         t0 = time.perf_counter()
+        c0 = time.process_time()
         tokens = 0
         for _ in range(iters):
             out = s.generate(model, **kw)
             tokens += (out.shape[1] - kw["input_ids"].shape[1]) * out.shape[0]
         sync(device)
         dt = time.perf_counter() - t0
+        cpu = (time.process_time() - c0) / tokens
     total = time.perf_counter() - t_setup
-    return tokens / dt, s, total - dt
+    return tokens / dt, cpu, s, total - dt
 
 
 def sampler_cost(model: Any, kw: dict[str, Any], device: str, hz: float, duration_s: float) -> dict[str, Any]:
@@ -116,15 +120,19 @@ def main(argv: list[str] | None = None) -> int:
 
     rates = [sampler_cost(model, kw, a.device, hz, a.duration) for hz in (10.0, 50.0)]
 
-    bare, sess, setup = [], [], []
+    bare, sess, setup, bare_cpu, sess_cpu = [], [], [], [], []
     collectors: list[str] = []
     for _ in range(a.pairs):
-        bare.append(bare_loop(model, kw, a.iters, a.device))
-        tps, s, fixed = session_loop(model, kw, a.iters, a.device)
+        tps, cpu = bare_loop(model, kw, a.iters, a.device)
+        bare.append(tps)
+        bare_cpu.append(cpu)
+        tps, cpu, s, fixed = session_loop(model, kw, a.iters, a.device)
         sess.append(tps)
+        sess_cpu.append(cpu)
         setup.append(fixed)
         collectors = sorted(s.collectors)
     ratios = [x / y for x, y in zip(sess, bare)]
+    cpu_ratios = [x / y for x, y in zip(sess_cpu, bare_cpu)]
     report = {
         "device": a.device, "torch": torch.__version__, "threads": torch.get_num_threads(),
         "model": "llama 1024x8" if a.big else "llama 64x2",
@@ -136,6 +144,8 @@ def main(argv: list[str] | None = None) -> int:
             "session_tokens_per_s_median": round(statistics.median(sess), 2),
             "median_ratio_session_over_bare": round(statistics.median(ratios), 4),
             "ratios": [round(r, 4) for r in ratios],
+            "median_cpu_s_per_token_ratio_session_over_bare": round(statistics.median(cpu_ratios), 4),
+            "cpu_ratios": [round(r, 4) for r in cpu_ratios],
             "session_setup_and_finalize_s_median": round(statistics.median(setup), 4),
         },
     }
