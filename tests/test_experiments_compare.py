@@ -130,3 +130,30 @@ def test_token_times_fallback(tmp_path: Path) -> None:
     assert samples_for(store, r, "ttft_s") == pytest.approx([0.1, 0.2])
     assert samples_for(store, r, "e2e_s") == pytest.approx([0.12, 0.22])
     assert samples_for(store, r, "tpot_s") == pytest.approx([0.01, 0.01])
+
+
+def test_requests_of_one_batch_are_not_independent() -> None:
+    # one step per side: eight identical requests are one sample, not eight
+    with pytest.raises(CompareError, match="at least two independent samples"):
+        bootstrap_change([[1.0] * 8], [[1.2] * 8])
+    # groups are resampled whole: the interval is wider than when pooling as independent
+    rng = np.random.default_rng(0)
+    ga = [[float(x)] * 4 for x in rng.lognormal(0, 0.3, 20)]
+    gb = [[float(x)] * 4 for x in rng.lognormal(0, 0.3, 20)]
+    c1, lo1, hi1 = bootstrap_change(ga, gb, seed=0)
+    c2, lo2, hi2 = bootstrap_change([v for g in ga for v in g], [v for g in gb for v in g], seed=0)
+    assert c1 == pytest.approx(c2)
+    assert hi1 - lo1 > 1.5 * (hi2 - lo2)
+    # percentiles over pooled groups take the slow path and agree on the point estimate
+    c3, lo3, hi3 = bootstrap_change(ga, gb, stat="p50", n_boot=300, seed=0)
+    assert lo3 <= c3 <= hi3
+
+
+def test_single_step_runs_get_no_verdict(tmp_path: Path) -> None:
+    store = Store(tmp_path / "s")
+    _save(store, "a", _requests(1, 1.0, n_steps=1, batch=8))
+    _save(store, "b", _requests(2, 2.0, n_steps=1, batch=8))
+    res = compare(store, ["a", "b"], metrics=["ttft_s"])
+    assert res[0].significant is None and res[0].verdict == "too few steps"
+    assert res[0].change is not None and res[0].change > 0.5
+    assert not slower_than(res, 0.05)

@@ -167,3 +167,31 @@ def test_ray_local_instance_runs_points(tmp_path: Path) -> None:
     assert [p["status"] for p in manifest["points"]] == ["ok", "ok", "ok"], manifest["points"][0]["error"]
     runs = Store(tmp_path / "store").list_runs(tags={"sweep_id": sweep.sweep_id})
     assert sorted(r.records[0].value for r in runs) == [1, 2, 3]  # type: ignore[type-var]
+
+
+def _score_workload(session: Any) -> None:
+    bs = session.config.workload.batching.batch_size
+    session.record("score", float(-(bs - 4) ** 2))
+
+
+@pytest.mark.skipif(importlib.util.find_spec("optuna") is None, reason="optuna not installed (extra perfsdk[optuna])")
+def test_optuna_sweep_runs_budget_and_resumes(tmp_path: Path) -> None:
+    import yaml
+
+    p = tmp_path / "o.yaml"
+    p.write_text(yaml.safe_dump({"name": "o", "base": {"exporters": [], "collectors": {"energy": False}},
+                                 "axes": {"workload.batching.batch_size": [1, 2, 3, 4, 5, 6, 7, 8]},
+                                 "strategy": "optuna", "budget": 5, "seed": 0,
+                                 "objectives": {"maximize": "records.score"}}, sort_keys=False))
+    sweep = load_sweep(p)
+    manifest = SweepRunner(sweep, tmp_path / "store", workload=_score_workload).run()
+    pts = manifest["points"]
+    assert len(pts) == 5 and len({q["point_id"] for q in pts}) == 5
+    assert all(q["status"] == "ok" and q["objectives"]["records.score"] is not None for q in pts)
+    best = max(pts, key=lambda q: q["objectives"]["records.score"])
+    assert manifest["pareto"] == [best["point_id"]]
+    # rerunning: the five stored points seed the study; nothing new is needed
+    calls: list[int] = []
+    manifest = SweepRunner(sweep, tmp_path / "store",
+                           workload=lambda s: calls.append(1) or _score_workload(s)).run()
+    assert calls == [] and len(manifest["points"]) == 5

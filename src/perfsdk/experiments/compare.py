@@ -1,7 +1,9 @@
 """Compare runs (or sweeps point by point): relative change with a bootstrap confidence interval.
 
 Samples are per request (the latency collector's ``requests`` series: ``ttft_s``, ``tpot_s``,
-``e2e_s``), or per step for throughput (output tokens of the step over its duration). Runs
+``e2e_s``), or per step for throughput (output tokens of the step over its duration). The
+requests of one batch share their prefill and are not independent, so the bootstrap resamples
+whole steps (a cluster bootstrap); a side with fewer than two steps gets no significance. Runs
 stored without the ``requests`` series fall back to the ``token_times`` series, one sample per
 step. The change of a statistic (mean by default) from A to B is bootstrapped: both sample sets
 are resampled with replacement, the relative change computed each time, and the 2.5/97.5
@@ -41,29 +43,61 @@ def _stat_fn(stat: str) -> Any:
     raise CompareError(f"unknown statistic {stat!r}; use mean, p50, p90, p95 or p99")
 
 
-def bootstrap_change(a: Sequence[float], b: Sequence[float], *, stat: str = "mean", n_boot: int = 2000,
+class TooFewSamples(CompareError):
+    """Fewer than two independent samples (steps) on one side: no interval can be given."""
+
+
+Samples = Sequence[float] | Sequence[Sequence[float]]
+
+
+def _clusters(x: Samples) -> list[np.ndarray]:
+    if len(x) and isinstance(x[0], (list, tuple, np.ndarray)):
+        return [np.asarray(c, dtype=float) for c in x if len(c)]  # type: ignore[arg-type]
+    return [np.asarray([v], dtype=float) for v in x]  # type: ignore[list-item]
+
+
+def bootstrap_change(a: Samples, b: Samples, *, stat: str = "mean", n_boot: int = 2000,
                      seed: int = 0, confidence: float = 0.95) -> tuple[float, float, float]:
     """Relative change (B − A) / A of ``stat``, with a bootstrap ``confidence`` interval.
 
-    Returns ``(change, ci_low, ci_high)`` as fractions (0.1 = +10 %).
+    ``a`` and ``b`` are flat lists of independent samples, or lists of groups (e.g. the requests
+    of one batch, which share a prefill and are not independent): groups are resampled whole
+    (a cluster bootstrap) and the statistic is taken over the pooled values. Returns
+    ``(change, ci_low, ci_high)`` as fractions (0.1 = +10 %). Fewer than two samples or groups
+    on a side raises :class:`TooFewSamples`.
     """
-    xa = np.asarray(a, dtype=float)
-    xb = np.asarray(b, dtype=float)
-    if xa.size == 0 or xb.size == 0:
-        raise CompareError("bootstrap needs samples on both sides")
+    ca, cb = _clusters(a), _clusters(b)
+    if len(ca) < 2 or len(cb) < 2:
+        raise TooFewSamples(f"need at least two independent samples per side (have {len(ca)} and {len(cb)})")
     f = _stat_fn(stat)
+    xa, xb = np.concatenate(ca), np.concatenate(cb)
     base = float(f(xa))
     if base == 0:
         raise CompareError("baseline statistic is zero: relative change undefined")
     change = float(f(xb)) / base - 1.0
     rng = np.random.default_rng(seed)
-    changes = np.empty(n_boot)
-    chunk = max(1, min(n_boot, 2_000_000 // max(xa.size, xb.size)))  # bounded memory for large sets
-    for start in range(0, n_boot, chunk):
-        k = min(chunk, n_boot - start)
-        sa = xa[rng.integers(0, xa.size, size=(k, xa.size))]
-        sb = xb[rng.integers(0, xb.size, size=(k, xb.size))]
-        changes[start:start + k] = f(sb, axis=1) / f(sa, axis=1) - 1.0
+    flat = all(c.size == 1 for c in ca) and all(c.size == 1 for c in cb)
+    if flat or stat == "mean":
+        changes = np.empty(n_boot)
+        sums_a, cnt_a = np.array([c.sum() for c in ca]), np.array([c.size for c in ca])
+        sums_b, cnt_b = np.array([c.sum() for c in cb]), np.array([c.size for c in cb])
+        chunk = max(1, min(n_boot, 2_000_000 // max(len(ca), len(cb))))  # bounded memory for large sets
+        for start in range(0, n_boot, chunk):
+            k = min(chunk, n_boot - start)
+            ia = rng.integers(0, len(ca), size=(k, len(ca)))
+            ib = rng.integers(0, len(cb), size=(k, len(cb)))
+            if stat == "mean":
+                sa = sums_a[ia].sum(axis=1) / cnt_a[ia].sum(axis=1)
+                sb = sums_b[ib].sum(axis=1) / cnt_b[ib].sum(axis=1)
+            else:
+                sa, sb = f(sums_a[ia], axis=1), f(sums_b[ib], axis=1)
+            changes[start:start + k] = sb / sa - 1.0
+    else:  # percentiles of pooled groups: one resample at a time
+        changes = np.empty(n_boot)
+        for k in range(n_boot):
+            ra = np.concatenate([ca[i] for i in rng.integers(0, len(ca), size=len(ca))])
+            rb = np.concatenate([cb[i] for i in rng.integers(0, len(cb), size=len(cb))])
+            changes[k] = float(f(rb)) / float(f(ra)) - 1.0
     alpha = (1 - confidence) / 2
     lo, hi = np.quantile(changes, [alpha, 1 - alpha])
     return change, float(lo), float(hi)
@@ -85,6 +119,7 @@ class MetricComparison:
     lower_is_better: bool | None
     samples: tuple[int, int] | None = None
     point: str | None = None
+    note: str | None = None
 
     @property
     def slowdown(self) -> float | None:
@@ -98,7 +133,7 @@ class MetricComparison:
         if self.change is None:
             return "n/a"
         if self.significant is None:
-            return "no samples"
+            return self.note or "no samples"
         if not self.significant:
             return "same (noise)"
         return "slower" if (self.slowdown or 0) > 0 else "faster"
@@ -110,39 +145,51 @@ class MetricComparison:
         return d
 
 
-def samples_for(store: Store, run: RunResult, metric: str) -> list[float] | None:
-    """Per-request (per-step for throughput) samples of ``metric``, or ``None`` if none stored."""
+def grouped_samples_for(store: Store, run: RunResult, metric: str) -> list[list[float]] | None:
+    """Samples of ``metric`` grouped by step (the requests of one batch), or ``None``.
+
+    Per request from the ``requests`` series; throughput is one sample per step (its output
+    tokens over its duration). Runs without that series fall back to ``token_times``: one
+    sample per step (the batch's slowest request).
+    """
     if metric not in SAMPLED_METRICS:
         return None
     if "requests" in run.series:
-        rows = store.read_series(run.run_id, "requests")
-        if metric == "output_tokens_per_s":
-            steps: dict[Any, list[dict[str, Any]]] = defaultdict(list)
-            for r in rows:
-                steps[r["step"]].append(r)
-            out = []
-            for reqs in steps.values():
+        steps: dict[Any, list[dict[str, Any]]] = defaultdict(list)
+        for r in store.read_series(run.run_id, "requests"):
+            steps[r["step"]].append(r)
+        groups: list[list[float]] = []
+        for reqs in steps.values():
+            if metric == "output_tokens_per_s":
                 dur = max(r["e2e_s"] for r in reqs)
                 if dur > 0:
-                    out.append(sum(r["output_tokens"] for r in reqs) / dur)
-            return out or None
-        vals = [float(r[metric]) for r in rows if r.get(metric) is not None]
-        return vals or None
-    if "token_times" in run.series:  # older runs: one sample per step (the batch's slowest request)
+                    groups.append([sum(r["output_tokens"] for r in reqs) / dur])
+            else:
+                vals = [float(r[metric]) for r in reqs if r.get(metric) is not None]
+                if vals:
+                    groups.append(vals)
+        return groups or None
+    if "token_times" in run.series:
         by_step: dict[Any, list[float]] = defaultdict(list)
         for r in store.read_series(run.run_id, "token_times"):
             by_step[r["step"]].append(float(r["t_s"]))
-        out = []
+        groups = []
         for ts in by_step.values():
             ts.sort()
             if metric == "ttft_s":
-                out.append(ts[0])
+                groups.append([ts[0]])
             elif metric == "e2e_s":
-                out.append(ts[-1])
+                groups.append([ts[-1]])
             elif metric == "tpot_s" and len(ts) > 1:
-                out.append((ts[-1] - ts[0]) / (len(ts) - 1))
-        return out or None
+                groups.append([(ts[-1] - ts[0]) / (len(ts) - 1)])
+        return groups or None
     return None
+
+
+def samples_for(store: Store, run: RunResult, metric: str) -> list[float] | None:
+    """:func:`grouped_samples_for`, pooled into one list."""
+    groups = grouped_samples_for(store, run, metric)
+    return [v for g in groups for v in g] if groups else None
 
 
 def _scalar(row: dict[str, Any], metric: str, stat: str) -> float | None:
@@ -175,16 +222,22 @@ def compare_runs(store: Store, baseline: RunResult, candidate: RunResult, metric
     ra, rb = run_row(baseline), run_row(candidate)
     out = []
     for m in metrics:
-        sa, sb = samples_for(store, baseline, m), samples_for(store, candidate, m)
+        ga, gb = grouped_samples_for(store, baseline, m), grouped_samples_for(store, candidate, m)
         lib = _lower_is_better(m)
-        if sa and sb:
+        if ga and gb:
+            sa, sb = [v for g in ga for v in g], [v for g in gb for v in g]
             f = _stat_fn(stat)
             va, vb = float(f(np.asarray(sa))), float(f(np.asarray(sb)))
             if m == "output_tokens_per_s":  # the headline throughput is tokens / wall time
                 va = _scalar(ra, m, stat) or va
                 vb = _scalar(rb, m, stat) or vb
             try:
-                change, lo, hi = bootstrap_change(sa, sb, stat=stat, n_boot=n_boot, seed=seed)
+                change, lo, hi = bootstrap_change(ga, gb, stat=stat, n_boot=n_boot, seed=seed)
+            except TooFewSamples:
+                out.append(MetricComparison(m, baseline.run_id, candidate.run_id, va, vb,
+                                            vb / va - 1.0 if va else None, None, None, None, lib, (len(sa), len(sb)),
+                                            point, note="too few steps"))
+                continue
             except CompareError:
                 out.append(MetricComparison(m, baseline.run_id, candidate.run_id, va, vb, None, None, None, None, lib,
                                             (len(sa), len(sb)), point))
