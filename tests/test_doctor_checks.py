@@ -52,3 +52,17 @@ def test_codecarbon_check_names_offline_settings() -> None:
         assert cc.fix == "pip install codecarbon"
     else:
         assert "offline" in cc.reason and "country_iso_code" in cc.reason
+
+
+def test_doctor_command_prints_every_check() -> None:
+    import json
+
+    from click.testing import CliRunner
+
+    from perfsdk.cli import cli
+
+    res = CliRunner().invoke(cli, ["doctor", "--json"])
+    assert res.exit_code == 0, res.output
+    rows = json.loads(res.output)
+    assert [r["name"] for r in rows] == ["cuda", "nvml", "rapl", "codecarbon"]
+    assert all(set(r) == {"name", "available", "reason", "fix"} for r in rows)

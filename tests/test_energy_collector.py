@@ -141,3 +141,10 @@ def test_sampler_start_stop_idempotent_and_no_thread_left(tiny: tuple) -> None:
         assert s.sampler.running
     assert not s.sampler.running
     assert set(threading.enumerate()) - before == set()
+
+
+def test_energy_reads_closest_to_the_work() -> None:
+    s = perfsdk.session({}, store=None)
+    opens = [i.plugin_name for i in s._hook_impls("perfsdk_window_open")]
+    closes = [i.plugin_name for i in s._hook_impls("perfsdk_window_close")]
+    assert opens[-1] == "collector:energy" and closes[0] == "collector:energy"

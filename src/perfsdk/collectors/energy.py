@@ -240,12 +240,14 @@ class EnergyCollector(Collector):
         ok, why = self.codecarbon.start()
         self.statuses.append(SourceStatus(name="codecarbon", available=ok, reason=why))
 
-    @hookimpl
+    # Read last when a window opens and first when it closes, so other collectors' edge work
+    # (RSS reads, CUDA memory stats) stays outside the metered interval.
+    @hookimpl(trylast=True)
     def perfsdk_window_open(self, session: Session, window: Window) -> None:
         if self.meter is not None and self.meter.sources:
             self.meter.open(id(window), window.name, window.start_ns, window.warmup, window.step_index)
 
-    @hookimpl
+    @hookimpl(tryfirst=True)
     def perfsdk_window_close(self, session: Session, window: Window) -> None:
         if self.meter is not None and self.meter.sources and window.end_ns is not None:
             self.meter.close(id(window), window.end_ns)
