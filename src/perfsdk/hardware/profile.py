@@ -122,6 +122,10 @@ class HardwareProfile(_Strict):
     activation_ns_per_element: float | None = Field(default=None, ge=0, description="SiLU/GELU cost, ns/element")
     norm_ns_per_element: float | None = Field(default=None, ge=0, description="RMSNorm/LayerNorm cost, ns/element")
 
+    matmul_half_rows: float | None = Field(
+        default=None, ge=0,
+        description="Rows (tokens x batch) at which a matrix product reaches half of the compute rate; "
+                    "compute time is scaled by (rows + this) / rows. Unset: full rate at any size")
     static_power_w: float = Field(default=0.0, ge=0, description="Static (idle) power, W")
     compute_efficiency: float = Field(default=1.0, gt=0, le=1, description="Achieved fraction of peak compute")
     memory_efficiency: float = Field(default=1.0, gt=0, le=1, description="Achieved fraction of memory bandwidth")

@@ -4,9 +4,10 @@ Each observation is one phase of one measured ``generate`` call: the operations 
 (from capture or the analytic generator) and the measured time (TTFT for the prefill, the
 decode time for the decode steps). The model being fitted is the simulation's own::
 
-    time = sum_i max(flops_i * x_f, bytes_i * x_b) + ops * x_o + forward_passes * x_s
+    time = sum_i max(flops_i * g_i * x_f, bytes_i * x_b) + ops * x_o + forward_passes * x_s
 
-with ``x_f = 1 / FLOP/s``, ``x_b = 1 / (bytes/s)``, ``x_o`` the per-op overhead and ``x_s`` the
+with ``g_i = (rows_i + h) / rows_i`` for a matrix product with ``rows_i`` output rows (small
+products run below the peak rate; ``h`` is chosen on a grid), ``x_f = 1 / FLOP/s``, ``x_b = 1 / (bytes/s)``, ``x_o`` the per-op overhead and ``x_s`` the
 per-forward-pass overhead. The ``max`` makes it piecewise linear, so the fit alternates: label
 every op compute- or memory-bound with the current estimate, solve the linear least-squares
 problem (numpy, rows weighted by 1/measured so that the *relative* error is minimised, negative
@@ -27,7 +28,7 @@ import structlog
 
 from perfsdk.hardware.profile import HardwareProfile
 from perfsdk.ops import OpRecord
-from perfsdk.simulation.costmodel import op_bytes
+from perfsdk.simulation.costmodel import matmul_rows, op_bytes
 
 log = structlog.get_logger("perfsdk.simulation.calibration")
 
@@ -45,6 +46,7 @@ class Observation:
     bytes_: np.ndarray
     weights: np.ndarray
     forward_passes: float
+    rows: np.ndarray | None = None  # output rows of matrix products (inf for other ops)
 
     @classmethod
     def from_ops(cls, label: str, phase: str, measured_s: float, ops: list[OpRecord],
@@ -56,20 +58,29 @@ class Observation:
         return cls(label=label, phase=phase, measured_s=measured_s,
                    flops=np.array([o.flops for o in ops], dtype=float),
                    bytes_=np.array([op_bytes(o) for o in ops], dtype=float),
-                   weights=w, forward_passes=float(sum(steps.values())))
+                   weights=w, forward_passes=float(sum(steps.values())),
+                   rows=np.array([matmul_rows(o) if o.category == "matmul" else np.inf for o in ops]))
 
-    def features(self, x_f: float, x_b: float) -> np.ndarray:
-        """[compute-bound FLOPs, memory-bound bytes, op count, forward passes] at this estimate."""
-        compute_bound = self.flops * x_f >= self.bytes_ * x_b
+    def features(self, x_f: float, x_b: float, half_rows: float = 0.0) -> np.ndarray:
+        """[compute-bound FLOPs, memory-bound bytes, op count, forward passes] at this estimate.
+
+        FLOPs of matrix products are scaled by ``(rows + half_rows) / rows`` (small-M slowdown).
+        """
+        flops = self.flops
+        if half_rows and self.rows is not None:
+            mm = np.isfinite(self.rows)
+            flops = np.where(mm, flops * (np.where(mm, self.rows, 1.0) + half_rows) / np.where(mm, self.rows, 1.0),
+                             flops)
+        compute_bound = flops * x_f >= self.bytes_ * x_b
         return np.array([
-            float(np.sum(self.weights * self.flops * compute_bound)),
+            float(np.sum(self.weights * flops * compute_bound)),
             float(np.sum(self.weights * self.bytes_ * ~compute_bound)),
             float(np.sum(self.weights)),
             self.forward_passes,
         ])
 
-    def predict(self, x: np.ndarray) -> float:
-        return float(self.features(x[0], x[1]) @ x)
+    def predict(self, x: np.ndarray, half_rows: float = 0.0) -> float:
+        return float(self.features(x[0], x[1], half_rows) @ x)
 
 
 @dataclass
@@ -81,6 +92,7 @@ class FitResult:
     iterations: int
     observations: int
     fixed: list[str] = field(default_factory=list)
+    matmul_half_rows: float = 0.0
 
     @property
     def flops_per_s(self) -> float | None:
@@ -106,8 +118,29 @@ def _nnls(a: np.ndarray, b: np.ndarray, free: list[int]) -> np.ndarray:
     return x
 
 
-def fit(observations: list[Observation], *, fit_step_overhead: bool = True, max_iter: int = 30) -> FitResult:
-    """Fit the four coefficients to ``observations`` (see the module docstring)."""
+HALF_ROWS_GRID = (0.0, 1.0, 2.0, 4.0, 8.0, 12.0, 16.0, 24.0, 32.0, 48.0, 64.0)
+
+
+def fit(observations: list[Observation], *, fit_step_overhead: bool = True, max_iter: int = 30,
+        half_rows: tuple[float, ...] | None = HALF_ROWS_GRID) -> FitResult:
+    """Fit the coefficients to ``observations`` (see the module docstring).
+
+    ``half_rows``: candidate values of the matrix-product size at half efficiency; the one
+    with the least relative squared error is kept (``None`` or ``(0,)``: no small-M term).
+    """
+    best: FitResult | None = None
+    best_sse = float("inf")
+    for h in half_rows or (0.0,):
+        res = _fit_at(observations, h, fit_step_overhead=fit_step_overhead, max_iter=max_iter)
+        sse = sum(e * e for e in res.errors_pct.values())
+        if sse < best_sse - 1e-12:
+            best, best_sse = res, sse
+    assert best is not None
+    return best
+
+
+def _fit_at(observations: list[Observation], h: float, *, fit_step_overhead: bool, max_iter: int) -> FitResult:
+    """Fit the four linear coefficients at a fixed small-M parameter ``h``."""
     if len(observations) < 3:
         raise ValueError(f"need at least 3 observations to calibrate, got {len(observations)}")
     free = [0, 1, 2, 3] if fit_step_overhead else [0, 1, 2]
@@ -123,16 +156,17 @@ def fit(observations: list[Observation], *, fit_step_overhead: bool = True, max_
     for it in range(1, max_iter + 1):
         xf = x[0] if x[0] > 0 else 1e-18
         xb = x[1] if x[1] > 0 else 1e-18
-        a = np.array([o.features(xf, xb) for o in observations])
-        new_labels = [tuple((o.flops * xf >= o.bytes_ * xb).tolist()) for o in observations]
+        a = np.array([o.features(xf, xb, h) for o in observations])
+        new_labels = [tuple(o.features(xf, xb, h)[:2].tolist()) for o in observations]
         col = np.maximum(np.abs(a).max(axis=0), 1e-30)
         x = _nnls(a * scale[:, None] / col, b * scale, free) / col
         if new_labels == labels:
             break
         labels = new_labels
-    errors = {o.label: 100.0 * (o.predict(x) - o.measured_s) / o.measured_s for o in observations}
+    errors = {o.label: 100.0 * (o.predict(x, h) - o.measured_s) / o.measured_s for o in observations}
     return FitResult(coefficients=dict(zip(PARAMS, (float(v) for v in x))), errors_pct=errors, iterations=it,
-                     observations=len(observations), fixed=[] if fit_step_overhead else ["step_overhead_s"])
+                     observations=len(observations), fixed=[] if fit_step_overhead else ["step_overhead_s"],
+                     matmul_half_rows=h)
 
 
 def profile_from_fit(result: FitResult, *, name: str = "host-calibrated", base: HardwareProfile | None = None,
@@ -179,6 +213,7 @@ def profile_from_fit(result: FitResult, *, name: str = "host-calibrated", base: 
         compute_pj_per_flop=base.compute_pj_per_flop, static_power_w=base.static_power_w,
         compute_efficiency=1.0, memory_efficiency=1.0,
         op_overhead_s=result.coefficients["op_overhead_s"], step_overhead_s=result.coefficients["step_overhead_s"],
+        matmul_half_rows=result.matmul_half_rows or None,
     )
 
 
@@ -319,8 +354,9 @@ def micro_observations(repeats: int = 5) -> list[Observation]:
     one = np.ones(1)
     return [
         Observation("micro matmul 1024^3 fp32", "micro", t_mm, np.array([2.0 * n**3]), np.array([3.0 * n * n * 4]),
-                    one, 0.0),
-        Observation("micro add 3x64MiB fp32", "micro", t_add, np.array([0.0]), np.array([3.0 * m * 4]), one, 0.0),
+                    one, 0.0, np.array([float(n)])),
+        Observation("micro add 3x64MiB fp32", "micro", t_add, np.array([0.0]), np.array([3.0 * m * 4]), one, 0.0,
+                    np.array([np.inf])),
     ]
 
 

@@ -4,7 +4,8 @@ For one operation on one device (profile ``P``)::
 
     compute_s  = flops / (P.peak[dtype] * P.compute_efficiency)
                  (softmax / activation / norm ops: elements * ns_per_element, when P gives it;
-                  attention adds score elements * softmax ns_per_element)
+                  attention adds score elements * softmax ns_per_element; a matrix product with
+                  R output rows is slowed by (R + P.matmul_half_rows) / R, small-M inefficiency)
     memory_s   = (bytes_read + bytes_written) / (P.memory_bandwidth * P.memory_efficiency)
     time_s     = max(compute_s, memory_s) + P.op_overhead_s   (no overhead for views: 0 bytes, 0 FLOPs)
     energy_j   = flops * P.compute_pj_per_flop + 8 * bytes * P.memory_pj_per_bit   (dynamic)
@@ -71,6 +72,21 @@ def op_bytes(op: OpRecord) -> int:
 _PRECISION_ORDER = ("fp32", "tf32", "bf16", "fp16", "fp8", "int8", "int4")
 
 
+def matmul_rows(op: OpRecord) -> float:
+    """Rows of a matrix product's output (batch x tokens for a linear layer), at least 1."""
+    if op.output_shape and len(op.output_shape) >= 2 and op.output_shape[-1]:
+        return max(1.0, op.elements / op.output_shape[-1] if op.elements else
+                   float(_prod(op.output_shape[:-1])))
+    return 1.0
+
+
+def _prod(xs: tuple[int, ...]) -> int:
+    n = 1
+    for x in xs:
+        n *= x
+    return n
+
+
 def effective_flops(profile: HardwareProfile, dtype: str) -> float:
     """Achievable FLOP/s for ``dtype``, lenient: a dtype the profile cannot place (``int64``, or
     ``float32`` on a bf16-only device) uses the profile's most precise type instead. Check
@@ -91,6 +107,9 @@ def compute_time_s(op: OpRecord, profile: HardwareProfile, dtype: str | None = N
         if ns is not None and op.elements:
             return op.elements * ns * 1e-9
     t = op.flops / effective_flops(profile, dtype or op.dtype) if op.flops else 0.0
+    if op.category == "matmul" and profile.matmul_half_rows and t:
+        rows = matmul_rows(op)
+        t *= (rows + profile.matmul_half_rows) / rows
     if op.category == "attention" and profile.softmax_ns_per_element is not None and op.elements:
         t += op.elements * profile.softmax_ns_per_element * 1e-9
     return t
