@@ -6,7 +6,9 @@ Usage::
                                               [--output-tokens 128] [--reps 5] [--json]
 
 Each meta-device count runs in a fresh child process so that its peak RSS (``ru_maxrss``) is its
-own; the time excludes importing torch/transformers (reported separately). The forward slowdown
+own; the time excludes importing torch/transformers (reported separately) but includes the lazy
+import of the architecture's modeling module on first use; a second count in the same process
+shows the cost without it. The forward slowdown
 compares the median wall time of a real forward of the embedded tiny model (random weights)
 plain, under perfsdk's counter, and under ``torch.utils.flop_counter.FlopCounterMode``.
 """
@@ -28,19 +30,22 @@ import torch, transformers  # noqa: F401
 from perfsdk.flops.meta import resolve_config, count_config
 from perfsdk.flops.analytic import analytic_generate
 t1 = time.perf_counter()
-name, b, t, g = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
+name, b, t, g, full = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), sys.argv[5] == "1"
 cfg, _ = resolve_config(name)
-c = count_config(cfg, b, t, g)
+c = count_config(cfg, b, t, g, full_depth=full)
 t2 = time.perf_counter()
+count_config(cfg, b, t, g, full_depth=full)  # again, with transformers' model modules already imported
+t3 = time.perf_counter()
 a = analytic_generate(cfg, b, t, g)
-print(json.dumps({"model": name, "import_s": t1 - t0, "count_s": t2 - t1, "flops_total": c.flops_total,
+print(json.dumps({"model": name, "full_depth": full, "import_s": t1 - t0, "count_s": t2 - t1, "second_count_s": t3 - t2, "flops_total": c.flops_total,
                   "analytic_flops_total": a.flops_total, "method": c.method,
                   "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}))
 """
 
 
-def meta_cost(model: str, b: int, t: int, g: int) -> dict[str, Any]:
-    out = subprocess.run([sys.executable, "-c", CHILD, model, str(b), str(t), str(g)], capture_output=True,
+def meta_cost(model: str, b: int, t: int, g: int, full_depth: bool) -> dict[str, Any]:
+    out = subprocess.run([sys.executable, "-c", CHILD, model, str(b), str(t), str(g), "1" if full_depth else "0"],
+                         capture_output=True,
                          text=True, check=True)
     return json.loads(out.stdout.strip().splitlines()[-1])  # type: ignore[no-any-return]
 
@@ -87,15 +92,17 @@ def main() -> None:
     ap.add_argument("--forward-tokens", type=int, default=128)
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
-    rows = [meta_cost(m, args.batch_size, args.input_tokens, args.output_tokens) for m in args.models.split(",")]
+    rows = [meta_cost(m, args.batch_size, args.input_tokens, args.output_tokens, full)
+            for m in args.models.split(",") for full in (False, True)]
     fwd = forward_slowdown(args.reps, args.forward_tokens)
     if args.json:
         print(json.dumps({"meta": rows, "forward": fwd}, indent=2))
         return
     print(f"meta-device count, batch {args.batch_size}, {args.input_tokens} input + {args.output_tokens} output tokens")
-    print(f"{'model':<14} {'count s':>8} {'import s':>9} {'peak RSS MiB':>13} {'FLOPs':>22}  exact vs analytic")
+    print(f"{'model':<14} {'depth':<12} {'count s':>8} {'again s':>8} {'import s':>9} {'peak RSS MiB':>13} {'FLOPs':>22}  exact vs analytic")
     for r in rows:
-        print(f"{r['model']:<14} {r['count_s']:>8.2f} {r['import_s']:>9.2f} {r['peak_rss_bytes'] / 2**20:>13.0f} "
+        depth = "all layers" if r["full_depth"] else "replicated"
+        print(f"{r['model']:<14} {depth:<12} {r['count_s']:>8.2f} {r['second_count_s']:>8.2f} {r['import_s']:>9.2f} {r['peak_rss_bytes'] / 2**20:>13.0f} "
               f"{r['flops_total']:>22,}  {r['flops_total'] == r['analytic_flops_total']}")
     print(f"real forward of {fwd['model']}, {fwd['tokens']} tokens, median of {args.reps}:")
     print(f"  plain {fwd['plain_s'] * 1e3:.1f} ms | perfsdk counter {fwd['perfsdk_capture_s'] * 1e3:.1f} ms "
