@@ -150,3 +150,17 @@ def test_current_shard_refuses_an_empty_share(monkeypatch: pytest.MonkeyPatch) -
     monkeypatch.setenv("WORLD_SIZE", "3")
     with pytest.raises(ConfigError, match="cannot be split over 3 ranks"):
         distributed.current_shard(["a", "b"])
+
+
+def test_interrupted_rank_stores_alone_without_a_collective() -> None:
+    from types import SimpleNamespace
+
+    now = datetime.now(timezone.utc)
+    err = ErrorRecord(source="interrupt", type="RunInterrupted", message="interrupted by SIGTERM")
+    result = RunResult(run_id="r1", name="x", status="failed", started_at=now, perfsdk_version="0", errors=[err])
+    # gather_ok with no process group: any collective here would raise
+    for rank, run_id, store in ((0, "r1", "kept"), (1, "r1-rank1", "/st")):
+        info = RankInfo(rank=rank, world_size=2, gather_ok=True, store_dir="/st")
+        sess = SimpleNamespace(rank_info=info, store_dir="kept" if rank == 0 else None)
+        out = distributed.post_process(sess, result)
+        assert (out.run_id, out.tags["rank"], out.status, sess.store_dir) == (run_id, str(rank), "failed", store)

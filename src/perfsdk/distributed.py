@@ -82,6 +82,7 @@ class RankInfo:
     initialized_here: bool = False
     gather_ok: bool = False
     group: Any = None
+    store_dir: str | None = None  # where this rank would store on its own (gathering skipped or failed)
 
     @property
     def is_distributed(self) -> bool:
@@ -258,6 +259,7 @@ def attach(session: Any) -> RankInfo:
     if not info.is_distributed:
         return info
     init_group(info)
+    info.store_dir = session.store_dir
     if info.gather_ok:
         session.run_id = broadcast_object(session.run_id, info)
         if not info.is_main:
@@ -436,6 +438,15 @@ def aggregate(result: RunResult, payloads: list[dict[str, Any]]) -> tuple[RunRes
     return RunResult.model_validate(out.model_dump()), series
 
 
+def _store_alone(session: Any, result: RunResult, info: RankInfo) -> RunResult:
+    """This rank's own run: rank 0 keeps the run id, rank N stores ``<run id>-rank<N>``."""
+    if info.is_main:
+        return result.model_copy(update={"tags": {**result.tags, "rank": "0"}})
+    session.store_dir = info.store_dir
+    return result.model_copy(update={"tags": {**result.tags, "rank": str(info.rank)},
+                                     "run_id": f"{result.run_id}-rank{info.rank}"})
+
+
 def post_process(session: Any, result: RunResult) -> RunResult:
     """Called from ``Session._post_process``: gather to rank 0 and aggregate there.
 
@@ -444,6 +455,11 @@ def post_process(session: Any, result: RunResult) -> RunResult:
     info: RankInfo | None = getattr(session, "rank_info", None)
     if info is None or not info.is_distributed or not info.gather_ok:
         return result
+    if any(e.source == "interrupt" for e in result.errors):
+        # The launcher is tearing the job down: the other ranks may be gone, so no collective
+        # that could hang; every rank stores what it measured on its own.
+        log.warning("interrupted: storing this rank's run without gathering", rank=info.rank)
+        return _store_alone(session, result, info)
     try:
         payloads = gather_to_main(rank_payload(session, result), info)
     except Exception as exc:
@@ -451,13 +467,8 @@ def post_process(session: Any, result: RunResult) -> RunResult:
         err = ErrorRecord(source="distributed", type=type(exc).__name__, message=f"gather failed: {exc}")
         out = result.model_copy(update={"errors": [*result.errors, err],
                                         "status": "failed" if result.status == "failed" else "partial"})
-        if session.store_dir is None and not info.is_main:
-            # nobody else will store what this rank measured
-            session.store_dir = session.config.store
-            out = out.model_copy(update={"tags": {**out.tags, "rank": str(info.rank)},
-                                         "run_id": f"{out.run_id}-rank{info.rank}"})
         shutdown(info)
-        return out
+        return _store_alone(session, out, info)
     if not info.is_main or payloads is None:
         shutdown(info)
         return result
