@@ -19,7 +19,7 @@ def test_builtin_sets() -> None:
     assert short[0] == "What is a cache?"
     assert set(short) <= set(mixed) and set(long) <= set(mixed)
     assert mixed[:3] == [short[0], mixed[1], long[0]]
-    assert all(p.startswith("Read ") or p.startswith("Rewrite ") or p.startswith("Translate ") for p in long)
+    assert all(p.startswith(("Read ", "Rewrite ", "Translate ")) for p in long)
     assert min(len(p.split()) for p in long) > 150
     assert max(len(p.split()) for p in short) < 10
 

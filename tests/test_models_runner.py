@@ -94,7 +94,7 @@ def test_plan_all_filtered() -> None:
 
 
 def test_arrival_delays() -> None:
-    take = lambda cfg, seed=0, n=8: list(itertools.islice(arrival_delays(cfg, seed), n))  # noqa: E731
+    take = lambda cfg, seed=0, n=8: list(itertools.islice(arrival_delays(cfg, seed), n))
     assert take(ArrivalConfig()) == [0.0] * 8
     assert take(ArrivalConfig(pattern="constant", delay_s=0.25), n=4) == [0.0, 0.25, 0.25, 0.25]
     assert take(ArrivalConfig(pattern="burst", burst_size=3, burst_interval_s=1.5)) == [0, 0, 0, 1.5, 0, 0, 1.5, 0]
@@ -168,7 +168,7 @@ def test_run_workload_generate() -> None:
 
 def test_run_workload_filters_and_min_duration() -> None:
     batches_done = [0]
-    clock = lambda: float(batches_done[0])  # noqa: E731 - one "second" per batch
+    clock = lambda: float(batches_done[0])
     cfg = _config(max_input_tokens=8, warmup_runs=0, min_duration_s=3.0, arrival={"pattern": "burst", "burst_size": 2,
                                                                                      "burst_interval_s": 2.0})
     sleeps: list[float] = []

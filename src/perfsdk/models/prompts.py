@@ -73,7 +73,7 @@ def builtin_prompt_sets() -> list[str]:
 
 def builtin_prompts(name: str) -> list[str]:
     """All prompts of a built-in set (``mixed``, ``short`` or ``long``, prefix optional)."""
-    key = name[len(BUILTIN_PREFIX):] if name.startswith(BUILTIN_PREFIX) else name
+    key = name.removeprefix(BUILTIN_PREFIX)
     sets = _builtin_sets()
     if key not in sets:
         raise ConfigError(

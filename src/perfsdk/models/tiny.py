@@ -19,13 +19,12 @@ import os
 import shutil
 import tempfile
 import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from functools import lru_cache
 from importlib import resources
 from pathlib import Path
 from typing import Any
-
-from collections.abc import Iterator
-from contextlib import contextmanager
 
 import structlog
 
