@@ -3,7 +3,7 @@
 ``workload.prompts`` is either a built-in set or a file:
 
 - ``builtin:short`` — 16 one-line questions (a handful to about 15 tokens each);
-- ``builtin:long`` — 10 reading tasks over passages of the bundled corpus (about 200 to 470
+- ``builtin:long`` — 10 reading tasks over passages of the bundled corpus (about 220 to 410
   tokens with the embedded tokenizer);
 - ``builtin:mixed`` — short questions, paragraph-sized tasks and the long reading tasks
   interleaved, so batches see varied lengths;
