@@ -34,7 +34,10 @@ def select_runs(store: Store | str | os.PathLike[str], *, name: str | None = Non
 
 def runs_frame(runs: list[RunResult]) -> Any:
     """A DataFrame with one row per run and the CSV export's columns (key columns first)."""
-    import pandas as pd
+    try:
+        import pandas as pd
+    except ImportError:
+        raise ImportError("load_runs needs pandas: pip install 'perfsdk[report]'") from None
 
     rows = [run_row(r) for r in runs]
     cols = ordered_columns(rows)

@@ -6,6 +6,7 @@ Registered through ``perfsdk_register_commands`` like any third-party command.
 from __future__ import annotations
 
 import json
+import signal
 import sys
 from pathlib import Path
 from typing import Any
@@ -106,6 +107,19 @@ def print_sweep_summary(manifest: dict[str, Any], console: Console) -> None:
                   f"Pareto front: {len(manifest.get('pareto') or [])} point(s)")
 
 
+def _sigterm_as_interrupt() -> Any:
+    """A scheduler's SIGTERM stops the sweep like Ctrl-C: the current run is stored as failed
+    and the manifest marked interrupted, so that the sweep resumes cleanly."""
+
+    def handler(signum: int, frame: Any) -> None:
+        raise KeyboardInterrupt(f"interrupted by {signal.Signals(signum).name}")
+
+    try:
+        return signal.signal(signal.SIGTERM, handler)
+    except ValueError:  # not the main thread
+        return None
+
+
 @click.command("sweep")
 @click.argument("sweep_file", type=click.Path(dir_okay=False))
 @click.option("--store", "store_dir", default=None, help="Result store folder (default: the base config's `store`).")
@@ -134,6 +148,7 @@ def sweep_cmd(sweep_file: str, store_dir: str | None, executor: str, resume: boo
         return
     if not quiet and not as_json:
         click.echo(f"sweep {sweep.sweep_id}: {sweep.spec.strategy}, store {store}", err=True)
+    previous = _sigterm_as_interrupt()
     try:
         with _SweepProgress(not quiet and not as_json) as progress:
             runner = SweepRunner(sweep, store, ex, resume=resume, progress=progress)
@@ -144,6 +159,9 @@ def sweep_cmd(sweep_file: str, store_dir: str | None, executor: str, resume: boo
     except StrategyUnavailable as err:
         _usage(str(err))
         return
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
     if as_json:
         click.echo(json.dumps(manifest, indent=2, default=str))
     elif quiet:

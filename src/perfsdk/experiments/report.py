@@ -1,0 +1,647 @@
+"""HTML reports for a run or a sweep: one self-contained page (PNG figures inline as base64)
+plus the same PNGs in a folder next to it (``<name>_files/``).
+
+Figures are drawn with matplotlib's Agg canvas (no display, no global pyplot state). Every
+figure and table is optional: what a run did not measure is left out with a note, never drawn
+as zeros.
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+import io
+
+import math
+from collections import defaultdict
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+import structlog
+
+from perfsdk.exporters.flatten import flatten, run_row
+from perfsdk.schemas import RunResult
+from perfsdk.store import Store, StoreError, atomic_write
+
+log = structlog.get_logger("perfsdk.experiments.report")
+
+PHASE_COLORS = {"prefill": "#f4a261", "decode": "#2a9d8f", "load": "#8d99ae", "forward": "#e9c46a",
+                "idle": "#ffffff", "session": "#ffffff"}
+PALETTE = ["#264653", "#e76f51", "#2a9d8f", "#e9c46a", "#6a4c93", "#f4a261", "#1982c4", "#8ac926",
+           "#ff595e", "#6d6875", "#118ab2", "#ef476f"]
+
+
+class ReportError(ValueError):
+    """The run or sweep to report on was not found."""
+
+
+@dataclass
+class Figure:
+    """One PNG figure of the report."""
+
+    slug: str
+    title: str
+    png: bytes
+    caption: str = ""
+
+
+@dataclass
+class Section:
+    """A heading with figures, tables (HTML) and notes."""
+
+    title: str
+    figures: list[Figure] = field(default_factory=list)
+    html: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+
+# -- drawing helpers ----------------------------------------------------------------------------
+
+def _figure(nrows: int = 1, ncols: int = 1, width: float = 8.0, height: float = 4.0) -> tuple[Any, Any]:
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure as MplFigure
+
+    fig = MplFigure(figsize=(width, height), dpi=100, layout="constrained")
+    FigureCanvasAgg(fig)
+    axes = fig.subplots(nrows, ncols, squeeze=False)
+    return fig, axes
+
+
+def _png(fig: Any) -> bytes:
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png")
+    return buf.getvalue()
+
+
+def _num(v: Any) -> float | None:
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        return None
+    return float(v) if math.isfinite(float(v)) else None
+
+
+def _table(headers: list[str], rows: list[list[Any]], cls: str = "") -> str:
+    def cell(v: Any) -> str:
+        if isinstance(v, float):
+            v = f"{v:.4g}"
+        return html.escape("-" if v is None else str(v))
+
+    head = "".join(f"<th>{html.escape(h)}</th>" for h in headers)
+    body = "".join("<tr>" + "".join(f"<td>{cell(v)}</td>" for v in r) + "</tr>" for r in rows)
+    return f'<table class="{cls}"><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>'
+
+
+def _series(store: Store, run: RunResult, name: str) -> list[dict[str, Any]]:
+    if name not in run.series:
+        return []
+    try:
+        return store.read_series(run.run_id, name)
+    except (StoreError, OSError, ValueError) as exc:
+        log.warning("series unreadable", run_id=run.run_id, series=name, error=repr(exc))
+        return []
+
+
+# -- run figures ---------------------------------------------------------------------------------
+
+def request_samples(store: Store, run: RunResult) -> dict[str, list[float]]:
+    """Per-request TTFT/TPOT/e2e (seconds), from the ``requests`` series or ``token_times``."""
+    from perfsdk.experiments.compare import samples_for
+
+    out = {}
+    for m in ("ttft_s", "tpot_s", "e2e_s"):
+        vals = samples_for(store, run, m)
+        if vals:
+            out[m] = vals
+    return out
+
+
+def latency_cdf(samples: dict[str, list[float]], title: str = "Latency CDF") -> bytes | None:
+    """Empirical CDFs of TTFT, TPOT and e2e latency (ms, log scale)."""
+    if not samples:
+        return None
+    fig, axes = _figure(1, len(samples), width=4.0 * len(samples), height=3.4)
+    for ax, (name, vals) in zip(axes[0], samples.items()):
+        xs = sorted(v * 1e3 for v in vals)
+        ys = [(i + 1) / len(xs) for i in range(len(xs))]
+        ax.step(xs, ys, where="post", color=PALETTE[0])
+        ax.set_xlabel(f"{name.removesuffix('_s').upper()} (ms)")
+        ax.set_ylabel("fraction of requests")
+        ax.set_ylim(0, 1.02)
+        ax.grid(alpha=0.3)
+        for q, ls in ((0.5, ":"), (0.95, "--")):
+            k = min(len(xs) - 1, max(0, math.ceil(q * len(xs)) - 1))
+            ax.axvline(xs[k], color="grey", ls=ls, lw=0.8)
+        ax.set_title(f"{name.removesuffix('_s').upper()}  (n={len(xs)}, p50 {_ms(xs, 0.5)}, p95 {_ms(xs, 0.95)})",
+                     fontsize=9)
+    fig.suptitle(title)
+    return _png(fig)
+
+
+def _ms(xs: list[float], q: float) -> str:
+    k = min(len(xs) - 1, max(0, math.ceil(q * len(xs)) - 1))
+    return f"{xs[k]:.3g} ms"
+
+
+def per_token_latency(rows: list[dict[str, Any]]) -> bytes | None:
+    """Latency of each generated position: position 0 is the TTFT, later ones the gap to the
+    previous token; median over steps with a 10-90 % band."""
+    by_step: dict[Any, list[tuple[int, float]]] = defaultdict(list)
+    for r in rows:
+        by_step[r["step"]].append((int(r["position"]), float(r["t_s"])))
+    per_pos: dict[int, list[float]] = defaultdict(list)
+    for pts in by_step.values():
+        pts.sort()
+        prev = 0.0
+        for pos, t in pts:
+            per_pos[pos].append((t - prev) * 1e3)
+            prev = t
+    if not per_pos:
+        return None
+    import numpy as np
+
+    pos = sorted(per_pos)
+    med = [float(np.median(per_pos[p])) for p in pos]
+    lo = [float(np.percentile(per_pos[p], 10)) for p in pos]
+    hi = [float(np.percentile(per_pos[p], 90)) for p in pos]
+    fig, axes = _figure(1, 1, width=8, height=3.6)
+    ax = axes[0][0]
+    ax.fill_between(pos, lo, hi, color=PALETTE[2], alpha=0.25, label="p10-p90 over steps")
+    ax.plot(pos, med, marker="o", ms=3, color=PALETTE[0], label="median")
+    ax.set_yscale("log")
+    ax.set_xlabel("generated token position (0 = first token: TTFT)")
+    ax.set_ylabel("latency (ms)")
+    ax.set_title(f"Per-token latency over the sequence ({len(by_step)} steps)")
+    ax.grid(alpha=0.3, which="both")
+    ax.legend(fontsize=8)
+    return _png(fig)
+
+
+def _phase_spans(rows: list[dict[str, Any]]) -> list[tuple[float, float, str]]:
+    spans: list[tuple[float, float, str]] = []
+    for r in rows:
+        ph, t = str(r.get("phase") or "idle"), float(r["t_s"])
+        if spans and spans[-1][2] == ph:
+            spans[-1] = (spans[-1][0], t, ph)
+        else:
+            if spans:
+                spans[-1] = (spans[-1][0], t, spans[-1][2])
+            spans.append((t, t, ph))
+    return spans
+
+
+def utilization_over_time(rows: list[dict[str, Any]]) -> bytes | None:
+    """CPU, memory, and GPU utilization/power/memory over time, phases shaded."""
+    rows = [r for r in rows if _num(r.get("t_s")) is not None]
+    if len(rows) < 2:
+        return None
+    rows.sort(key=lambda r: r["t_s"])
+    t = [r["t_s"] for r in rows]
+    panels: list[tuple[str, list[tuple[str, list[float | None]]]]] = []
+    cpu = [(k, [_num(r.get(k)) for r in rows]) for k in ("cpu_process_pct", "cpu_system_pct") if any(k in r for r in rows)]
+    if cpu:
+        panels.append(("CPU (%)", cpu))
+    if any("rss_bytes" in r for r in rows):
+        panels.append(("RSS (MiB)", [("rss", [(_num(r.get("rss_bytes")) or 0) / 2**20 if r.get("rss_bytes") is not None else None for r in rows])]))
+    keys = sorted({k for r in rows for k in r if k.startswith("gpu")})
+    for suffix, label, scale in (("utilization_pct", "GPU utilization (%)", 1.0), ("power_w", "GPU power (W)", 1.0),
+                                 ("memory_used_bytes", "GPU memory (MiB)", 1 / 2**20)):
+        lines = [(k, [(_num(r.get(k)) * scale if _num(r.get(k)) is not None else None) for r in rows])  # type: ignore[operator]
+                 for k in keys if k.endswith(suffix)]
+        lines = [(k, v) for k, v in lines if any(x is not None for x in v)]
+        if lines:
+            panels.append((label, lines))
+    if not panels:
+        return None
+    fig, axes = _figure(len(panels), 1, width=9.5, height=1.9 * len(panels) + 0.6)
+    spans = _phase_spans(rows)
+    seen_phases: set[str] = set()
+    for (label, lines), ax in zip(panels, axes[:, 0]):
+        for a, b, ph in spans:
+            if ph in ("idle", "session") or b <= a:
+                continue
+            color = PHASE_COLORS.get(ph.split(":")[0], "#cdb4db")
+            ax.axvspan(a, b, color=color, alpha=0.35, lw=0, label=ph if ph not in seen_phases else None)
+            seen_phases.add(ph)
+        for i, (name, vals) in enumerate(lines):
+            ax.plot(t, [v if v is not None else float("nan") for v in vals], lw=1.2, color=PALETTE[i % len(PALETTE)],
+                    label=name)
+        ax.set_ylabel(label, fontsize=8)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))  # outside: never hides a line
+    axes[-1][0].set_xlabel("time since session start (s)")
+    fig.suptitle("Utilization over time (shaded: phases)")
+    return _png(fig)
+
+
+def _numeric_dicts(d: dict[str, Any], prefix: str = "") -> dict[str, dict[str, float]]:
+    """Sub-mappings whose values are all numbers (e.g. per-phase or per-layer breakdowns)."""
+    out: dict[str, dict[str, float]] = {}
+    for k, v in d.items():
+        if isinstance(v, dict) and v:
+            nums = {str(kk): _num(vv) for kk, vv in v.items()}
+            if all(x is not None for x in nums.values()) and len(nums) >= 2:
+                out[prefix + k] = nums  # type: ignore[assignment]
+            else:
+                out.update(_numeric_dicts(v, prefix + k + "."))
+    return out
+
+
+def breakdown_figure(name: str, data: dict[str, Any]) -> bytes | None:
+    """Bar charts of the numeric breakdowns inside a collector result (first four)."""
+    dicts = list(_numeric_dicts(data).items())[:4]
+    if not dicts:
+        return None
+    fig, axes = _figure(1, len(dicts), width=min(16, 4.2 * len(dicts)), height=3.4)
+    for ax, (label, vals) in zip(axes[0], dicts):
+        items = list(vals.items())[:20]
+        ax.barh([k for k, _ in items][::-1], [v for _, v in items][::-1], color=PALETTE[0])
+        ax.set_title(label, fontsize=9)
+        ax.tick_params(labelsize=7)
+        ax.grid(alpha=0.3, axis="x")
+    fig.suptitle(f"{name}: breakdowns")
+    return _png(fig)
+
+
+def _scalar_rows(data: dict[str, Any], limit: int = 40) -> list[list[Any]]:
+    flat = flatten(data)
+    rows = [[k, v] for k, v in flat.items() if isinstance(v, (int, float, str)) and not isinstance(v, bool)
+            and not (isinstance(v, str) and (len(v) > 80 or v.startswith("[")))]
+    return rows[:limit]
+
+
+def run_sections(store: Store, run: RunResult) -> list[Section]:
+    """The sections of a single-run report."""
+    from perfsdk.summary import headline_rows
+
+    secs: list[Section] = []
+    s = Section("Summary")
+    m = run.model
+    info = [["run", run.run_id], ["name", run.name], ["status", run.status],
+            ["model", m.model_id if m else None], ["dtype", m.dtype if m else None],
+            ["parameters", m.parameters if m else None],
+            ["batch size", run.workload.batch_size if run.workload else None],
+            ["max new tokens", run.workload.max_new_tokens if run.workload else None],
+            ["host", run.environment.hostname], ["CPU", run.environment.cpu_model],
+            ["torch", run.environment.torch], ["started", run.started_at.isoformat()]]
+    s.html.append(_table(["field", "value"], info, "kv"))
+    s.html.append(_table(["metric", "value"], [list(r) for r in headline_rows(run)], "kv"))
+    lat = run.collectors.get("latency") or {}
+    stat_rows = []
+    for key in ("ttft_s", "tpot_s", "itl_s", "e2e_s", "prefill_s", "decode_s", "forward_s"):
+        st = lat.get(key) or {}
+        if st.get("count"):
+            stat_rows.append([key, st["count"]] + [(st.get(q) * 1e3 if _num(st.get(q)) is not None else None)
+                                                  for q in ("mean", "p50", "p90", "p95", "p99", "max")])
+    if stat_rows:
+        s.html.append(_table(["latency", "count", "mean ms", "p50 ms", "p90 ms", "p95 ms", "p99 ms", "max ms"], stat_rows))
+    secs.append(s)
+
+    s = Section("Latency")
+    cdf = latency_cdf(request_samples(store, run))
+    if cdf:
+        s.figures.append(Figure("latency-cdf", "Latency CDF", cdf, "Empirical CDF per request; dotted: p50, dashed: p95."))
+    else:
+        s.notes.append("No per-request latency samples stored with this run.")
+    tok = per_token_latency(_series(store, run, "token_times"))
+    if tok:
+        s.figures.append(Figure("per-token-latency", "Per-token latency", tok,
+                                "Position 0 is the time to first token; later positions are inter-token gaps."))
+    secs.append(s)
+
+    s = Section("Utilization, power and memory over time")
+    util = utilization_over_time(_series(store, run, "utilization"))
+    if util:
+        s.figures.append(Figure("utilization", "Utilization over time", util))
+    else:
+        s.notes.append("No utilization series in this run (enable the utilization collector).")
+    mem = run.collectors.get("memory") or {}
+    if mem.get("rss_peak_by_phase_bytes"):
+        s.html.append(_table(["phase", "peak RSS MiB"], [[k, v / 2**20] for k, v in mem["rss_peak_by_phase_bytes"].items()]))
+    secs.append(s)
+
+    for cname, title in (("flops", "FLOPs"), ("simulation", "Simulation"), ("energy", "Energy")):
+        data = run.collectors.get(cname)
+        if not data:
+            continue
+        s = Section(title)
+        fig = breakdown_figure(cname, data)
+        if fig:
+            s.figures.append(Figure(f"{cname}-breakdown", f"{title} breakdown", fig))
+        s.html.append(_table(["field", "value"], _scalar_rows(data), "kv"))
+        secs.append(s)
+
+    prof = run.collectors.get("torch_profiler") or {}
+    if prof.get("operators"):
+        s = Section("Operators (torch.profiler)")
+        cols = ["name", "calls", "self_cpu_time_s", "cpu_time_total_s", "self_cuda_time_s", "share_pct"]
+        s.html.append(_table(cols, [[op.get(c) for c in cols] for op in prof["operators"]]))
+        secs.append(s)
+
+    if run.records:
+        s = Section("Records")
+        s.html.append(_table(["name", "value", "unit"], [[r.name, r.value, r.unit] for r in run.records]))
+        secs.append(s)
+    if run.errors:
+        s = Section("Errors")
+        s.html.append(_table(["source", "hook", "type", "message"], [[e.source, e.hook, e.type, e.message] for e in run.errors]))
+        secs.append(s)
+    return secs
+
+
+# -- sweep figures -------------------------------------------------------------------------------
+
+BATCH_PANELS = [
+    ("output tokens/s", ["collectors.latency.output_tokens_per_s"], 1.0),
+    ("TTFT p50 / p95 (ms)", ["collectors.latency.ttft_s.p50", "collectors.latency.ttft_s.p95"], 1e3),
+    ("TPOT p50 (ms)", ["collectors.latency.tpot_s.p50"], 1e3),
+    ("peak RSS (MiB)", ["collectors.memory.rss_peak_bytes"], 1 / 2**20),
+    ("J / output token", ["collectors.energy.j_per_output_token"], 1.0),
+]
+
+
+def _lookup(row: dict[str, Any], key: str) -> float | None:
+    v = _num(row.get(key))
+    if v is not None:
+        return v
+    for k in sorted(row):  # per-source values, e.g. collectors.energy.j_per_output_token.<source>
+        if k.startswith(key + "."):
+            v = _num(row[k])
+            if v is not None:
+                return v
+    return None
+
+
+def batch_size_panels(rows: list[dict[str, Any]], group_keys: list[str]) -> bytes | None:
+    """tokens/s, TTFT, TPOT, memory and J/token against batch size, one line per other-axis
+    combination."""
+    pts = [r for r in rows if _num(r.get("workload.batch_size")) is not None]
+    if len({r["workload.batch_size"] for r in pts}) < 2:
+        return None
+    groups: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    for r in pts:
+        label = ", ".join(f"{k.rsplit('.', 1)[-1]}={r.get('tags.' + k)}" for k in group_keys) or "all"
+        groups[label].append(r)
+    fig, axes = _figure(1, len(BATCH_PANELS), width=4.0 * len(BATCH_PANELS), height=3.6)
+    for ax, (title, keys, scale) in zip(axes[0], BATCH_PANELS):
+        drawn = False
+        for gi, (label, grows) in enumerate(sorted(groups.items())):
+            grows = sorted(grows, key=lambda r: r["workload.batch_size"])
+            for ki, key in enumerate(keys):
+                xy = [(r["workload.batch_size"], _lookup(r, key)) for r in grows]
+                xy = [(x, y * scale) for x, y in xy if y is not None]
+                if not xy:
+                    continue
+                drawn = True
+                ax.plot([x for x, _ in xy], [y for _, y in xy], marker="o", ms=4, color=PALETTE[gi % len(PALETTE)],
+                        ls="-" if ki == 0 else "--", label=label if ki == 0 else None)
+        ax.set_title(title, fontsize=10)
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("batch size")
+        ax.grid(alpha=0.3)
+        if not drawn:
+            ax.text(0.5, 0.5, "not measured", ha="center", va="center", transform=ax.transAxes, color="grey")
+    handles, labels = axes[0][0].get_legend_handles_labels()
+    if not handles:
+        for ax in axes[0][1:]:
+            handles, labels = ax.get_legend_handles_labels()
+            if handles:
+                break
+    if handles:
+        fig.legend(handles, labels, loc="outside lower center", ncols=min(6, len(labels)), fontsize=8)
+    fig.suptitle("Batch size (dashed: p95)")
+    return _png(fig)
+
+
+def pareto_plot(points: list[dict[str, Any]], objectives: list[Any], labels: list[str]) -> bytes | None:
+    """The first two objectives of every finished point; the front highlighted and joined."""
+    from perfsdk.experiments.pareto import Objective, pareto_indices
+
+    objs = [o if isinstance(o, Objective) else Objective(**o) for o in objectives][:2]
+    if len(objs) < 2:
+        return None
+    vals = [(i, _num(p["values"].get(objs[0].field)), _num(p["values"].get(objs[1].field))) for i, p in enumerate(points)]
+    vals = [(i, x, y) for i, x, y in vals if x is not None and y is not None]
+    if not vals:
+        return None
+    feasible = [i for i, _, _ in vals if points[i].get("feasible") is not False]
+    front = {feasible[k] for k in pareto_indices([points[i]["values"] for i in feasible], objs)}
+    fig, axes = _figure(1, 1, width=7.5, height=4.8)
+    ax = axes[0][0]
+    for k, (i, x, y) in enumerate(vals):
+        on = i in front
+        infeasible = points[i].get("feasible") is False
+        ax.scatter([x], [y], s=60 if on else 30, marker="x" if infeasible else "o",
+                   color=PALETTE[1] if on else ("#999999" if infeasible else PALETTE[0]), zorder=3)
+        # alternate label offsets so that points with near-equal values stay readable
+        ax.annotate(labels[i], (x, y), textcoords="offset points", xytext=(6, 5 if k % 2 == 0 else -11), fontsize=7)
+    fr = sorted((x, y) for i, x, y in vals if i in front)
+    if len(fr) > 1:
+        ax.plot([x for x, _ in fr], [y for _, y in fr], color=PALETTE[1], lw=1.5, zorder=2, label="Pareto front")
+    elif fr:
+        ax.scatter([], [], color=PALETTE[1], label="Pareto front")
+    ax.scatter([], [], color=PALETTE[0], s=30, label="dominated")
+    if any(points[i].get("feasible") is False for i, _, _ in vals):
+        ax.scatter([], [], color="#999999", marker="x", label="violates a constraint")
+    ax.set_xlabel(f"{objs[0].field.replace('collectors.', '')} ({objs[0].direction})")
+    ax.set_ylabel(f"{objs[1].field.replace('collectors.', '')} ({objs[1].direction})")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    ax.set_title(f"Pareto front: {len(front)} of {len(vals)} points")
+    return _png(fig)
+
+
+DEFAULT_OBJECTIVES = [{"field": "collectors.latency.output_tokens_per_s", "direction": "maximize"},
+                      {"field": "collectors.latency.ttft_s.p95", "direction": "minimize"}]
+
+
+def sweep_sections(store: Store, sweep_id: str) -> tuple[str, list[Section]]:
+    """Title and sections of a sweep report."""
+    from perfsdk.experiments.sweep import read_manifest
+
+    try:
+        manifest: dict[str, Any] | None = read_manifest(store, sweep_id)
+    except FileNotFoundError:
+        manifest = None
+    runs = {r.run_id: r for r in store.list_runs(tags={"sweep_id": sweep_id})} if store.runs_dir.is_dir() else {}
+    if manifest is None and not runs:
+        raise ReportError(f"{sweep_id}: no run or sweep with this id in {store.root}")
+    if manifest is not None:
+        axes = list(manifest["axes"])
+        objectives = manifest.get("objectives") or []
+        constraints = manifest.get("constraints") or []
+        plist = manifest["points"]
+    else:  # no manifest (e.g. copied runs): rebuild the points from the tags
+        axes = sorted({k for r in runs.values() for k in r.tags if k not in ("sweep_id", "sweep_point")})
+        objectives, constraints = [], []
+        plist = [{"point_id": r.tags.get("sweep_point"), "values": {k: r.tags.get(k) for k in axes}, "status": r.status,
+                  "run_id": r.run_id, "error": None, "objectives": {}, "feasible": None, "pareto": False}
+                 for r in sorted(runs.values(), key=lambda r: r.run_id)]
+    rows: dict[str, dict[str, Any]] = {rid: run_row(r) for rid, r in runs.items()}
+    secs: list[Section] = []
+
+    s = Section("Sweep")
+    info = [["sweep", sweep_id], ["status", manifest.get("status") if manifest else "-"],
+            ["strategy", manifest.get("strategy") if manifest else "-"],
+            ["points", len(plist)], ["finished", sum(1 for p in plist if p["status"] in ("ok", "partial"))],
+            ["failed", sum(1 for p in plist if p["status"] == "failed")],
+            ["axes", "; ".join(f"{k}: {v}" for k, v in (manifest["axes"].items() if manifest else []))],
+            ["objectives", "; ".join(f"{o['direction']} {o['field']}" for o in objectives) or "-"],
+            ["constraints", "; ".join(constraints) or "-"]]
+    s.html.append(_table(["field", "value"], info, "kv"))
+    obj_fields = [o["field"] for o in objectives] or [o["field"] for o in DEFAULT_OBJECTIVES]
+    headers = [a.rsplit(".", 1)[-1] for a in axes] + ["status"] + [f.replace("collectors.", "") for f in obj_fields] + \
+        ["feasible", "pareto", "run"]
+    table_rows = []
+    for p in plist:
+        row = rows.get(p.get("run_id") or "", {})
+        table_rows.append([p["values"].get(a) for a in axes] + [p["status"]] +
+                          [p["objectives"].get(f, _lookup(row, f)) if p.get("objectives") else _lookup(row, f)
+                           for f in obj_fields] +
+                          [{True: "yes", False: "no", None: "-"}[p.get("feasible")], "*" if p.get("pareto") else "",
+                           p.get("run_id") or p.get("error") or "-"])
+    s.html.append(_table(headers, table_rows))
+    secs.append(s)
+
+    finished = [p for p in plist if p["status"] in ("ok", "partial") and p.get("run_id") in rows]
+    batch_axes = [a for a in axes if a.endswith("batch_size")]
+    frows = []
+    for p in finished:
+        r = dict(rows[p["run_id"]])
+        for a in axes:  # make the axis values available under the tag names used for grouping
+            r.setdefault("tags." + a, p["values"].get(a))
+        if _num(r.get("workload.batch_size")) is None:  # runs without workload info: the axis value
+            for a in batch_axes:
+                if _num(p["values"].get(a)) is not None:
+                    r["workload.batch_size"] = p["values"][a]
+        frows.append(r)
+    s = Section("Batch-size panels")
+    fig = batch_size_panels(frows, [a for a in axes if a not in batch_axes])
+    if fig:
+        s.figures.append(Figure("batch-size", "Batch-size panels", fig,
+                                "One line per combination of the other axes; missing measurements are marked."))
+    else:
+        s.notes.append("The batch size does not vary in this sweep.")
+    secs.append(s)
+
+    s = Section("Pareto front")
+    objs = objectives if len(objectives) >= 2 else DEFAULT_OBJECTIVES
+    ppoints = []
+    labels = []
+    for p in finished:
+        row = rows[p["run_id"]]
+        ppoints.append({"values": {o["field"]: _lookup(row, o["field"]) for o in objs}, "feasible": p.get("feasible")})
+        labels.append(",".join(str(p["values"].get(a)) for a in axes))
+    fig = pareto_plot(ppoints, objs, labels)
+    if fig:
+        s.figures.append(Figure("pareto", "Pareto front", fig,
+                                "Non-dominated points among those meeting every constraint." +
+                                ("" if len(objectives) >= 2 else " (Default objectives: tokens/s vs TTFT p95.)")))
+    else:
+        s.notes.append("Not enough finished points with both objective values for a Pareto plot.")
+    secs.append(s)
+
+    s = Section("Latency CDF per point")
+    cdf_runs = [(",".join(str(p["values"].get(a)) for a in axes), runs[p["run_id"]]) for p in finished][:12]
+    fig = _overlay_cdf(store, cdf_runs)
+    if fig:
+        s.figures.append(Figure("latency-cdf", "End-to-end latency CDF per point", fig))
+        secs.append(s)
+    return (manifest or {}).get("name", sweep_id), secs
+
+
+def _overlay_cdf(store: Store, labelled: list[tuple[str, RunResult]]) -> bytes | None:
+    curves = []
+    for label, run in labelled:
+        vals = request_samples(store, run).get("e2e_s")
+        if vals:
+            curves.append((label, sorted(v * 1e3 for v in vals)))
+    if not curves:
+        return None
+    fig, axes = _figure(1, 1, width=8, height=4)
+    ax = axes[0][0]
+    for i, (label, xs) in enumerate(curves):
+        ax.step(xs, [(k + 1) / len(xs) for k in range(len(xs))], where="post", color=PALETTE[i % len(PALETTE)], label=label)
+    ax.set_xscale("log")
+    ax.set_xlabel("end-to-end latency per request (ms)")
+    ax.set_ylabel("fraction of requests")
+    ax.grid(alpha=0.3, which="both")
+    ax.legend(fontsize=7, ncols=2)
+    return _png(fig)
+
+
+# -- HTML ----------------------------------------------------------------------------------------
+
+CSS = """
+body{font-family:-apple-system,Segoe UI,Helvetica,Arial,sans-serif;margin:2em auto;max-width:1200px;color:#222;padding:0 1em}
+h1{font-size:1.6em;border-bottom:2px solid #264653;padding-bottom:.3em}
+h2{font-size:1.25em;margin-top:1.8em;color:#264653}
+table{border-collapse:collapse;margin:.8em 0;font-size:.85em}
+th,td{border:1px solid #ddd;padding:3px 8px;text-align:right}
+th{background:#f1f4f5}
+td:first-child,th:first-child{text-align:left}
+table.kv{display:inline-table;margin-right:2em;vertical-align:top}
+figure{margin:1em 0}
+figure img{max-width:100%;border:1px solid #eee}
+figcaption{font-size:.85em;color:#555}
+.note{color:#777;font-style:italic}
+footer{margin-top:3em;font-size:.8em;color:#888}
+"""
+
+
+def render_html(title: str, sections: list[Section], subtitle: str = "") -> str:
+    """The report page with every figure inline (``data:image/png;base64``)."""
+    parts = [f"<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'><title>{html.escape(title)}</title>",
+             f"<style>{CSS}</style></head><body>", f"<h1>{html.escape(title)}</h1>"]
+    if subtitle:
+        parts.append(f"<p>{html.escape(subtitle)}</p>")
+    for sec in sections:
+        parts.append(f"<h2>{html.escape(sec.title)}</h2>")
+        parts.extend(sec.html)
+        for fig in sec.figures:
+            b64 = base64.b64encode(fig.png).decode("ascii")
+            parts.append(f"<figure><img alt='{html.escape(fig.title)}' src='data:image/png;base64,{b64}'>"
+                         f"<figcaption>{html.escape(fig.caption or fig.title)}</figcaption></figure>")
+        for note in sec.notes:
+            parts.append(f"<p class='note'>{html.escape(note)}</p>")
+    stamp = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    parts.append(f"<footer>perfsdk report, generated {stamp}</footer></body></html>")
+    return "\n".join(parts)
+
+
+def build_report(store: Store, ident: str) -> tuple[str, list[Section]]:
+    """(title, sections) for a run id or a sweep id."""
+    try:
+        run = store.get(ident)
+    except StoreError:
+        run = None
+    if run is not None:
+        return f"Run {run.name} ({run.run_id})", run_sections(store, run)
+    name, secs = sweep_sections(store, ident)
+    return f"Sweep {name} ({ident})" if name != ident else f"Sweep {ident}", secs
+
+
+def write_report(store: Store | str, ident: str, output: str | Path = "report.html") -> tuple[Path, list[Path]]:
+    """Write the HTML report and its PNGs (``<output stem>_files/NN-<slug>.png``)."""
+    st = store if isinstance(store, Store) else Store(store)
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        raise ReportError("reports need matplotlib: pip install 'perfsdk[report]'") from None
+    title, sections = build_report(st, ident)
+    out = Path(output)
+    folder = out.parent / f"{out.stem}_files"
+    folder.mkdir(parents=True, exist_ok=True)
+    pngs: list[Path] = []
+    n = 0
+    for sec in sections:
+        for fig in sec.figures:
+            n += 1
+            p = folder / f"{n:02d}-{fig.slug}.png"
+            atomic_write(p, fig.png)
+            pngs.append(p)
+    atomic_write(out, render_html(title, sections).encode("utf-8"))
+    return out, pngs
+
+
+__all__ = ["ReportError", "build_report", "render_html", "write_report"]
