@@ -227,3 +227,26 @@ def test_point_task_carries_plain_data(tmp_path: Path) -> None:
     assert isinstance(task, PointTask)
     assert pickle.loads(pickle.dumps(task)).config["model"]["dtype"] == "bfloat16"
     assert task.store == str((tmp_path / "s").resolve())
+
+
+def test_example_sweep_file_is_valid() -> None:
+    sweep = load_sweep(Path(__file__).resolve().parent.parent / "examples" / "sweep.yaml")
+    assert sweep.spec.axes == {"workload.batching.batch_size": [1, 2, 4, 8], "model.dtype": ["float32", "bfloat16"]}
+    assert [o.direction for o in sweep.spec.objectives] == ["maximize", "minimize"]
+    assert str(sweep.spec.constraints[0]) == "collectors.latency.ttft_s.p95 <= 0.5"
+    assert sweep.sweep_id.startswith("batch-dtype-")
+
+
+def test_cli_summary_table(tmp_path: Path, perfsdk_cli: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    def fake(session: Any) -> None:
+        session.record("score", float(session.config.workload.batching.batch_size))
+
+    monkeypatch.setattr(sweep_mod, "DEFAULT_WORKLOAD", fake)
+    spec = dict(SPEC, axes={"workload.batching.batch_size": [1, 3]}, objectives=[{"maximize": "records.score"}],
+                constraints=["records.score <= 2"])
+    res = perfsdk_cli(["sweep", str(_write(tmp_path, spec)), "--store", str(tmp_path / "s")])
+    assert res.exit_code == 0, res.output
+    assert "2/2 points finished, 0 failed; Pareto front: 1 point(s)" in res.output
+    m = read_manifest(tmp_path / "s", load_sweep(tmp_path / "sweep.yaml").sweep_id)
+    assert [(p["values"]["workload.batching.batch_size"], p["feasible"], p["pareto"]) for p in m["points"]] == [
+        (1, True, True), (3, False, False)]
