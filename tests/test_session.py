@@ -240,3 +240,20 @@ def test_sampler_thread_is_stopped(model):
         assert any(t.name == "perfsdk-sampler" for t in threading.enumerate())
     assert not any(t.name == "perfsdk-sampler" for t in threading.enumerate())
     assert s.sampler.cpu_time_s >= 0
+
+
+def test_rss_includes_child_processes():
+    import subprocess
+    import sys
+    import time
+
+    code = "import time; x = bytearray(300 * 1024 * 1024); x[::4096] = b'1' * len(x[::4096]); time.sleep(4)"
+    with perfsdk.session({"collectors": {"memory": {"interval_s": 0.05}}}, store=None) as s:
+        child = subprocess.Popen([sys.executable, "-c", code])
+        try:
+            time.sleep(2.5)
+        finally:
+            pass
+    child.wait(timeout=30)
+    mem = s.result.collectors["memory"]
+    assert mem["rss_peak_bytes"] - mem["rss_start_bytes"] >= 250 * 1024 * 1024

@@ -36,15 +36,19 @@ class MemoryResult(CollectorResult):
     samples: int = 0
 
 
-def process_tree_rss(proc: Any) -> int:
-    """RSS of a process and all its children (bytes)."""
+def process_tree_rss(proc: Any, children: list[Any] | None = None) -> int:
+    """RSS of a process and all its children (bytes); ``children`` may be a cached listing."""
     total = proc.memory_info().rss
-    for child in proc.children(recursive=True):
+    for child in proc.children(recursive=True) if children is None else children:
         try:
             total += child.memory_info().rss
         except Exception:  # child exited between listing and reading
             pass
     return int(total)
+
+
+#: Listing child processes walks /proc (about a millisecond); it is refreshed at most this often.
+CHILDREN_REFRESH_NS = 1_000_000_000
 
 
 class MemoryCollector(Collector):
@@ -69,9 +73,20 @@ class MemoryCollector(Collector):
         self.samples = 0
         self.session: Any = None
         self.max_kv: tuple[int, int] | None = None  # (batch, context)
+        self._children_cache: list[Any] = []
+        self._children_at = -CHILDREN_REFRESH_NS
+
+    def _children(self, t_ns: int) -> list[Any]:
+        if t_ns - self._children_at >= CHILDREN_REFRESH_NS:
+            try:
+                self._children_cache = self._proc.children(recursive=True)
+            except Exception:
+                self._children_cache = []
+            self._children_at = t_ns
+        return self._children_cache
 
     def _sample(self, t_ns: int = 0, tree: bool = True, phase: str | None = None) -> None:
-        rss = process_tree_rss(self._proc) if tree else int(self._proc.memory_info().rss)
+        rss = process_tree_rss(self._proc, self._children(t_ns)) if tree else int(self._proc.memory_info().rss)
         self.samples += 1
         if rss > self.peak:
             self.peak = rss
@@ -127,8 +142,8 @@ class MemoryCollector(Collector):
     def perfsdk_finalize(self, session: Any) -> MemoryResult:
         from perfsdk.models.info import kv_cache_bytes
 
-        self._sample()
         self.end = process_tree_rss(self._proc)
+        self.peak = max(self.peak, self.end)
         info = session.model_info
         cuda = self._cuda()
         kv = kv_tok = None
