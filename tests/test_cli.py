@@ -160,3 +160,13 @@ def test_trace_hooks_env_logs_hook_calls(tmp_path):
     assert proc.returncode == 0
     log = proc.stdout + proc.stderr
     assert "perfsdk_session_start" in log and "perfsdk_finalize" in log
+
+
+def test_bad_jsonl_prompt_line_exit_2_nothing_stored(perfsdk_cli, tmp_path):
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text('{"prompt": "fine"}\n{"text": "no prompt field"}\n')
+    store = tmp_path / "store"
+    r = perfsdk_cli(["run", "--store", str(store), "--set", f"workload.prompts={prompts}"])
+    assert r.exit_code == 2
+    assert "p.jsonl" in r.output and "line 2" in r.output
+    assert not (store / "runs").exists() or not any((store / "runs").iterdir())

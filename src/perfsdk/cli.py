@@ -71,6 +71,9 @@ def preflight(cfg: Any) -> None:
     mid = cfg.model.id
     if mid.startswith((".", "/", "~")) and not Path(mid).expanduser().exists():
         raise ConfigError(f"model.id: model folder {mid} not found")
+    from perfsdk.models.runner import check_workload
+
+    check_workload(cfg)  # bad prompt lines, unknown built-ins, impossible model settings
 
 
 def _install_signal_handlers() -> dict[int, Any]:
