@@ -131,3 +131,20 @@ def test_cli_json_and_errors() -> None:
     assert r.exit_code == 2 and "unknown backend" in r.output
     r = runner.invoke(flops_command, ["gpt2", "-t", "8", "-g", "2"])
     assert r.exit_code == 0 and "flops_total" in r.output and "lm_head" in r.output
+
+
+def test_collector_forward_steps_and_fvcore_backend() -> None:
+    model = tiny()
+    ids = torch.randint(1, VOCAB, (3, 6))
+    with perfsdk.session({"collectors": {"flops": {}}}, store=None) as s:
+        s.load(model=model, tokenizer=None)
+        s.forward(model, input_ids=ids)
+    r = s.result.collectors["flops"]  # type: ignore[union-attr]
+    full_logits = LAYERS * (3 * 6 * (HID * HEADS * HD * 2 + 2 * HID * KV * HD + 3 * HID * INTER)
+                            + 2 * 3 * HEADS * 6 * 6 * HD) + 3 * 6 * HID * VOCAB
+    assert r["flops_forward"] == r["flops_total"] == 2 * full_logits
+    assert r["flops_prefill"] == 0 and r["deviation_pct"] == 0.0
+    s2 = run_session(tiny(), {"backend": "fvcore"}, steps=1)
+    r2 = s2.result.collectors["flops"]  # type: ignore[union-attr]
+    assert r2["backend"] == "fvcore" and "MACs x 2" in r2["method"]
+    assert r2["deviation_pct"] == 0.0 and any("multiply-adds" in n for n in r2["notes"])

@@ -140,8 +140,12 @@ class _WeightSet:
 
     def add(self, t: torch.Tensor) -> None:
         key = id(t)
+
+        def forget(_ref: weakref.ref[torch.Tensor], k: int = key) -> None:
+            self._refs.pop(k, None)
+
         try:
-            self._refs[key] = weakref.ref(t, lambda _r, k=key: self._refs.pop(k, None))
+            self._refs[key] = weakref.ref(t, forget)
         except TypeError:  # pragma: no cover - tensors are weak-referenceable
             pass
 

@@ -216,8 +216,8 @@ def count_meta_generate(model: torch.nn.Module, batch_size: int, input_tokens: i
     res.flops_decode = sum(mods.values())
     res.macs_decode = dec_macs
     for src, dst in ((mods, res.modules), (types, res.module_types), (cats, res.categories)):
-        for k, v in src.items():
-            dst[k] = dst.get(k, 0) + v
+        for name, v in src.items():
+            dst[name] = dst.get(name, 0) + v
     res.decode_forwards = n_dec
     res.forwards = result.forwards  # the steps actually counted
     res.notes.append(f"decode steps 4..{n_dec} summed in closed form: per-module FLOPs are affine in the context "

@@ -133,8 +133,9 @@ def result_fields(count: FlopsCount, analytic_total: int | None, *, output_token
 
 
 def _step_shape(step: Step) -> tuple[Any, ...]:
-    ids = step.inputs.get("input_ids") if step.inputs else None
-    length = int(ids.shape[-1]) if hasattr(ids, "shape") and len(ids.shape) >= 2 else max(step.input_tokens or [0])
+    ids: Any = step.inputs.get("input_ids") if step.inputs else None
+    shape = getattr(ids, "shape", None)
+    length = int(shape[-1]) if shape is not None and len(shape) >= 2 else max(step.input_tokens or [0])
     gen = tuple(sorted((k, repr(v)) for k, v in (step.gen_kwargs or {}).items()
                        if k in ("max_new_tokens", "min_new_tokens", "max_length", "do_sample", "num_beams")))
     return step.kind, step.batch_size, length, gen
