@@ -125,3 +125,14 @@ def test_hooks_removed_on_error() -> None:
         with OperationCapture(model):
             model(input_ids=torch.full((1, 3), V + 5))
     assert all(not m._forward_hooks and not m._forward_pre_hooks for m in model.modules())
+
+
+def test_nested_captures_both_record_everything() -> None:
+    model = tiny("sdpa")
+    ids = torch.randint(0, V, (1, 5))
+    with torch.inference_mode(), OperationCapture(model) as outer, OperationCapture(model) as inner:
+        model(input_ids=ids)
+    with torch.inference_mode(), OperationCapture(model) as alone:
+        model(input_ids=ids)
+    assert outer.flops == inner.flops == alone.flops > 0
+    assert len(outer.records) == len(inner.records) == len(alone.records)
