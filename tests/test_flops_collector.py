@@ -70,6 +70,9 @@ def test_collector_counts_prefill_and_decode_exactly() -> None:
 
 def test_collector_all_steps_and_no_peak() -> None:
     s = run_session(tiny(), {"steps": "all"}, steps=2)
+    s_hw = run_session(tiny(), {"hardware": "host-cpu"}, steps=1)
+    r_hw = s_hw.result.collectors["flops"]  # type: ignore[union-attr]
+    assert r_hw["peak_tflops"] > 0 and r_hw["mfu_pct"] > 0, r_hw["notes"]
     r = s.result.collectors["flops"]  # type: ignore[union-attr]
     assert r["steps_counted"] == 2
     assert r["flops_total"] == 2 * 2 * sum([fwd_macs(2, 5, 5)] + [fwd_macs(2, 1, 5 + k) for k in range(1, 4)])
