@@ -91,23 +91,24 @@ def test_simulate_human_output() -> None:
 
 def test_fit_recovers_known_coefficients() -> None:
     rng = np.random.default_rng(0)
-    truth = np.array([1e-11, 2e-10, 3e-5, 1e-3])
+    truth = np.array([1e-11, 2e-10, 3e-5, 1e-3, 2e-3])
     obs = []
     for i in range(12):
         n = int(rng.integers(20, 60))
         flops = rng.uniform(1e5, 1e8, n)
         bytes_ = rng.uniform(1e4, 1e7, n)
-        o = Observation(f"o{i}", "prefill", 1.0, flops, bytes_, np.ones(n), float(rng.integers(1, 5)))
+        o = Observation(f"o{i}", "prefill" if i % 2 else "decode", 1.0, flops, bytes_, np.ones(n), float(rng.integers(1, 5)))
         o.measured_s = o.predict(truth)
         obs.append(o)
     res = fit(obs)
-    got = np.array([res.coefficients[k] for k in ("s_per_flop", "s_per_byte", "op_overhead_s", "step_overhead_s")])
+    got = np.array([res.coefficients[k] for k in ("s_per_flop", "s_per_byte", "op_overhead_s", "step_overhead_s", "prefill_overhead_s")])
     assert got == pytest.approx(truth, rel=1e-6)
     assert max(abs(e) for e in res.errors_pct.values()) < 1e-6
     prof = profile_from_fit(res, name="fitted")
     assert prof.kind == "cpu" and prof.peak_flops("float32") == pytest.approx(1e11)
     assert prof.memory_bandwidth_gbs == pytest.approx(5.0)
     assert prof.op_overhead_s == pytest.approx(3e-5) and prof.step_overhead_s == pytest.approx(1e-3)
+    assert prof.prefill_overhead_s == pytest.approx(2e-3)
 
 
 def test_calibrate_command_writes_profile(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -131,6 +131,9 @@ class HardwareProfile(_Strict):
     memory_efficiency: float = Field(default=1.0, gt=0, le=1, description="Achieved fraction of memory bandwidth")
     op_overhead_s: float = Field(default=0.0, ge=0, description="Fixed cost per operation (kernel launch, dispatch), s")
     step_overhead_s: float = Field(default=0.0, ge=0, description="Fixed cost per forward pass (framework, sampling), s")
+    prefill_overhead_s: float = Field(default=0.0, ge=0,
+                                      description="Fixed cost once per generate call, in the prefill (input "
+                                                  "preparation, cache set-up), s")
 
     @model_validator(mode="after")
     def _link(self) -> HardwareProfile:

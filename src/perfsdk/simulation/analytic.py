@@ -15,7 +15,9 @@ heads), and normalization, activation, softmax and other elementwise ops carry n
 Modelled: GQA (KV heads), sliding-window attention (the KV cache, and so the keys read, is capped
 at the window), MoE (router, then only the experts
 the batch's tokens reach, ``E * (1 - (1 - k/E)^tokens)`` of them in expectation), and the language
-model head on the last position only (as ``generate`` does).
+model head on the last position only (as ``generate`` does). The KV cache grows by
+concatenation, as ``transformers``' ``DynamicCache`` does (each decode step reads and rewrites
+the cache); ``ModelShape.kv_concat=False`` models a preallocated cache written in place.
 """
 
 from __future__ import annotations
@@ -110,6 +112,19 @@ def _layer(e: _Emitter, m: ModelShape, li: int, batch: int, tokens: int, past: i
     e.linear(f"{p}.self_attn.v_proj", batch, tokens, h, kv_out)
     e.pointwise(f"{p}.self_attn.rotary", "rotary_embedding", "elementwise",
                 (batch, tokens, q_out + kv_out), inputs=2)
+    if past and m.kv_concat:
+        # transformers' DynamicCache appends by concatenation: the cached K and V are read and
+        # rewritten with the new entries on every step
+        old = min(past, m.sliding_window) if m.sliding_window else past
+        new_len = min(past + tokens, m.sliding_window) if m.sliding_window else past + tokens
+        kv_old = int(2 * batch * m.num_kv_heads * old * m.head_dim * e.s)
+        kv_in = int(2 * batch * m.num_kv_heads * tokens * m.head_dim * e.s)
+        kv_new = int(2 * batch * m.num_kv_heads * new_len * m.head_dim * e.s)
+        e._add(module_path=f"{p}.self_attn.kv_cache", op="cat", category="other",
+               input_shapes=[(batch, m.num_kv_heads, old, m.head_dim)],
+               output_shape=(batch, m.num_kv_heads, new_len, m.head_dim),
+               bytes_read=kv_old + kv_in, bytes_written=kv_new, kv_bytes=kv_old,
+               elements=int(kv_new / e.s))
     e.attention(f"{p}.self_attn.attn", batch, tokens, past, m)
     e.linear(f"{p}.self_attn.o_proj", batch, tokens, q_out, h)
     e.pointwise(f"{p}.residual_attn", "add", "elementwise", (batch, tokens, h), inputs=2)

@@ -5,10 +5,11 @@ Each observation is one phase of one measured ``generate`` call: the operations 
 decode time for the decode steps). The model being fitted is the simulation's own::
 
     time = sum_i max(flops_i * g_i * x_f, bytes_i * x_b) + ops * x_o + forward_passes * x_s
+           + [prefill] * x_p
 
 with ``g_i = (rows_i + h) / rows_i`` for a matrix product with ``rows_i`` output rows (small
 products run below the peak rate; ``h`` is chosen on a grid), ``x_f = 1 / FLOP/s``, ``x_b = 1 / (bytes/s)``, ``x_o`` the per-op overhead and ``x_s`` the
-per-forward-pass overhead. The ``max`` makes it piecewise linear, so the fit alternates: label
+per-forward-pass overhead and ``x_p`` the once-per-``generate`` set-up cost (prefill only). The ``max`` makes it piecewise linear, so the fit alternates: label
 every op compute- or memory-bound with the current estimate, solve the linear least-squares
 problem (numpy, rows weighted by 1/measured so that the *relative* error is minimised, negative
 coefficients dropped and refitted), and repeat until the labels stop changing.
@@ -32,7 +33,7 @@ from perfsdk.simulation.costmodel import matmul_rows, op_bytes
 
 log = structlog.get_logger("perfsdk.simulation.calibration")
 
-PARAMS = ("s_per_flop", "s_per_byte", "op_overhead_s", "step_overhead_s")
+PARAMS = ("s_per_flop", "s_per_byte", "op_overhead_s", "step_overhead_s", "prefill_overhead_s")
 
 
 @dataclass
@@ -77,6 +78,7 @@ class Observation:
             float(np.sum(self.weights * self.bytes_ * ~compute_bound)),
             float(np.sum(self.weights)),
             self.forward_passes,
+            1.0 if self.phase == "prefill" else 0.0,
         ])
 
     def predict(self, x: np.ndarray, half_rows: float = 0.0) -> float:
@@ -143,10 +145,10 @@ def _fit_at(observations: list[Observation], h: float, *, fit_step_overhead: boo
     """Fit the four linear coefficients at a fixed small-M parameter ``h``."""
     if len(observations) < 3:
         raise ValueError(f"need at least 3 observations to calibrate, got {len(observations)}")
-    free = [0, 1, 2, 3] if fit_step_overhead else [0, 1, 2]
+    free = [0, 1, 2, 3, 4] if fit_step_overhead else [0, 1, 2, 4]
     # start from an additive model: every op both compute- and memory-costed
-    a0 = np.array([[np.sum(o.weights * o.flops), np.sum(o.weights * o.bytes_), np.sum(o.weights), o.forward_passes]
-                   for o in observations])
+    a0 = np.array([[np.sum(o.weights * o.flops), np.sum(o.weights * o.bytes_), np.sum(o.weights), o.forward_passes,
+                    1.0 if o.phase == "prefill" else 0.0] for o in observations])
     b = np.array([o.measured_s for o in observations])
     scale = 1.0 / b
     col = np.maximum(np.abs(a0).max(axis=0), 1e-30)  # column scaling for conditioning
@@ -213,6 +215,7 @@ def profile_from_fit(result: FitResult, *, name: str = "host-calibrated", base: 
         compute_pj_per_flop=base.compute_pj_per_flop, static_power_w=base.static_power_w,
         compute_efficiency=1.0, memory_efficiency=1.0,
         op_overhead_s=result.coefficients["op_overhead_s"], step_overhead_s=result.coefficients["step_overhead_s"],
+        prefill_overhead_s=result.coefficients["prefill_overhead_s"],
         matmul_half_rows=result.matmul_half_rows or None,
     )
 
@@ -240,12 +243,13 @@ class Measurement:
 class _Stamps:
     """A streamer recording when each generated position is ready (as the session does)."""
 
-    def __init__(self) -> None:
+    def __init__(self, clock: Any = time.perf_counter_ns) -> None:
         self.times: list[int] = []
         self._prompt = False
+        self._clock = clock
 
     def put(self, value: Any) -> None:
-        t = time.perf_counter_ns()
+        t = self._clock()
         if self._prompt:
             self.times.append(t)
         self._prompt = True
@@ -255,14 +259,17 @@ class _Stamps:
 
 
 def measure_generate(model: Any, batch_size: int, input_tokens: int, output_tokens: int, *, repeats: int = 3,
-                     warmup: int = 1, label: str = "model", seed: int = 0, estimator: str = "min") -> Measurement:
+                     warmup: int = 1, label: str = "model", seed: int = 0, estimator: str = "min",
+                     clock: str = "wall") -> Measurement:
     """Time ``model.generate`` on random token ids, forcing exactly ``output_tokens`` tokens.
 
     TTFT = generate start to the first generated position; decode = first to last position
     (one clock: ``time.perf_counter_ns``), over ``repeats`` calls after ``warmup``. The default
     estimator is the minimum: on a shared machine other processes only ever add time, so the
     fastest repeat is the best estimate of the machine's own speed (``estimator="median"``
-    for the median).
+    for the median). ``clock="cpu"`` times with this process's CPU time instead of the wall
+    clock: with one torch thread it leaves out the time the process waited for a core that other
+    processes held, which is what makes timings on a busy shared machine comparable.
     """
     import torch
 
@@ -275,8 +282,9 @@ def measure_generate(model: Any, batch_size: int, input_tokens: int, output_toke
     ttft, dec = [], []
     with torch.inference_mode():
         for i in range(warmup + repeats):
-            st = _Stamps()
-            t0 = time.perf_counter_ns()
+            clk = time.process_time_ns if clock == "cpu" else time.perf_counter_ns
+            st = _Stamps(clk)
+            t0 = clk()
             model.generate(**kw, streamer=st)
             if i < warmup:
                 continue
@@ -331,18 +339,20 @@ def observations_for(shape: Any, m: Measurement, dtype: str = "float32") -> list
     return obs
 
 
-def micro_observations(repeats: int = 5) -> list[Observation]:
+def micro_observations(repeats: int = 5, clock: str = "wall") -> list[Observation]:
     """Two micro-kernels that anchor the rates: a large fp32 matmul (compute) and a large
     elementwise add (memory), timed with torch on the current thread setting."""
     import torch
+
+    clk = time.process_time_ns if clock == "cpu" else time.perf_counter_ns
 
     def best(fn: Any) -> float:
         fn()
         ts = []
         for _ in range(repeats):
-            t0 = time.perf_counter_ns()
+            t0 = clk()
             fn()
-            ts.append((time.perf_counter_ns() - t0) / 1e9)
+            ts.append((clk() - t0) / 1e9)
         return min(ts)
 
     n = 1024
@@ -365,7 +375,7 @@ DEFAULT_CALIBRATION_GRID = [(1, 16, 16), (1, 128, 16), (4, 32, 16), (8, 128, 8),
 
 def calibrate_here(models: list[str], grid: list[tuple[int, int, int]] | None = None, *, repeats: int = 3,
                    threads: int | None = None, fit_step_overhead: bool = True, micro: bool = True,
-                   progress: Any = None) -> tuple[FitResult, list[Measurement]]:
+                   progress: Any = None, clock: str = "wall") -> tuple[FitResult, list[Measurement]]:
     """Measure ``models`` (random weights) on a grid of (batch, input tokens, output tokens),
     plus the micro-kernels (``micro``), and fit."""
     import torch
@@ -374,13 +384,13 @@ def calibrate_here(models: list[str], grid: list[tuple[int, int, int]] | None = 
 
     if threads:
         torch.set_num_threads(threads)
-    obs: list[Observation] = micro_observations() if micro else []
+    obs: list[Observation] = micro_observations(clock=clock) if micro else []
     meas: list[Measurement] = []
     for spec in models:
         model = build_random_model(spec)
         shape = shape_from_config(model.config, name=spec)
         for b, i, o in grid or DEFAULT_CALIBRATION_GRID:
-            m = measure_generate(model, b, i, o, repeats=repeats, label=spec)
+            m = measure_generate(model, b, i, o, repeats=repeats, label=spec, clock=clock)
             meas.append(m)
             obs.extend(observations_for(shape, m))
             if progress is not None:

@@ -213,15 +213,16 @@ class Simulator:
             st.busy_s += t
             if op.weight_bytes:
                 st.weights[op.module_path] = max(st.weights.get(op.module_path, 0), op.weight_bytes)
-            if op.kv_bytes:
+            if op.kv_bytes and op.category == "attention":
                 st.kv[op.module_path] = max(st.kv.get(op.module_path, 0), op.kv_bytes)
 
         static_w = sum(p.profile.static_power_w for p in devs.values())
         step_overhead = self.profiles[self.default_device].step_overhead_s
+        prefill_overhead = self.profiles[self.default_device].prefill_overhead_s
         out_phases: dict[str, PhasePrediction] = {}
         for ph, acc in phases.items():
             n_steps = sum(steps[ph].values())
-            overhead = step_overhead * n_steps
+            overhead = step_overhead * n_steps + (prefill_overhead if ph == "prefill" and n_steps else 0.0)
             time_s = acc.time_s + overhead
             energy = acc.dyn_j + static_w * time_s
             out_phases[ph] = PhasePrediction(

@@ -52,6 +52,7 @@ class ModelShape:
     norm: str = "rms"
     tie_word_embeddings: bool = False
     name: str = "model"
+    kv_concat: bool = True
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
