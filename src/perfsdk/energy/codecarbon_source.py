@@ -107,7 +107,14 @@ class CodeCarbonSource:
             return None
         try:
             cpu_mode = self._cpu_mode(tr)
+            timers = [getattr(sch, "_timer", None) for sch in
+                      (getattr(tr, "_scheduler", None), getattr(tr, "_scheduler_monitor_power", None))]
             tr.stop()
+            # CodeCarbon cancels its timer threads but does not wait for them: do, so that
+            # no thread outlives the session.
+            for timer in timers:
+                if timer is not None and timer.is_alive():
+                    timer.join(timeout=2)
             d = tr.final_emissions_data
         except Exception as exc:
             self.reason = f"CodeCarbon failed to stop: {exc!r}"
