@@ -380,15 +380,18 @@ def hardware_show(name: str, hardware_files: tuple[str, ...], as_json: bool) -> 
 
 
 @click.command("calibrate")
-@click.option("--model", "models", multiple=True, default=["builtin:tiny-llama", "builtin:tiny-llama@layers=2"],
+@click.option("--model", "models", multiple=True,
+              default=["builtin:tiny-llama-medium", "builtin:tiny-llama-medium@layers=4"],
               show_default=True, help="Models to measure (random weights); spec@layers=N changes the depth")
 @click.option("--repeats", default=3, show_default=True, type=click.IntRange(min=1))
 @click.option("--threads", type=click.IntRange(min=1), help="torch threads (default: torch's)")
+@click.option("--clock", type=click.Choice(["wall", "cpu"]), default="wall", show_default=True,
+              help="cpu: time with process CPU time (use with --threads 1 on a busy shared machine)")
 @click.option("--name", default="host-calibrated", show_default=True, help="Name of the fitted profile")
 @click.option("--output", "-o", type=click.Path(dir_okay=False), help="Write the profile YAML here (default: stdout)")
 @click.option("--json", "as_json", is_flag=True, help="Print the fit (coefficients, in-sample errors) as JSON")
-def calibrate_command(models: tuple[str, ...], repeats: int, threads: int | None, name: str, output: str | None,
-                      as_json: bool) -> None:
+def calibrate_command(models: tuple[str, ...], repeats: int, threads: int | None, clock: str, name: str,
+                      output: str | None, as_json: bool) -> None:
     """Fit a host profile (FLOP/s, bandwidth, per-op and per-step overhead) from short measured runs."""
     from perfsdk.simulation.calibration import calibrate_here, profile_from_fit
 
@@ -397,7 +400,7 @@ def calibrate_command(models: tuple[str, ...], repeats: int, threads: int | None
                    f"TTFT {_fmt_s(m.ttft_s)}, TPOT {_fmt_s(m.tpot_s)}", err=True)
 
     try:
-        result, _ = calibrate_here(list(models), repeats=repeats, threads=threads, progress=progress)
+        result, _ = calibrate_here(list(models), repeats=repeats, threads=threads, progress=progress, clock=clock)
         profile = profile_from_fit(result, name=name, note=f"Models: {', '.join(models)}.")
     except ValueError as exc:
         _fail(str(exc))
@@ -409,6 +412,7 @@ def calibrate_command(models: tuple[str, ...], repeats: int, threads: int | None
         click.echo(f"wrote {output}", err=True)
     if as_json:
         click.echo(json.dumps({"coefficients": result.coefficients, "errors_pct": result.errors_pct,
+                               "matmul_half_rows": result.matmul_half_rows,
                                "observations": result.observations}, indent=2))
     elif not output:
         click.echo(text, nl=False)
