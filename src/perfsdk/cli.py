@@ -57,10 +57,24 @@ def fail_usage(message: str) -> None:
 def cli(verbose: int, plugins_allow: str | None, no_plugin_autoload: bool) -> None:
     """perfsdk: measure and simulate PyTorch / transformers inference."""
     configure_logging(verbose)
+    changes: dict[str, str] = {}
     if plugins_allow is not None:
-        os.environ["PERFSDK_PLUGINS"] = plugins_allow
+        changes["PERFSDK_PLUGINS"] = plugins_allow
     if no_plugin_autoload:
-        os.environ["PERFSDK_DISABLE_PLUGIN_AUTOLOAD"] = "1"
+        changes["PERFSDK_DISABLE_PLUGIN_AUTOLOAD"] = "1"
+    if changes:
+        # the switches apply to this invocation only (matters when the CLI runs in-process)
+        saved = {k: os.environ.get(k) for k in changes}
+        os.environ.update(changes)
+
+        def restore() -> None:
+            for k, v in saved.items():
+                if v is None:
+                    os.environ.pop(k, None)
+                else:
+                    os.environ[k] = v
+
+        click.get_current_context().call_on_close(restore)
 
 
 def preflight(cfg: Any) -> None:
