@@ -93,10 +93,13 @@ def test_latency_pools_samples_and_takes_slowest_step() -> None:
 
 def test_energy_counts_host_wide_counters_once() -> None:
     e0 = {"status": "ok", "energy_j": {"rapl:package": 10.0, "nvml:gpu:0": 5.0, "codecarbon:process": 1.0},
-          "output_tokens": 8}
+          "steps_energy_j": {"rapl:package": 8.0, "nvml:gpu:0": 4.0, "codecarbon:process": 1.0},
+          "measured_keys": ["nvml:gpu:0", "rapl:package"], "output_tokens": 8}
     e1 = {"status": "ok", "energy_j": {"rapl:package": 12.0, "nvml:gpu:1": 7.0, "codecarbon:process": 2.0},
-          "output_tokens": 12}
-    e2 = {"status": "ok", "energy_j": {"rapl:package": 20.0}, "output_tokens": 0}
+          "steps_energy_j": {"rapl:package": 10.0, "nvml:gpu:1": 6.0, "codecarbon:process": 2.0},
+          "measured_keys": ["nvml:gpu:1", "rapl:package"], "output_tokens": 12}
+    e2 = {"status": "ok", "energy_j": {"rapl:package": 20.0}, "steps_energy_j": {"rapl:package": 18.0},
+          "measured_keys": ["rapl:package"], "output_tokens": 0}
     p = [_payload(0, "a", {}, {}, {"energy": e0}), _payload(1, "a", {}, {}, {"energy": e1}),
          _payload(2, "b", {}, {}, {"energy": e2})]
     en = aggregate_energy(p, 20)
@@ -104,8 +107,13 @@ def test_energy_counts_host_wide_counters_once() -> None:
     # same host "a": the package counter is read twice -> max 12; host "b" adds 20
     assert en["energy_j"] == {"rapl:package": 32.0, "nvml:gpu:0": 5.0, "nvml:gpu:1": 7.0, "codecarbon:process": 3.0}
     assert en["output_tokens"] == 20
-    assert en["j_per_output_token"]["rapl:package"] == pytest.approx(32.0 / 20)
-    assert en["output_tokens_per_j"]["nvml:gpu:1"] == pytest.approx(20 / 7.0)
+    # steps: package max(8, 10) on host a + 18 on host b = 28; GPUs 4 + 6; codecarbon is not measuring
+    assert en["steps_energy_j"]["rapl:package"] == 28.0
+    assert en["j_per_output_token_by_source"]["rapl:package"] == pytest.approx(28.0 / 20)
+    assert en["output_tokens_per_j_by_source"]["nvml:gpu:1"] == pytest.approx(20 / 6.0)
+    assert en["measured_keys"] == ["nvml:gpu:0", "nvml:gpu:1", "rapl:package"]
+    assert en["j_per_output_token"] == pytest.approx((28.0 + 4.0 + 6.0) / 20)
+    assert en["output_tokens_per_j"] == pytest.approx(20 / 38.0)
 
 
 def test_aggregate_builds_ranks_section_and_merges_errors() -> None:

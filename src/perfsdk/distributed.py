@@ -385,9 +385,23 @@ def aggregate_energy(payloads: list[dict[str, Any]], output_tokens: int | None) 
             base[fld] = {k: _energy_total(k, vals) for k, vals in keys.items()}
     tokens = output_tokens if output_tokens is not None else sum(int(e.get("output_tokens") or 0) for _, e in present)
     base["output_tokens"] = tokens
-    if isinstance(base.get("energy_j"), dict):
-        base["j_per_output_token"] = {k: v / tokens for k, v in base["energy_j"].items() if v and tokens}
-        base["output_tokens_per_j"] = {k: tokens / v for k, v in base["energy_j"].items() if v and tokens}
+    if isinstance(base.get("steps_energy_j"), dict):
+        by_source = {k: v for k, v in base["steps_energy_j"].items() if v}
+        base["j_per_output_token_by_source"] = {k: v / tokens for k, v in by_source.items() if tokens}
+        base["output_tokens_per_j_by_source"] = {k: tokens / v for k, v in by_source.items() if tokens}
+    # the headline adds up only the non-overlapping measuring channels (as the collector does)
+    keys = sorted({k for _, e in present for k in (e.get("measured_keys") or [])})
+    steps = base.get("steps_energy_j") or {}
+    measured = [steps.get(k) for k in keys]
+    if keys and all(v is not None for v in measured):
+        m_steps = float(sum(measured))  # type: ignore[arg-type]
+        base["measured_keys"] = keys
+        base["measured_steps_energy_j"] = m_steps
+        base["j_per_output_token"] = m_steps / tokens if tokens else None
+        base["output_tokens_per_j"] = tokens / m_steps if m_steps and tokens else None
+    else:
+        base["j_per_output_token"] = None
+        base["output_tokens_per_j"] = None
     base["status"] = "ok" if any(e.get("status") == "ok" for _, e in present) else base.get("status", "unavailable")
     return base
 
