@@ -168,7 +168,11 @@ def execute_run(sess: Any, quiet: bool = False, as_json: bool = False) -> int:
     result = sess.result
     if result is None:
         return code or EXIT_FAILED
-    if as_json:
+    rank = getattr(getattr(sess, "rank_info", None), "rank", 0)
+    if rank != 0:
+        # under torchrun every rank runs this; rank 0 prints the gathered run
+        click.echo(f"rank {rank}: run {result.run_id} {result.status} (gathered on rank 0)", err=True)
+    elif as_json:
         click.echo(result.model_dump_json(indent=2))
     elif quiet:
         click.echo(result.run_id)
