@@ -164,8 +164,7 @@ class SimulationCollector(Collector):
             ops = self._replay(step)
         except Exception as exc:
             return SimulationCollectorResult(status="unavailable", reason=f"operation capture failed: {exc!r}")
-        if cfg.dtype:
-            ops = rescale_ops(ops, cfg.dtype)
+        target_ops = rescale_ops(ops, cfg.dtype) if cfg.dtype else ops
         catalog = Catalog.load(cfg.hardware_files)
         mapping = mapping_from(cfg.mapping)
         weight_bytes = None
@@ -189,9 +188,11 @@ class SimulationCollector(Collector):
                 continue
             try:
                 prof = _profile(target, catalog)
-                sim = Simulator(prof, mapping if target != measured_name else None, catalog)
-                res = sim.predict(ops, batch_size=b, input_tokens=in_tok, top_n=cfg.top_n, weight_bytes=weight_bytes,
-                                  model=getattr(session.model_info, "model_id", None) if session.model_info else None)
+                here = target == measured_name  # the measured device: as run, no mapping, no dtype change
+                sim = Simulator(prof, None if here else mapping, catalog)
+                res = sim.predict(ops if here else target_ops, batch_size=b, input_tokens=in_tok, top_n=cfg.top_n, weight_bytes=weight_bytes,
+                                  model=getattr(session.model_info, "model_id", None) if session.model_info else None,
+                                  dtype=None if here else cfg.dtype)
             except (HardwareProfileError, MappingError, ValueError) as exc:
                 errors[target] = str(exc)
                 continue
@@ -221,6 +222,38 @@ def _profile(name_or_path: str, catalog: Catalog) -> HardwareProfile:
 
         return get_profile(name_or_path)
     return catalog.get(name_or_path)
+
+
+def simulation_tables(collectors: dict[str, Any]) -> list[Any]:
+    """Rich tables for a run summary: predictions per target, and predicted vs measured."""
+    from rich.table import Table
+
+    res = collectors.get("simulation")
+    if not res:
+        return []
+    if res.get("status") != "ok":
+        t = Table(title="Simulation", show_header=False, show_edge=False)
+        t.add_row("simulation", f"unavailable: {res.get('reason')}")
+        return [t]
+    pt = Table(title=f"Simulation (ops of step {res.get('captured_step')}, batch {res.get('batch_size')}, "
+                     f"{res.get('input_tokens')} in / {res.get('output_tokens')} out)", show_edge=False)
+    for c in ("profile", "TTFT", "TPOT", "tokens/s", "J/token", "fits"):
+        pt.add_column(c, justify="right" if c != "profile" else "left")
+    for name, p in res.get("predictions", {}).items():
+        label = f"{name} (measured here)" if name == res.get("measured_profile") else name
+        pt.add_row(label, _fmt_s(p["ttft_s"]), _fmt_s(p["tpot_s"]), f"{p['output_tokens_per_s']:.1f}",
+                   f"{p['energy_j_per_output_token']:.3g}", "yes" if p["fits_in_memory"] else "NO")
+    tables = [pt]
+    comp = res.get("comparison") or {}
+    if comp:
+        ct = Table(title=f"Predicted vs measured on {res.get('measured_profile')}", show_edge=False)
+        for c in ("phase", "measured", "predicted", "error"):
+            ct.add_column(c, justify="right" if c != "phase" else "left")
+        for ph, e in comp.items():
+            err = "-" if e.get("error_pct") is None else f"{e['error_pct']:+.1f}%"
+            ct.add_row(ph, _fmt_s(e.get("measured_s")), _fmt_s(e.get("predicted_s")), err)
+        tables.append(ct)
+    return tables
 
 
 @hookimpl
