@@ -111,6 +111,10 @@ def print_summary(run: RunResult, console: Console | None = None, run_dir: str |
 
     for table in profiling_tables(run.collectors):
         console.print(table)
+    from perfsdk.simulation.plugin import simulation_tables
+
+    for table in simulation_tables(run.collectors):
+        console.print(table)
     if lat and any((lat.get(k) or {}).get("low_sample_count") for k in ("ttft_s", "tpot_s")):
         console.print("* fewer than 100 samples: tail percentiles (p95/p99) are extrapolations")
     for err in run.errors:
