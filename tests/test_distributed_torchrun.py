@@ -76,5 +76,6 @@ def test_perfsdk_run_under_torchrun(tmp_path: Path) -> None:
     assert lat["ttft_s"]["count"] == 4 and lat["tpot_s"]["count"] == 4 and lat["itl_s"]["count"] == 8
     assert run.workload is not None and run.workload.num_prompts == 4
     # both ranks print the same run id (-q)
-    assert proc.stdout.split() == [ids[0], ids[0]]
+    assert proc.stdout.split() == [ids[0]]  # only rank 0 prints; rank 1 says where its data went
+    assert f"rank 1: run {ids[0]}" in proc.stderr
     assert json.loads(json.dumps(run.model_dump(mode="json")))["run_id"] == ids[0]
