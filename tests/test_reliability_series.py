@@ -84,9 +84,10 @@ def test_session_series_capped_in_the_stored_run(tmp_path: Path, tiny_causal_lm:
     # statistics use every token; only the stored series is capped
     assert run.collectors["latency"]["output_tokens"] == 10 and run.collectors["latency"]["itl_s"]["count"] == 8
     rows = store.read_series(run.run_id, "token_times")
-    assert len(rows) == 4
-    assert (rows[0]["step"], rows[0]["position"]) == (0, 0) and (rows[-1]["step"], rows[-1]["position"]) == (1, 4)
+    # built in a BoundedSeries: one row in 4 kept (stride doubled twice), evenly spaced
+    assert [(r["step"], r["position"]) for r in rows] == [(0, 0), (0, 4), (1, 3)]
     assert [r["k"] for r in store.read_series(run.run_id, "user")] == [0, 3, 6, 9]
     meta = json.loads((store.run_dir(run.run_id) / run.artifacts[META_ARTIFACT]).read_text())
-    assert meta["token_times"]["rows_in"] == 10 and meta["token_times"]["rows_kept"] == 4
+    assert meta["token_times"]["rows_in"] == 10 and meta["token_times"]["rows_kept"] == 3
+    assert meta["token_times"]["method"] == "every 4th row"
     assert meta["user"] == {"rows_in": 10, "rows_kept": 4, "method": "evenly spaced, first and last kept", "max_rows": 4}

@@ -82,6 +82,9 @@ class BoundedSeries:
     def __iter__(self) -> Iterator[Any]:
         return iter(self.rows)
 
+    def __getitem__(self, index: Any) -> Any:
+        return self.rows[index]
+
     @property
     def downsampled(self) -> bool:
         return self.stride > 1

@@ -20,6 +20,7 @@ from pydantic import Field
 from perfsdk.collector import Collector, CollectorConfig, CollectorResult
 from perfsdk.events import Step
 from perfsdk.plugins import hookimpl
+from perfsdk.series import BoundedSeries
 from perfsdk.stats import Stats, summarize
 
 
@@ -109,8 +110,9 @@ class LatencyCollector(Collector):
         steps = session.measured_steps
         ttft, tpot, itl, e2e, decode, fwd, step_s = [], [], [], [], [], [], []
         in_tok = out_tok = requests = eos_stops = 0
-        rows: list[dict[str, Any]] = []
-        req_rows: list[dict[str, Any]] = []
+        # bounded while they are built: a million-token run must not hold a million rows
+        rows = BoundedSeries()
+        req_rows = BoundedSeries()
         for st in steps:
             step_s.append(st.duration_s or 0.0)
             in_tok += sum(st.input_tokens)

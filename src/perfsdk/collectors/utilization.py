@@ -19,6 +19,7 @@ from perfsdk.collector import Collector, CollectorConfig, CollectorResult
 from perfsdk.energy.cpu import SystemCpu
 from perfsdk.energy.nvml import NVML_UPDATE_PERIOD_S, NvmlReader, open_nvml
 from perfsdk.plugins import hookimpl
+from perfsdk.series import BoundedSeries
 from perfsdk.stats import Stats, summarize
 
 if TYPE_CHECKING:
@@ -128,7 +129,7 @@ class UtilizationCollector(Collector):
         self._owns_nvml = False
         self.gpu_reason = "not started"
         self.gpu_names: list[str] = []
-        self.rows: list[dict[str, Any]] = []
+        self.rows = BoundedSeries()  # long runs: kept rows stay evenly spaced, memory stays flat
         self._lock = threading.Lock()
         self._session: Session | None = None
         self._proc: Any = None
@@ -192,8 +193,8 @@ class UtilizationCollector(Collector):
             self._nvml.close()
         with self._lock:
             rows = list(self.rows)
-        if rows:
-            session.add_series("utilization", rows)
+            if rows:
+                session.add_series("utilization", self.rows)
         return summarize_rows(rows, self.cfg.interval_s, self.gpu_names, self.gpu_reason, session.sampler)
 
 
