@@ -14,7 +14,7 @@ from perfsdk.plugins import hookimpl
 class MemoryConfig(CollectorConfig):
     """Settings of the memory collector."""
 
-    interval_s: float = Field(default=0.1, gt=0, description="RSS sampling interval on the shared sampler")
+    interval_s: float = Field(default=0.2, gt=0, description="RSS sampling interval on the shared sampler (window edges are sampled too)")
 
 
 class MemoryResult(CollectorResult):
