@@ -232,6 +232,7 @@ class Session:
         self.pm.check_pending()
         # Lifecycle implementations in call order (pluggy calls the list back to front).
         self._impls = {}
+        self._calls: dict[str, list[tuple[Any, tuple[str, ...], str, str]]] = {}
 
     def _hook_impls(self, hook: str) -> list[Any]:
         impls = self._impls.get(hook)
@@ -246,15 +247,19 @@ class Session:
         return name.split(":", 1)[1] if name.startswith("collector:") else name
 
     def _dispatch(self, hook: str, **kwargs: Any) -> None:
-        for impl in self._hook_impls(hook):
+        calls = self._calls.get(hook)
+        if calls is None:  # resolved once per hook: owner names and argument order
+            calls = [(i.function, i.argnames, self._owner(i), i.plugin_name) for i in self._hook_impls(hook)]
+            self._calls[hook] = calls
+        for function, argnames, owner, plugin_name in calls:
             if self._trace:
-                log.info("hook call", hook=hook, plugin=impl.plugin_name)
+                log.info("hook call", hook=hook, plugin=plugin_name)
             t0 = time.perf_counter_ns()
             try:
-                impl.function(*[kwargs[a] for a in impl.argnames])
+                function(*[kwargs[a] for a in argnames])
             except Exception as exc:
-                self.record_error(self._owner(impl), hook, exc)
-            self.hook_times.add(self._owner(impl), hook, time.perf_counter_ns() - t0)
+                self.record_error(owner, hook, exc)
+            self.hook_times.add(owner, hook, time.perf_counter_ns() - t0)
 
     def record_error(self, source: str, hook: str | None, exc: BaseException) -> None:
         """Record an isolated failure; the run becomes ``partial``."""
