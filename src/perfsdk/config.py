@@ -185,21 +185,32 @@ def parse_override(item: str) -> tuple[list[str], Any]:
     return parts, value
 
 
+def set_dotted(data: dict[str, Any], parts: list[str], value: Any) -> None:
+    """``data[parts[0]]...[parts[-1]] = value``, creating mappings on the way.
+
+    Raises ``ValueError("<a.b> is not a mapping")`` when a step on the path holds a non-mapping.
+    """
+    node = data
+    for i, part in enumerate(parts[:-1]):
+        nxt = node.get(part)
+        if nxt is None:
+            nxt = {}
+            node[part] = nxt
+        if not isinstance(nxt, dict):
+            raise ValueError(f"{'.'.join(parts[: i + 1])} is not a mapping")
+        node = nxt
+    node[parts[-1]] = value
+
+
 def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
     """Apply ``--set`` overrides to a raw config dict (not validated yet)."""
     out = copy.deepcopy(data) if data else {}
     for item in overrides:
         parts, value = parse_override(item)
-        node = out
-        for i, part in enumerate(parts[:-1]):
-            nxt = node.get(part)
-            if nxt is None:
-                nxt = {}
-                node[part] = nxt
-            if not isinstance(nxt, dict):
-                raise ConfigError(f"--set {item!r}: {'.'.join(parts[: i + 1])} is not a mapping")
-            node = nxt
-        node[parts[-1]] = value
+        try:
+            set_dotted(out, parts, value)
+        except ValueError as err:
+            raise ConfigError(f"--set {item!r}: {err}") from None
     return out
 
 

@@ -30,7 +30,7 @@ import structlog
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from perfsdk.config import Config, ConfigError, parse_config
+from perfsdk.config import Config, ConfigError, parse_config, set_dotted
 from perfsdk.experiments.pareto import Objective, pareto_indices
 from perfsdk.experiments.strategies import OptunaStrategy, grid_size, static_points
 from perfsdk.store import Store, atomic_write
@@ -189,17 +189,10 @@ def _format_errors(err: ValidationError) -> str:
 
 def set_path(data: dict[str, Any], dotted: str, value: Any) -> None:
     """Set ``data["a"]["b"] = value`` for ``"a.b"``, creating mappings on the way."""
-    parts = dotted.split(".")
-    node = data
-    for i, part in enumerate(parts[:-1]):
-        nxt = node.get(part)
-        if nxt is None:
-            nxt = {}
-            node[part] = nxt
-        if not isinstance(nxt, dict):
-            raise SweepError(f"axes.{dotted}: {'.'.join(parts[: i + 1])} is not a mapping in the base config")
-        node = nxt
-    node[parts[-1]] = copy.deepcopy(value)
+    try:
+        set_dotted(data, dotted.split("."), copy.deepcopy(value))
+    except ValueError as err:
+        raise SweepError(f"axes.{dotted}: {err} in the base config") from None
 
 
 @dataclass
