@@ -29,7 +29,8 @@ def stored_run(tmp_path_factory):
 
 def test_run_prints_summary_and_stores(stored_run):
     store, out = stored_run
-    for needle in ("TTFT", "TPOT", "ITL", "output tokens/s", "peak RSS", "status ok", "stored in"):
+    for needle in ("TTFT", "TPOT", "ITL", "output tokens/s", "peak RSS", "status ok", "stored in",
+                   "energy (measured)", "unavailable: nvml, rapl", "CodeCarbon estimate (session)"):
         assert needle in out
     runs = list((store / "runs").iterdir())
     assert len(runs) == 1

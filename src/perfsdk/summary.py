@@ -83,7 +83,18 @@ def headline_rows(run: RunResult) -> list[tuple[str, str]]:
     en = c.get("energy") or {}
     if en:
         jpt = en.get("j_per_output_token")
-        rows.append(("energy J/token", f"{jpt:.4g}" if isinstance(jpt, (int, float)) else str(en.get("status", "-"))))
+        if isinstance(jpt, (int, float)):
+            rows.append(("energy J/token (measured)", f"{jpt:.4g}"))
+            for phase, v in (en.get("j_per_output_token_per_phase") or {}).items():
+                if phase in ("prefill", "decode") and isinstance(v, (int, float)):
+                    rows.append((f"  {phase} J/token", f"{v:.4g}"))
+        else:
+            missing = [r.split(":", 1)[0] for r in en.get("reasons") or []]
+            rows.append(("energy (measured)", f"unavailable: {', '.join(missing) or 'no source'} (see perfsdk doctor)"))
+        cc = en.get("codecarbon") or {}
+        if cc.get("energy_j") is not None:
+            rows.append(("CodeCarbon estimate (session)",
+                         f"{cc['energy_j']:.4g} J, {cc.get('co2_kg', 0) * 1e3:.3g} g CO2 ({cc.get('country_iso_code') or '?'})"))
     fl = c.get("flops") or {}
     if fl:
         rows.append(("FLOPs prefill / decode", f"{fmt_num(fl.get('flops_prefill'))} / {fmt_num(fl.get('flops_decode'))}"))
