@@ -30,8 +30,10 @@ def stored_run(tmp_path_factory):
 def test_run_prints_summary_and_stores(stored_run):
     store, out = stored_run
     for needle in ("TTFT", "TPOT", "ITL", "output tokens/s", "peak RSS", "status ok", "stored in",
-                   "energy (measured)", "unavailable: nvml, rapl", "CodeCarbon estimate (session)"):
+                   "CodeCarbon estimate (session)"):
         assert needle in out
+    # measured energy where a counter exists, otherwise the reason
+    assert "energy J/token (measured)" in out or "energy (measured)" in out and "unavailable:" in out
     runs = list((store / "runs").iterdir())
     assert len(runs) == 1
     result = json.loads((runs[0] / "result.json").read_text())
