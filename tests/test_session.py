@@ -257,3 +257,23 @@ def test_rss_includes_child_processes():
     child.wait(timeout=30)
     mem = s.result.collectors["memory"]
     assert mem["rss_peak_bytes"] - mem["rss_start_bytes"] >= 250 * 1024 * 1024
+
+
+def test_model_used_without_load_is_described_and_tensor_kwargs_work():
+    net = torch.nn.Linear(6, 3)
+
+    class Wrapped(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.inner = net
+
+        def forward(self, inputs: torch.Tensor) -> torch.Tensor:
+            return self.inner(inputs)
+
+    model = Wrapped()
+    with perfsdk.session(store=None) as s:
+        out = s.forward(model, inputs=torch.randn(4, 6))
+    assert out.shape == (4, 3)
+    assert s.steps[0].batch_size == 4
+    assert s.result.model.parameters == 6 * 3 + 3
+    assert s.result.collectors["memory"]["weights_bytes"] == (6 * 3 + 3) * 4

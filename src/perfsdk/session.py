@@ -389,11 +389,30 @@ class Session:
         if self._finalized:
             raise RuntimeError("session already finalized")
 
+    def _adopt_implicitly(self, model: Any) -> None:
+        """A model used without ``s.load()``: describe it and synchronize its device at edges."""
+        if model is self.model or model is None:
+            return
+        from perfsdk.models.info import describe_model, model_device
+
+        dev = model_device(model)
+        if dev is not None:
+            self.clock.use_device(dev)
+        if self.model is None:
+            self.model, self.device = model, dev
+            try:
+                self.model_info = describe_model(model, model_id=type(model).__name__)
+            except Exception as exc:
+                self.record_error("session", "describe_model", exc)
+
     def _new_step(self, kind: str, model: Any, inputs: dict[str, Any], args: tuple[Any, ...] = ()) -> Step:
+        self._adopt_implicitly(model)
         ids = inputs.get("input_ids")
         mask = inputs.get("attention_mask")
-        if ids is None:
-            ids = inputs.get("inputs") or inputs.get("pixel_values") or inputs.get("input_values") or inputs.get("x")
+        for key in ("inputs", "pixel_values", "input_values", "x"):
+            if ids is not None:
+                break
+            ids = inputs.get(key)
         if ids is None and args:
             ids = args[0]
         batch = int(ids.shape[0]) if hasattr(ids, "shape") and len(ids.shape) > 0 else 1
