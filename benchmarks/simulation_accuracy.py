@@ -4,8 +4,10 @@ for fitting and compare with measurement.
 Protocol
 --------
 1. Calibrate (``perfsdk.simulation.calibration``): the ``builtin:tiny-llama-medium``
-   configuration (hidden 512) at its own depth of 8 layers and truncated to 4 layers, on a grid
-   of batch sizes and prompt lengths, plus two micro-kernels (a 1024^3 matmul, a 3 x 64 MiB add).
+   configuration (hidden 512) at its own depth of 8 layers and truncated to 4, 2 and 1 layers
+   (the depths separate per-layer from per-pass costs and give forward passes of 20 to 100 MB of
+   weights, which is what identifies the cache term), on a grid of batch sizes and prompt
+   lengths, plus two micro-kernels (a 1024^3 matmul, a 3 x 64 MiB add).
 2. Predict, with the calibrated profile and the analytic op generator (no timing information),
    three other model sizes (``tiny-llama-small``, ``tiny-llama``, ``tiny-llama-large``: hidden
    128/256/768, 2/4/12 layers) x batch sizes {1, 4} x output lengths {8, 32} at a 32-token prompt.
@@ -32,7 +34,8 @@ import time
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 
-CALIBRATION_MODELS = ["builtin:tiny-llama-medium", "builtin:tiny-llama-medium@layers=4"]
+CALIBRATION_MODELS = ["builtin:tiny-llama-medium", "builtin:tiny-llama-medium@layers=4",
+                      "builtin:tiny-llama-medium@layers=2", "builtin:tiny-llama-medium@layers=1"]
 TEST_MODELS = ["builtin:tiny-llama-small", "builtin:tiny-llama", "builtin:tiny-llama-large"]
 BATCHES = [1, 4]
 OUTPUTS = [8, 32]
@@ -63,7 +66,8 @@ def main(argv: list[str] | None = None) -> int:
     fit, _ = calibrate_here(CALIBRATION_MODELS, repeats=args.repeats, threads=args.threads, clock=args.clock)
     profile = profile_from_fit(fit, name="host-calibrated", note="benchmarks/simulation_accuracy.py")
     print(f"calibrated in {time.time() - t0:.0f} s: {json.dumps(fit.coefficients)}, "
-          f"matmul_half_rows {fit.matmul_half_rows}", file=sys.stderr)
+          f"matmul_half_rows {fit.matmul_half_rows}, pack_rows {fit.pack_rows}, cache {fit.cache_bytes / 1e6:g} MB",
+          file=sys.stderr)
     print("in-sample errors %: " + ", ".join(f"{k}: {v:+.1f}" for k, v in fit.errors_pct.items()), file=sys.stderr)
     if args.profile_out:
         with open(args.profile_out, "w", encoding="utf-8") as fh:
@@ -105,7 +109,8 @@ def main(argv: list[str] | None = None) -> int:
                "tpot_median_abs_error_pct": statistics.median(abs(r["tpot_error_pct"]) for r in rows),
                "threads": args.threads, "repeats": args.repeats, "passes": args.passes, "clock": args.clock,
                "wall_s": time.time() - t0, "calibration": {**fit.coefficients,
-                                                          "matmul_half_rows": fit.matmul_half_rows}}
+                                                          "matmul_half_rows": fit.matmul_half_rows,
+                                                          "pack_rows": fit.pack_rows, "cache_bytes": fit.cache_bytes}}
     lines = ["| model | batch | out | TTFT meas. ms | TTFT pred. ms | TTFT err % | TPOT meas. ms | TPOT pred. ms | TPOT err % |",
              "|---|---|---|---|---|---|---|---|---|"]
     for r in rows:

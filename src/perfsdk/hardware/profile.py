@@ -126,6 +126,19 @@ class HardwareProfile(_Strict):
         default=None, ge=0,
         description="Rows (tokens x batch) at which a matrix product reaches half of the compute rate; "
                     "compute time is scaled by (rows + this) / rows. Unset: full rate at any size")
+    matmul_pack_rows: float | None = Field(
+        default=None, ge=1,
+        description="Matrix products with at least this many rows take a blocked path that first "
+                    "repacks the weights, costed as one more pass over them at matmul_pack_gbs "
+                    "(CPU BLAS). Unset: no repacking")
+    matmul_pack_gbs: float | None = Field(default=None, gt=0,
+                                          description="Rate at which weights are repacked, GB/s (see matmul_pack_rows)")
+    cache_mb: float | None = Field(
+        default=None, gt=0,
+        description="Cache that holds the weights and KV cache of a forward pass, MB (10^6 bytes): a pass "
+                    "touching R bytes gets min(1, cache/R) of its bytes at cache_bandwidth_gbs, the rest at "
+                    "the memory bandwidth. Unset: all bytes at the memory bandwidth")
+    cache_bandwidth_gbs: float | None = Field(default=None, gt=0, description="Cache bandwidth, GB/s (see cache_mb)")
     static_power_w: float = Field(default=0.0, ge=0, description="Static (idle) power, W")
     compute_efficiency: float = Field(default=1.0, gt=0, le=1, description="Achieved fraction of peak compute")
     memory_efficiency: float = Field(default=1.0, gt=0, le=1, description="Achieved fraction of memory bandwidth")

@@ -4,15 +4,23 @@ Each observation is one phase of one measured ``generate`` call: the operations 
 (from capture or the analytic generator) and the measured time (TTFT for the prefill, the
 decode time for the decode steps). The model being fitted is the simulation's own::
 
-    time = sum_i max(flops_i * g_i * x_f, bytes_i * x_b) + ops * x_o + forward_passes * x_s
-           + [prefill] * x_p
+    time = sum_i [max(flops_i * g_i * x_f, bytes_i * ((1 - f_i) * x_b + f_i * x_c)) + pack_i * x_k]
+           + ops * x_o + forward_passes * x_s + [prefill] * x_p
 
 with ``g_i = (rows_i + h) / rows_i`` for a matrix product with ``rows_i`` output rows (small
-products run below the peak rate; ``h`` is chosen on a grid), ``x_f = 1 / FLOP/s``, ``x_b = 1 / (bytes/s)``, ``x_o`` the per-op overhead and ``x_s`` the
-per-forward-pass overhead and ``x_p`` the once-per-``generate`` set-up cost (prefill only). The ``max`` makes it piecewise linear, so the fit alternates: label
-every op compute- or memory-bound with the current estimate, solve the linear least-squares
-problem (numpy, rows weighted by 1/measured so that the *relative* error is minimised, negative
-coefficients dropped and refitted), and repeat until the labels stop changing.
+products run below the peak rate), ``f_i = min(1, C / resident_i)`` the share of the op's bytes
+served from a cache of ``C`` bytes when its forward pass touches ``resident_i`` bytes of weights
+and KV cache, ``pack_i`` the weight bytes of a matrix product with at least ``P`` rows (the
+blocked BLAS path repacks its weights), ``x_f = 1 / FLOP/s``, ``x_b`` and ``x_c`` seconds per
+byte from memory and from cache, ``x_k`` per repacked byte, ``x_o`` the per-op overhead, ``x_s``
+the per-forward-pass overhead and ``x_p`` the once-per-``generate`` set-up cost (prefill only).
+``h``, ``C`` and ``P`` are chosen on small grids. The ``max`` makes it piecewise linear, so the
+fit alternates: label every op compute- or memory-bound with the current estimate, solve the
+linear least-squares problem (numpy, rows weighted by 1/measured so that the *relative* error is
+minimised, negative coefficients dropped and refitted), and repeat until the labels stop changing.
+
+Observations come from short measurements on this machine (:func:`calibrate_here`) or from
+runs already in a store (:func:`calibrate_from_store`).
 """
 
 from __future__ import annotations
@@ -33,7 +41,8 @@ from perfsdk.simulation.costmodel import matmul_rows, op_bytes
 
 log = structlog.get_logger("perfsdk.simulation.calibration")
 
-PARAMS = ("s_per_flop", "s_per_byte", "op_overhead_s", "step_overhead_s", "prefill_overhead_s")
+PARAMS = ("s_per_flop", "s_per_byte", "op_overhead_s", "step_overhead_s", "prefill_overhead_s", "s_per_cached_byte",
+          "s_per_packed_byte")
 
 
 @dataclass
@@ -48,41 +57,69 @@ class Observation:
     weights: np.ndarray
     forward_passes: float
     rows: np.ndarray | None = None  # output rows of matrix products (inf for other ops)
+    resident: np.ndarray | None = None  # bytes of weights + KV cache the op's forward pass touches
+    weight_bytes: np.ndarray | None = None  # weights of each op
 
     @classmethod
     def from_ops(cls, label: str, phase: str, measured_s: float, ops: list[OpRecord],
                  step_weights: dict[int, float] | None = None) -> Observation:
         w = np.array([(step_weights or {}).get(o.step, 1.0) for o in ops], dtype=float)
         steps: dict[int, float] = {}
+        resident: dict[int, float] = {}
         for o in ops:
             steps[o.step] = (step_weights or {}).get(o.step, 1.0)
+            resident[o.step] = resident.get(o.step, 0.0) + o.weight_bytes + o.kv_bytes
         return cls(label=label, phase=phase, measured_s=measured_s,
                    flops=np.array([o.flops for o in ops], dtype=float),
                    bytes_=np.array([op_bytes(o) for o in ops], dtype=float),
                    weights=w, forward_passes=float(sum(steps.values())),
-                   rows=np.array([matmul_rows(o) if o.category == "matmul" else np.inf for o in ops]))
+                   rows=np.array([matmul_rows(o) if o.category == "matmul" else np.inf for o in ops]),
+                   resident=np.array([resident[o.step] for o in ops], dtype=float),
+                   weight_bytes=np.array([o.weight_bytes for o in ops], dtype=float))
 
-    def features(self, x_f: float, x_b: float, half_rows: float = 0.0) -> np.ndarray:
-        """[compute-bound FLOPs, memory-bound bytes, op count, forward passes] at this estimate.
+    def cached_fraction(self, cache_bytes: float) -> np.ndarray:
+        """Share of each op's bytes served from a cache of ``cache_bytes`` (see :func:`cached_fraction`)."""
+        res = self.resident if self.resident is not None else self.bytes_
+        return cached_fraction(res, cache_bytes)
 
-        FLOPs of matrix products are scaled by ``(rows + half_rows) / rows`` (small-M slowdown).
+    def features(self, x_f: float, x_b: float, half_rows: float = 0.0, cache_bytes: float = 0.0,
+                 x_c: float = 0.0, pack_rows: float = 0.0) -> np.ndarray:
+        """[compute-bound FLOPs, memory-bound bytes from memory, op count, forward passes, prefill,
+        memory-bound bytes from cache, weight bytes repacked] at this estimate.
+
+        FLOPs of matrix products are scaled by ``(rows + half_rows) / rows`` (small-M slowdown);
+        the bytes of a forward pass whose weights + KV cache fit ``cache_bytes`` are split
+        between the cache and memory rates (:func:`cached_fraction`); matrix products with at
+        least ``pack_rows`` rows repack their weights (a pass over them on top of max(compute, memory)).
         """
         flops = self.flops
         if half_rows and self.rows is not None:
             mm = np.isfinite(self.rows)
             flops = np.where(mm, flops * (np.where(mm, self.rows, 1.0) + half_rows) / np.where(mm, self.rows, 1.0),
                              flops)
-        compute_bound = flops * x_f >= self.bytes_ * x_b
+        f = self.cached_fraction(cache_bytes) if cache_bytes else np.zeros_like(self.bytes_)
+        compute_bound = flops * x_f >= self.bytes_ * (x_b * (1.0 - f) + x_c * f)
+        mem = self.weights * self.bytes_ * ~compute_bound
         return np.array([
             float(np.sum(self.weights * flops * compute_bound)),
-            float(np.sum(self.weights * self.bytes_ * ~compute_bound)),
+            float(np.sum(mem * (1.0 - f))),
             float(np.sum(self.weights)),
             self.forward_passes,
             1.0 if self.phase == "prefill" else 0.0,
+            float(np.sum(mem * f)),
+            float(np.sum(self.weights * self.packed_bytes(pack_rows))),
         ])
 
-    def predict(self, x: np.ndarray, half_rows: float = 0.0) -> float:
-        return float(self.features(x[0], x[1], half_rows) @ x)
+    def packed_bytes(self, pack_rows: float) -> np.ndarray:
+        """Weight bytes of the matrix products with at least ``pack_rows`` rows (0: none)."""
+        if not pack_rows or self.rows is None or self.weight_bytes is None:
+            return np.zeros_like(self.bytes_)
+        return np.where(np.isfinite(self.rows) & (self.rows >= pack_rows), self.weight_bytes, 0.0)
+
+    def predict(self, x: np.ndarray, half_rows: float = 0.0, cache_bytes: float = 0.0,
+                pack_rows: float = 0.0) -> float:
+        x = np.concatenate([np.asarray(x, dtype=float), np.zeros(max(0, len(PARAMS) - len(x)))])
+        return float(self.features(x[0], x[1], half_rows, cache_bytes, x[5], pack_rows) @ x)
 
 
 @dataclass
@@ -95,6 +132,8 @@ class FitResult:
     observations: int
     fixed: list[str] = field(default_factory=list)
     matmul_half_rows: float = 0.0
+    cache_bytes: float = 0.0
+    pack_rows: float = 0.0
 
     @property
     def flops_per_s(self) -> float | None:
@@ -121,34 +160,63 @@ def _nnls(a: np.ndarray, b: np.ndarray, free: list[int]) -> np.ndarray:
 
 
 HALF_ROWS_GRID = (0.0, 1.0, 2.0, 4.0, 8.0, 12.0, 16.0, 24.0, 32.0, 48.0, 64.0)
+CACHE_GRID = (0.0, 4e6, 8e6, 16e6, 32e6, 64e6, 128e6)
+PACK_ROWS_GRID = (0.0, 2.0, 3.0, 4.0, 8.0)
+
+
+def cached_fraction(resident: np.ndarray, cache_bytes: float) -> np.ndarray:
+    """Share of the bytes served from cache when a forward pass touches ``resident`` bytes of
+    weights and KV cache: all of them while they fit ``cache_bytes``, else ``cache_bytes / resident``."""
+    if not cache_bytes:
+        return np.zeros_like(resident, dtype=float)
+    return np.where(resident <= cache_bytes, 1.0, cache_bytes / np.maximum(resident, 1.0))
 
 
 def fit(observations: list[Observation], *, fit_step_overhead: bool = True, max_iter: int = 30,
-        half_rows: tuple[float, ...] | None = HALF_ROWS_GRID) -> FitResult:
+        half_rows: tuple[float, ...] | None = HALF_ROWS_GRID,
+        cache_bytes: tuple[float, ...] | None = CACHE_GRID,
+        pack_rows: tuple[float, ...] | None = PACK_ROWS_GRID) -> FitResult:
     """Fit the coefficients to ``observations`` (see the module docstring).
 
-    ``half_rows``: candidate values of the matrix-product size at half efficiency; the one
-    with the least relative squared error is kept (``None`` or ``(0,)``: no small-M term).
+    ``half_rows``: candidate values of the matrix-product size at half efficiency;
+    ``cache_bytes``: candidate cache sizes (0: one memory rate for all bytes). The pair with the
+    least relative squared error is kept.
     """
+    if len(observations) < 3:
+        raise ValueError(f"need at least 3 observations to calibrate, got {len(observations)}")
     best: FitResult | None = None
     best_sse = float("inf")
-    for h in half_rows or (0.0,):
-        res = _fit_at(observations, h, fit_step_overhead=fit_step_overhead, max_iter=max_iter)
-        sse = sum(e * e for e in res.errors_pct.values())
-        if sse < best_sse - 1e-12:
-            best, best_sse = res, sse
+    for c in cache_bytes or (0.0,):
+        for pr in pack_rows or (0.0,):
+            for h in half_rows or (0.0,):
+                res = _fit_at(observations, h, c, pr, fit_step_overhead=fit_step_overhead, max_iter=max_iter)
+                k = res.coefficients
+                if c and not 0 < k["s_per_cached_byte"] <= k["s_per_byte"]:
+                    # a cache that serves bytes for free, or slower than memory, is not a cache
+                    # (and leaves the memory rate unidentified): the c = 0 fit covers that case
+                    continue
+                sse = sum(e * e for e in res.errors_pct.values())
+                if sse < best_sse - 1e-12:
+                    best, best_sse = res, sse
     assert best is not None
     return best
 
 
-def _fit_at(observations: list[Observation], h: float, *, fit_step_overhead: bool, max_iter: int) -> FitResult:
-    """Fit the four linear coefficients at a fixed small-M parameter ``h``."""
+def _fit_at(observations: list[Observation], h: float, c: float = 0.0, pr: float = 0.0, *, fit_step_overhead: bool,
+            max_iter: int) -> FitResult:
+    """Fit the linear coefficients at a fixed small-M parameter ``h`` and cache size ``c``."""
     if len(observations) < 3:
         raise ValueError(f"need at least 3 observations to calibrate, got {len(observations)}")
     free = [0, 1, 2, 3, 4] if fit_step_overhead else [0, 1, 2, 4]
+    if c:
+        free.append(5)
+    if pr:
+        free.append(6)
     # start from an additive model: every op both compute- and memory-costed
-    a0 = np.array([[np.sum(o.weights * o.flops), np.sum(o.weights * o.bytes_), np.sum(o.weights), o.forward_passes,
-                    1.0 if o.phase == "prefill" else 0.0] for o in observations])
+    a0 = np.array([[np.sum(o.weights * o.flops), np.sum(o.weights * o.bytes_ * (1 - o.cached_fraction(c))),
+                    np.sum(o.weights), o.forward_passes, 1.0 if o.phase == "prefill" else 0.0,
+                    np.sum(o.weights * o.bytes_ * o.cached_fraction(c)), np.sum(o.weights * o.packed_bytes(pr))]
+                   for o in observations])
     b = np.array([o.measured_s for o in observations])
     scale = 1.0 / b
     col = np.maximum(np.abs(a0).max(axis=0), 1e-30)  # column scaling for conditioning
@@ -158,17 +226,17 @@ def _fit_at(observations: list[Observation], h: float, *, fit_step_overhead: boo
     for it in range(1, max_iter + 1):
         xf = x[0] if x[0] > 0 else 1e-18
         xb = x[1] if x[1] > 0 else 1e-18
-        a = np.array([o.features(xf, xb, h) for o in observations])
-        new_labels = [tuple(o.features(xf, xb, h)[:2].tolist()) for o in observations]
+        a = np.array([o.features(xf, xb, h, c, x[5], pr) for o in observations])
+        new_labels = [tuple(row[:2].tolist()) for row in a]
         col = np.maximum(np.abs(a).max(axis=0), 1e-30)
         x = _nnls(a * scale[:, None] / col, b * scale, free) / col
         if new_labels == labels:
             break
         labels = new_labels
-    errors = {o.label: 100.0 * (o.predict(x, h) - o.measured_s) / o.measured_s for o in observations}
+    errors = {o.label: 100.0 * (o.predict(x, h, c, pr) - o.measured_s) / o.measured_s for o in observations}
     return FitResult(coefficients=dict(zip(PARAMS, (float(v) for v in x))), errors_pct=errors, iterations=it,
                      observations=len(observations), fixed=[] if fit_step_overhead else ["step_overhead_s"],
-                     matmul_half_rows=h)
+                     matmul_half_rows=h, cache_bytes=c, pack_rows=pr)
 
 
 def profile_from_fit(result: FitResult, *, name: str = "host-calibrated", base: HardwareProfile | None = None,
@@ -206,6 +274,7 @@ def profile_from_fit(result: FitResult, *, name: str = "host-calibrated", base: 
         source += f" Not identifiable from the data, kept from {base.name}: {', '.join(missing)}."
     source += f" Energy, static power and efficiency-free rates: energy figures copied from {base.name} (estimates)."
     peak = fps / 1e12
+    cached_ok = bool(result.cache_bytes) and result.coefficients.get("s_per_cached_byte", 0) > 0
     return HardwareProfile(
         name=name, kind="cpu", variant=f"{cpu}, fitted rates", source=source,
         description="Effective rates of this host as perfsdk measured them (use with compute/memory efficiency 1.0).",
@@ -217,6 +286,11 @@ def profile_from_fit(result: FitResult, *, name: str = "host-calibrated", base: 
         op_overhead_s=result.coefficients["op_overhead_s"], step_overhead_s=result.coefficients["step_overhead_s"],
         prefill_overhead_s=result.coefficients["prefill_overhead_s"],
         matmul_half_rows=result.matmul_half_rows or None,
+        matmul_pack_rows=result.pack_rows or None,
+        matmul_pack_gbs=(1e-9 / result.coefficients["s_per_packed_byte"]
+                         if result.pack_rows and result.coefficients.get("s_per_packed_byte", 0) > 0 else None),
+        cache_mb=result.cache_bytes / 1e6 if result.cache_bytes and cached_ok else None,
+        cache_bandwidth_gbs=1e-9 / result.coefficients["s_per_cached_byte"] if cached_ok else None,
     )
 
 
@@ -396,3 +470,144 @@ def calibrate_here(models: list[str], grid: list[tuple[int, int, int]] | None = 
             if progress is not None:
                 progress(m)
     return fit(obs, fit_step_overhead=fit_step_overhead), meas
+
+
+# -- fitting from stored runs -------------------------------------------------------------------
+
+
+def model_config_of_run(run: Any) -> Any:
+    """The model configuration a stored run measured, for the analytic op generator.
+
+    ``builtin:NAME`` resolves to the embedded configuration; a Hub id or local path to its
+    ``config.json`` when it is available without downloading; otherwise the architecture fields
+    of the run's ``model`` section (hidden size, layers, heads, ...) are used as they are.
+    """
+    info = run.model
+    if info is None:
+        raise ValueError(f"run {run.run_id}: no model section")
+    model_id = info.model_id or (run.config.get("model") or {}).get("id")
+    if isinstance(model_id, str) and model_id.startswith("builtin:"):
+        from perfsdk.models.tiny import tiny_llama_config
+
+        return tiny_llama_config(model_id.removeprefix("builtin:"))
+    if isinstance(model_id, str) and model_id:
+        try:
+            from transformers import AutoConfig
+
+            return AutoConfig.from_pretrained(model_id, local_files_only=True)
+        except Exception:
+            pass
+    fields = info.model_dump(exclude_none=True)
+    needed = ("hidden_size", "num_layers", "num_attention_heads", "intermediate_size", "vocab_size")
+    missing = [k for k in needed if k not in fields]
+    if missing:
+        raise ValueError(f"run {run.run_id}: model {model_id!r} cannot be rebuilt: its model section lacks "
+                         f"{', '.join(missing)}")
+    return fields
+
+
+def measurements_of_run(run: Any, requests: list[dict[str, Any]] | None) -> list[Measurement]:
+    """One :class:`Measurement` per distinct (batch, input tokens, output tokens) of a stored run.
+
+    With the ``requests`` series (one row per request of every measured ``generate`` call), the
+    rows of a call give its batch size (rows), prompt length (the longest: prompts are padded to
+    it), generated length (the longest), TTFT and decode time (the last request's ``e2e - ttft``);
+    calls of the same shape are combined by the median. Without it, the latency summary's median
+    TTFT and TPOT are used with the workload's batch size and the mean prompt length.
+    """
+    label = (run.model.model_id if run.model and run.model.model_id else run.name) or run.run_id
+    meas: list[Measurement] = []
+    if requests:
+        by_step: dict[Any, list[dict[str, Any]]] = {}
+        for r in requests:
+            by_step.setdefault(r.get("step"), []).append(r)
+        groups: dict[tuple[int, int, int], list[tuple[float, float]]] = {}
+        for rows in by_step.values():
+            ttft = rows[0].get("ttft_s")
+            if ttft is None:
+                continue
+            n_out = max(int(r.get("output_tokens") or 0) for r in rows)
+            n_in = max(int(r.get("input_tokens") or 0) for r in rows)
+            if n_out < 1 or n_in < 1:
+                continue
+            decode = 0.0
+            for r in rows:
+                if r.get("e2e_s") is not None:
+                    decode = max(decode, float(r["e2e_s"]) - float(ttft))
+                elif r.get("tpot_s") is not None:
+                    decode = max(decode, float(r["tpot_s"]) * (int(r["output_tokens"]) - 1))
+            groups.setdefault((len(rows), n_in, n_out), []).append((float(ttft), decode))
+        for (b, n_in, n_out), vals in sorted(groups.items()):
+            meas.append(Measurement(model=label, batch_size=b, input_tokens=n_in, output_tokens=n_out,
+                                    ttft_s=statistics.median(v[0] for v in vals),
+                                    decode_s=statistics.median(v[1] for v in vals), repeats=len(vals)))
+        return meas
+    lat = run.collectors.get("latency") or {}
+    ttft = (lat.get("ttft_s") or {}).get("median")
+    tpot = (lat.get("tpot_s") or {}).get("median")
+    reqs, out_tok, in_tok = lat.get("requests") or 0, lat.get("output_tokens") or 0, lat.get("input_tokens") or 0
+    batch = (run.workload.batch_size if run.workload and run.workload.batch_size else None) or 1
+    if ttft is None or not reqs or not in_tok:
+        return meas
+    n_out = max(1, round(out_tok / reqs))
+    decode = (tpot or 0.0) * (n_out - 1) if n_out > 1 and tpot is not None else 0.0
+    meas.append(Measurement(model=label, batch_size=batch, input_tokens=max(1, round(in_tok / reqs)),
+                            output_tokens=n_out if decode > 0 else 1, ttft_s=float(ttft), decode_s=decode,
+                            repeats=int(lat.get("steps") or 1)))
+    return meas
+
+
+def calibrate_from_store(store_dir: str, run_ids: list[str] | None = None, *,
+                         fit_step_overhead: bool = True) -> tuple[FitResult, list[Measurement], list[str]]:
+    """Fit a host profile from measured runs in a store (all complete runs, or ``run_ids``).
+
+    Each run's operations are rebuilt by the analytic generator from its model configuration
+    (:func:`model_config_of_run`) at its measured batch sizes and token counts
+    (:func:`measurements_of_run`), in the run's dtype. Returns the fit, the measurements used and
+    one note per run skipped (no model, no latency, failed).
+    """
+    from perfsdk.simulation.shape import shape_from_config
+    from perfsdk.store import Store, StoreError
+
+    store = Store(store_dir)
+    ids = list(run_ids) if run_ids else store.run_ids()
+    if not ids:
+        raise ValueError(f"{store_dir}: no runs")
+    obs: list[Observation] = []
+    used: list[Measurement] = []
+    skipped: list[str] = []
+    for rid in ids:
+        try:
+            run = store.get(rid)
+        except StoreError as exc:
+            if run_ids:
+                raise ValueError(str(exc)) from exc
+            skipped.append(f"{rid}: {exc}")
+            continue
+        if run.status == "failed":
+            skipped.append(f"{rid}: status failed")
+            continue
+        try:
+            cfg = model_config_of_run(run)
+        except ValueError as exc:
+            skipped.append(str(exc))
+            continue
+        requests = None
+        if "requests" in run.series:
+            try:
+                requests = store.read_series(rid, "requests")
+            except (StoreError, OSError, ValueError):
+                requests = None
+        meas = measurements_of_run(run, requests)
+        if not meas:
+            skipped.append(f"{rid}: no latency measurements")
+            continue
+        dtype = (run.model.dtype if run.model and run.model.dtype else "float32").removeprefix("torch.")
+        shape = shape_from_config(cfg, name=run.model.model_id if run.model else None)
+        for m in meas:
+            obs.extend(observations_for(shape, m, dtype=dtype))
+        used.extend(meas)
+    if len(obs) < 3:
+        raise ValueError(f"{store_dir}: {len(obs)} usable measured phases in {len(ids)} run(s); at least 3 needed "
+                         f"(skipped: {'; '.join(skipped) or 'none'})")
+    return fit(obs, fit_step_overhead=fit_step_overhead), used, skipped

@@ -7,7 +7,10 @@ For one operation on one device (profile ``P``)::
                   attention adds score elements * softmax ns_per_element; a matrix product with
                   R output rows is slowed by (R + P.matmul_half_rows) / R, small-M inefficiency)
     memory_s   = (bytes_read + bytes_written) / (P.memory_bandwidth * P.memory_efficiency)
-    time_s     = max(compute_s, memory_s) + P.op_overhead_s   (no overhead for views: 0 bytes, 0 FLOPs)
+                 (with P.cache_mb: a forward pass touching R bytes of weights + KV cache has
+                  min(1, cache / R) of its bytes served at P.cache_bandwidth instead)
+    pack_s     = weight_bytes / P.matmul_pack_gbs  for a matrix product with >= P.matmul_pack_rows rows
+    time_s     = max(compute_s, memory_s) + pack_s + P.op_overhead_s   (no overhead for views)
     energy_j   = flops * P.compute_pj_per_flop + 8 * bytes * P.memory_pj_per_bit   (dynamic)
                  + P.static_power_w * time_s                                          (static)
 
@@ -34,6 +37,7 @@ class OpCost:
     memory_s: float
     overhead_s: float
     transfer_s: float = 0.0
+    pack_s: float = 0.0
     compute_energy_j: float = 0.0
     memory_energy_j: float = 0.0
     transfer_energy_j: float = 0.0
@@ -41,7 +45,7 @@ class OpCost:
 
     @property
     def time_s(self) -> float:
-        return max(self.compute_s, self.memory_s) + self.overhead_s + self.transfer_s
+        return max(self.compute_s, self.memory_s) + self.pack_s + self.overhead_s + self.transfer_s
 
     @property
     def dynamic_energy_j(self) -> float:
@@ -115,12 +119,45 @@ def compute_time_s(op: OpRecord, profile: HardwareProfile, dtype: str | None = N
     return t
 
 
-def cost_op(op: OpRecord, profile: HardwareProfile, dtype: str | None = None) -> OpCost:
-    """Cost of ``op`` on ``profile`` (no transfers). ``dtype`` overrides ``op.dtype`` for peaks."""
+def cached_share(profile: HardwareProfile, resident_bytes: float | None) -> float:
+    """Share of an op's bytes served from the profile's cache when its forward pass touches
+    ``resident_bytes`` of weights and KV cache: 1 while they fit, else cache / resident."""
+    if not profile.cache_mb or not profile.cache_bandwidth_gbs or resident_bytes is None:
+        return 0.0
+    cache = profile.cache_mb * 1e6
+    return 1.0 if resident_bytes <= cache else cache / resident_bytes
+
+
+def memory_time_s(op: OpRecord, profile: HardwareProfile, resident_bytes: float | None = None) -> float:
+    """The memory term of an op: its bytes at the memory bandwidth, or partly at the cache's."""
+    nbytes = op_bytes(op)
+    if not nbytes:
+        return 0.0
+    t = nbytes / profile.effective_bandwidth_bytes_per_s
+    f = cached_share(profile, resident_bytes)
+    if f:
+        assert profile.cache_bandwidth_gbs is not None
+        t = (1.0 - f) * t + f * nbytes / (profile.cache_bandwidth_gbs * 1e9)
+    return t
+
+
+def pack_time_s(op: OpRecord, profile: HardwareProfile) -> float:
+    """Weight repacking of a matrix product on the blocked path (see ``matmul_pack_rows``)."""
+    if (op.category != "matmul" or not profile.matmul_pack_rows or not profile.matmul_pack_gbs
+            or not op.weight_bytes or matmul_rows(op) < profile.matmul_pack_rows):
+        return 0.0
+    return op.weight_bytes / (profile.matmul_pack_gbs * 1e9)
+
+
+def cost_op(op: OpRecord, profile: HardwareProfile, dtype: str | None = None,
+            resident_bytes: float | None = None) -> OpCost:
+    """Cost of ``op`` on ``profile`` (no transfers). ``dtype`` overrides ``op.dtype`` for peaks;
+    ``resident_bytes``: weights + KV cache its forward pass touches on this device (cache model)."""
     nbytes = op_bytes(op)
     return OpCost(
         compute_s=compute_time_s(op, profile, dtype),
-        memory_s=nbytes / profile.effective_bandwidth_bytes_per_s if nbytes else 0.0,
+        memory_s=memory_time_s(op, profile, resident_bytes),
+        pack_s=pack_time_s(op, profile),
         # views and other metadata-only ops launch no kernel
         overhead_s=profile.op_overhead_s if (nbytes or op.flops) else 0.0,
         compute_energy_j=op.flops * profile.compute_pj_per_flop * PJ,

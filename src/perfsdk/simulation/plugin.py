@@ -414,7 +414,8 @@ def hardware_show(name: str, hardware_files: tuple[str, ...], as_json: bool) -> 
 
 @click.command("calibrate")
 @click.option("--model", "models", multiple=True,
-              default=["builtin:tiny-llama-medium", "builtin:tiny-llama-medium@layers=4"],
+              default=["builtin:tiny-llama-medium", "builtin:tiny-llama-medium@layers=4",
+                       "builtin:tiny-llama-medium@layers=2", "builtin:tiny-llama-medium@layers=1"],
               show_default=True, help="Models to measure (random weights); spec@layers=N changes the depth")
 @click.option("--repeats", default=3, show_default=True, type=click.IntRange(min=1))
 @click.option("--threads", type=click.IntRange(min=1), help="torch threads (default: torch's)")
@@ -423,18 +424,36 @@ def hardware_show(name: str, hardware_files: tuple[str, ...], as_json: bool) -> 
 @click.option("--name", default="host-calibrated", show_default=True, help="Name of the fitted profile")
 @click.option("--output", "-o", type=click.Path(dir_okay=False), help="Write the profile YAML here (default: stdout)")
 @click.option("--json", "as_json", is_flag=True, help="Print the fit (coefficients, in-sample errors) as JSON")
+@click.option("--from-store", "from_store", type=click.Path(file_okay=False),
+              help="Fit from the measured runs in this store instead of measuring (see --run)")
+@click.option("--run", "run_ids", multiple=True, help="With --from-store: only these run ids (default: all runs)")
 def calibrate_command(models: tuple[str, ...], repeats: int, threads: int | None, clock: str, name: str,
-                      output: str | None, as_json: bool) -> None:
-    """Fit a host profile (FLOP/s, bandwidth, per-op and per-step overhead) from short measured runs."""
-    from perfsdk.simulation.calibration import calibrate_here, profile_from_fit
+                      output: str | None, as_json: bool, from_store: str | None, run_ids: tuple[str, ...]) -> None:
+    """Fit a host profile (FLOP/s, bandwidth, per-op and per-step overhead) from short measured runs,
+    or with --from-store from runs already measured and stored."""
+    from perfsdk.simulation.calibration import calibrate_from_store, calibrate_here, profile_from_fit
 
     def progress(m: Any) -> None:
         click.echo(f"measured {m.model} batch {m.batch_size} in {m.input_tokens} out {m.output_tokens}: "
                    f"TTFT {_fmt_s(m.ttft_s)}, TPOT {_fmt_s(m.tpot_s)}", err=True)
 
+    if run_ids and not from_store:
+        _fail("--run needs --from-store")
+        return
     try:
-        result, _ = calibrate_here(list(models), repeats=repeats, threads=threads, progress=progress, clock=clock)
-        profile = profile_from_fit(result, name=name, note=f"Models: {', '.join(models)}.")
+        if from_store:
+            result, used, skipped = calibrate_from_store(from_store, list(run_ids) or None)
+            for note in skipped:
+                click.echo(f"skipped {note}", err=True)
+            for m in used:
+                click.echo(f"using {m.model} batch {m.batch_size} in {m.input_tokens} out {m.output_tokens}: "
+                           f"TTFT {_fmt_s(m.ttft_s)}, TPOT {_fmt_s(m.tpot_s)}", err=True)
+            note = (f"Stored runs of {from_store}: {', '.join(run_ids) if run_ids else 'all'} "
+                    f"({len(used)} measured shapes).")
+        else:
+            result, _ = calibrate_here(list(models), repeats=repeats, threads=threads, progress=progress, clock=clock)
+            note = f"Models: {', '.join(models)}."
+        profile = profile_from_fit(result, name=name, note=note)
     except ValueError as exc:
         _fail(str(exc))
         return
@@ -445,7 +464,8 @@ def calibrate_command(models: tuple[str, ...], repeats: int, threads: int | None
         click.echo(f"wrote {output}", err=True)
     if as_json:
         click.echo(json.dumps({"coefficients": result.coefficients, "errors_pct": result.errors_pct,
-                               "matmul_half_rows": result.matmul_half_rows,
+                               "matmul_half_rows": result.matmul_half_rows, "matmul_pack_rows": result.pack_rows,
+                               "cache_bytes": result.cache_bytes,
                                "observations": result.observations}, indent=2))
     elif not output:
         click.echo(text, nl=False)

@@ -178,6 +178,12 @@ class Simulator:
         layers: dict[tuple[str, PhaseName], _Acc] = defaultdict(_Acc)
         cats: dict[PhaseName, dict[str, float]] = {"prefill": defaultdict(float), "decode": defaultdict(float)}
         sent_groups: set[tuple[str, str, int]] = set()
+        # weights + KV cache each forward pass touches on each device (for profiles with a cache)
+        resident: dict[tuple[str, str, int], float] = defaultdict(float)
+        if any(p.cache_mb for p in self.profiles.values()):
+            for op in ops:
+                dev = self.mapping.resolve(op.module_path)[0] or self.default_device
+                resident[(dev, op.phase, op.step)] += op.weight_bytes + op.kv_bytes
 
         for op in ops:
             ph = _phase_of(op)
@@ -187,7 +193,7 @@ class Simulator:
             dev_name = dev_name or self.default_device
             st = devs[dev_name]
             prof = st.profile
-            c = cost_op(op, prof, dtype)
+            c = cost_op(op, prof, dtype, resident.get((dev_name, op.phase, op.step)))
             if rule is not None and rule.transfer == "t":
                 c.transfer_s, c.transfer_energy_j = transfer_cost(prof, activation_in_bytes(op), activation_out_bytes(op))
             elif rule is not None and rule.transfer == "m":
@@ -200,7 +206,7 @@ class Simulator:
             for acc in (phases[ph], layers[(op.module_path, ph)]):
                 acc.time_s += t
                 acc.compute_s += c.compute_s * w
-                acc.memory_s += c.memory_s * w
+                acc.memory_s += (c.memory_s + c.pack_s) * w
                 acc.transfer_s += c.transfer_s * w
                 acc.overhead_s += c.overhead_s * w
                 acc.dyn_j += c.dynamic_energy_j * w

@@ -1,0 +1,176 @@
+"""Calibration from stored runs, the cache and weight-repacking terms of the fit and cost model."""
+
+from __future__ import annotations
+
+import statistics
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+import yaml
+from click.testing import CliRunner
+
+import perfsdk
+from perfsdk.hardware.profile import HardwareProfile
+from perfsdk.ops import OpRecord
+from perfsdk.simulation.calibration import (
+    Measurement,
+    Observation,
+    calibrate_from_store,
+    fit,
+    measurements_of_run,
+    profile_from_fit,
+)
+from perfsdk.simulation.costmodel import cost_op
+from perfsdk.simulation.plugin import calibrate_command
+from perfsdk.simulation.predictor import simulate_model
+from perfsdk.simulation.shape import shape_from_config
+
+
+def _cpu(**kw: object) -> HardwareProfile:
+    base = dict(name="t", kind="cpu", variant="test", source="test", memory_bandwidth_gbs=10.0,
+                memory_pj_per_bit=0.0, memory_capacity_gb=64.0, peak_tflops={"fp32": 1.0}, compute_pj_per_flop=0.0)
+    base.update(kw)
+    return HardwareProfile(**base)  # type: ignore[arg-type]
+
+
+def _linear(rows: int, k: int = 1000, n: int = 1000) -> OpRecord:
+    w = k * n * 4
+    return OpRecord(module_path="l", op="linear", category="matmul", phase="decode", step=1, dtype="float32",
+                    input_shapes=[(rows, k)], output_shape=(rows, n), flops=2 * rows * k * n, macs=rows * k * n,
+                    weight_bytes=w, bytes_read=w + rows * k * 4, bytes_written=rows * n * 4, elements=rows * n)
+
+
+def test_cache_share_and_repacking_by_hand() -> None:
+    prof = _cpu(cache_mb=10.0, cache_bandwidth_gbs=100.0, matmul_pack_rows=4, matmul_pack_gbs=20.0)
+    op = _linear(1)
+    nbytes = op.bytes_read + op.bytes_written
+    # the pass touches 20 MB: half of its bytes come from the 10 MB cache
+    c = cost_op(op, prof, resident_bytes=20e6)
+    assert c.memory_s == pytest.approx(0.5 * nbytes / 10e9 + 0.5 * nbytes / 100e9)
+    assert c.pack_s == 0.0  # one row: matrix-vector path, no repacking
+    # everything fits: all bytes at the cache rate; no resident size given: memory rate
+    assert cost_op(op, prof, resident_bytes=5e6).memory_s == pytest.approx(nbytes / 100e9)
+    assert cost_op(op, prof).memory_s == pytest.approx(nbytes / 10e9)
+    c4 = cost_op(_linear(4), prof, resident_bytes=20e6)
+    assert c4.pack_s == pytest.approx(4e6 / 20e9)
+    assert c4.time_s == pytest.approx(max(c4.compute_s, c4.memory_s) + c4.pack_s)
+
+
+def test_fit_recovers_cache_and_repacking_terms() -> None:
+    rng = np.random.default_rng(1)
+    truth = np.array([1e-11, 2e-10, 3e-5, 1e-3, 2e-3, 5e-11, 4e-11])
+    obs = []
+    for i in range(16):
+        n = int(rng.integers(20, 60))
+        rows = rng.choice([1.0, 2.0, 8.0, np.inf], n)
+        wb = np.where(np.isfinite(rows), rng.uniform(1e5, 4e6, n), 0.0)
+        o = Observation(f"o{i}", "prefill" if i % 2 else "decode", 1.0, rng.uniform(1e5, 1e9, n),
+                        rng.uniform(1e4, 1e7, n) + wb, np.ones(n), float(rng.integers(1, 5)), rows=rows,
+                        resident=np.full(n, rng.choice([4e6, 16e6, 32e6, 64e6])), weight_bytes=wb)
+        o.measured_s = o.predict(truth, 0.0, 16e6, 4.0)
+        obs.append(o)
+    res = fit(obs, half_rows=(0.0,), cache_bytes=(0.0, 16e6, 48e6), pack_rows=(0.0, 2.0, 4.0))
+    assert res.cache_bytes == 16e6 and res.pack_rows == 4.0
+    got = np.array([res.coefficients[k] for k in ("s_per_flop", "s_per_byte", "op_overhead_s", "step_overhead_s",
+                                                  "prefill_overhead_s", "s_per_cached_byte", "s_per_packed_byte")])
+    assert got == pytest.approx(truth, rel=1e-5)
+    prof = profile_from_fit(res, name="fitted")
+    assert prof.cache_mb == pytest.approx(16.0) and prof.cache_bandwidth_gbs == pytest.approx(20.0)
+    assert prof.matmul_pack_rows == 4 and prof.matmul_pack_gbs == pytest.approx(25.0)
+
+
+def test_measurements_from_request_rows() -> None:
+    class Run:
+        run_id, name, model, workload, collectors = "r", "n", None, None, {}
+
+    rows = [  # two calls of batch 2 (one request stopped early), one of batch 1
+        {"step": 0, "request": 0, "input_tokens": 8, "output_tokens": 5, "ttft_s": 0.010, "tpot_s": 0.002, "e2e_s": 0.018},
+        {"step": 0, "request": 1, "input_tokens": 6, "output_tokens": 3, "ttft_s": 0.010, "tpot_s": 0.002, "e2e_s": 0.014},
+        {"step": 1, "request": 0, "input_tokens": 8, "output_tokens": 5, "ttft_s": 0.012, "tpot_s": 0.003, "e2e_s": 0.024},
+        {"step": 1, "request": 1, "input_tokens": 8, "output_tokens": 5, "ttft_s": 0.012, "tpot_s": 0.003, "e2e_s": 0.024},
+        {"step": 2, "request": 0, "input_tokens": 4, "output_tokens": 1, "ttft_s": 0.005, "tpot_s": None, "e2e_s": 0.005},
+    ]
+    ms = measurements_of_run(Run(), rows)
+    got = {(m.batch_size, m.input_tokens, m.output_tokens): m for m in ms}
+    assert set(got) == {(2, 8, 5), (1, 4, 1)}
+    assert got[(2, 8, 5)].ttft_s == pytest.approx(0.011) and got[(2, 8, 5)].decode_s == pytest.approx(0.010)
+    assert got[(2, 8, 5)].repeats == 2 and got[(1, 4, 1)].tpot_s is None
+
+
+def _measured_runs(store: Path) -> list[str]:
+    """Two stored runs on small built-in configurations, several batch sizes and prompt lengths each."""
+    from transformers import AutoModelForCausalLM
+
+    from perfsdk.models.tiny import tiny_llama_config
+
+    torch.set_num_threads(1)
+    shapes = [(1, 16), (2, 32), (4, 16), (1, 64)]
+    ids = []
+    cfg_small = {"name": "cal-small", "model": {"id": "builtin:tiny-llama-small", "dtype": "float32", "device": "cpu"},
+                 "collectors": {"energy": False}, "exporters": []}
+    adopted_cfg = tiny_llama_config("tiny-llama")
+    torch.manual_seed(0)
+    adopted = AutoModelForCausalLM.from_config(adopted_cfg, dtype=torch.float32).eval()
+    for cfg, model in ((cfg_small, None), ({"name": "cal-adopted", "collectors": {"energy": False}, "exporters": []},
+                                          adopted)):
+        with perfsdk.session(cfg, store=str(store)) as s:
+            m, _ = s.load(model=model) if model is not None else s.load()
+            g = torch.Generator().manual_seed(0)
+            kw = dict(max_new_tokens=6, min_new_tokens=6, do_sample=False, pad_token_id=0)
+            with s.warmup():
+                x = torch.randint(4, 256, (1, 8), generator=g)
+                s.generate(m, input_ids=x, attention_mask=torch.ones_like(x), **kw)
+            for _ in range(2):
+                for b, n in shapes:
+                    x = torch.randint(4, 256, (b, n), generator=g)
+                    s.generate(m, input_ids=x, attention_mask=torch.ones_like(x), **kw)
+        ids.append(s.run_id)
+    return ids
+
+
+def test_calibrate_from_store_predicts_its_runs(tmp_path: Path) -> None:
+    store = tmp_path / "store"
+    ids = _measured_runs(store)
+    result, used, skipped = calibrate_from_store(str(store))
+    assert not skipped and len(used) == 8  # 4 shapes x 2 runs, repeats combined by the median
+    assert {(m.batch_size, m.input_tokens, m.output_tokens) for m in used} == {(1, 16, 6), (2, 32, 6), (4, 16, 6),
+                                                                              (1, 64, 6)}
+    prof = profile_from_fit(result, name="from-store")
+    # the fitted profile predicts the runs it was fitted on: tolerance for timing on a shared
+    # machine: every TTFT and TPOT within a factor of 2, the median error within 40%
+    from perfsdk.models.tiny import tiny_llama_config
+
+    errs = []
+    for m in used:
+        name = "tiny-llama-small" if m.model == "builtin:tiny-llama-small" else "tiny-llama"
+        shape = shape_from_config(tiny_llama_config(name))
+        p = simulate_model(shape, prof, batch_size=m.batch_size, input_tokens=m.input_tokens,
+                           output_tokens=m.output_tokens, dtype="float32")
+        assert m.tpot_s is not None and p.tpot_s is not None
+        for pred, meas in ((p.ttft_s, m.ttft_s), (p.tpot_s, m.tpot_s)):
+            assert 0.5 * meas <= pred <= 2.0 * meas, (m, pred, meas)
+            errs.append(abs(pred - meas) / meas)
+    assert statistics.median(errs) <= 0.40
+
+    # the command: one run only, YAML written and loadable as a profile
+    out = tmp_path / "host.yaml"
+    r = CliRunner().invoke(calibrate_command, ["--from-store", str(store), "--run", ids[0], "-o", str(out),
+                                               "--name", "my-host"])
+    assert r.exit_code == 0, r.output
+    prof2 = HardwareProfile.model_validate(yaml.safe_load(out.read_text(encoding="utf-8")))
+    assert prof2.name == "my-host" and "Stored runs" in prof2.source and ids[0] in prof2.source
+    assert "using builtin:tiny-llama-small batch 4 in 16 out 6" in r.output
+
+
+def test_calibrate_from_store_errors(tmp_path: Path) -> None:
+    r = CliRunner().invoke(calibrate_command, ["--from-store", str(tmp_path / "empty")])
+    assert r.exit_code == 2 and "no runs" in r.output
+    r = CliRunner().invoke(calibrate_command, ["--run", "x"])
+    assert r.exit_code == 2 and "--from-store" in r.output
+
+
+def test_measurement_tpot() -> None:
+    m = Measurement(model="m", batch_size=1, input_tokens=4, output_tokens=5, ttft_s=0.1, decode_s=0.4, repeats=1)
+    assert m.tpot_s == pytest.approx(0.1)
