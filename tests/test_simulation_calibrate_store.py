@@ -174,3 +174,17 @@ def test_calibrate_from_store_errors(tmp_path: Path) -> None:
 def test_measurement_tpot() -> None:
     m = Measurement(model="m", batch_size=1, input_tokens=4, output_tokens=5, ttft_s=0.1, decode_s=0.4, repeats=1)
     assert m.tpot_s == pytest.approx(0.1)
+
+
+def test_measurements_from_latency_summary_without_requests() -> None:
+    class Workload:
+        batch_size = 2
+
+    class Run:
+        run_id, name, model, workload = "r", "n", None, Workload()
+        collectors = {"latency": {"ttft_s": {"median": 0.02}, "tpot_s": {"median": 0.004}, "requests": 4,
+                                  "output_tokens": 20, "input_tokens": 64, "steps": 2}}
+
+    (m,) = measurements_of_run(Run(), None)
+    assert (m.batch_size, m.input_tokens, m.output_tokens) == (2, 16, 5)
+    assert m.ttft_s == pytest.approx(0.02) and m.tpot_s == pytest.approx(0.004)
