@@ -108,9 +108,8 @@ def _measured_runs(store: Path) -> list[str]:
     torch.set_num_threads(1)
     shapes = [(1, 16), (2, 32), (4, 16), (1, 64)]
     ids = []
-    # latency only: with the memory collector on, the last configuration of a run was several
-    # times slower in some test orders on a 2-core machine (its sampling shares the interpreter)
-    only_latency = {"energy": False, "utilization": False, "memory": False}
+    # no energy/utilization: CodeCarbon's start-up is not needed to fit timings
+    only_latency = {"energy": False, "utilization": False}
     cfg_small = {"name": "cal-small", "model": {"id": "builtin:tiny-llama-small", "dtype": "float32", "device": "cpu"},
                  "collectors": only_latency, "exporters": []}
     adopted_cfg = tiny_llama_config("tiny-llama")

@@ -7,8 +7,6 @@ with ``time.thread_time`` so the overhead of sampling is visible in the result.
 
 from __future__ import annotations
 
-import os
-import sys
 import threading
 import time
 from dataclasses import dataclass
@@ -28,25 +26,6 @@ class _Probe:
     calls: int = 0
     errors: int = 0
     last_error: str | None = None
-
-
-def _lower_thread_priority() -> None:
-    """Run the sampler thread at the lowest scheduling priority (Linux: per-thread nice).
-
-    On a machine whose cores are all busy with the model's own threads, a waking sampler would
-    otherwise preempt one of them and stall its parallel region; at nice 19 it waits for a gap.
-    ``PERFSDK_SAMPLER_NICE`` changes the value (0 keeps the inherited priority).
-    """
-    try:
-        nice = int(os.environ.get("PERFSDK_SAMPLER_NICE", "19"))
-    except ValueError:
-        nice = 19
-    if nice <= 0 or not sys.platform.startswith("linux"):
-        return
-    try:
-        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), nice)
-    except (OSError, AttributeError):  # not permitted or not supported: keep the default
-        pass
 
 
 class Sampler:
@@ -117,7 +96,9 @@ class Sampler:
                 log.warning("sampler probe failed", probe=p.name, error=repr(exc))
 
     def _run(self) -> None:
-        _lower_thread_priority()
+        # The thread keeps the default priority on purpose: it takes the GIL for each probe,
+        # and a low-priority thread preempted while holding the GIL would stall the model's
+        # thread (priority inversion) far more than its own few microseconds cost.
         t0 = time.thread_time()
         try:
             while not self._stop.is_set():
