@@ -15,23 +15,6 @@ from typing import Any
 # Layer-norm (not RMSNorm) and non-gated MLP families.
 _LAYERNORM_TYPES = {"gpt2", "gpt_neox", "opt", "bert", "falcon", "phi", "gptj", "bloom", "gpt_bigcode"}
 
-#: Architecture numbers of a few well-known public checkpoints (from their published configs),
-#: so that ``perfsdk simulate --model llama-2-7b`` works offline.
-KNOWN_MODELS: dict[str, dict[str, Any]] = {
-    "llama-2-7b": dict(model_type="llama", hidden_size=4096, num_hidden_layers=32, num_attention_heads=32,
-                       num_key_value_heads=32, intermediate_size=11008, vocab_size=32000),
-    "llama-2-13b": dict(model_type="llama", hidden_size=5120, num_hidden_layers=40, num_attention_heads=40,
-                        num_key_value_heads=40, intermediate_size=13824, vocab_size=32000),
-    "llama-2-70b": dict(model_type="llama", hidden_size=8192, num_hidden_layers=80, num_attention_heads=64,
-                        num_key_value_heads=8, intermediate_size=28672, vocab_size=32000),
-    "llama-3-8b": dict(model_type="llama", hidden_size=4096, num_hidden_layers=32, num_attention_heads=32,
-                       num_key_value_heads=8, intermediate_size=14336, vocab_size=128256),
-    "mistral-7b": dict(model_type="mistral", hidden_size=4096, num_hidden_layers=32, num_attention_heads=32,
-                       num_key_value_heads=8, intermediate_size=14336, vocab_size=32000, sliding_window=4096),
-    "mixtral-8x7b": dict(model_type="mixtral", hidden_size=4096, num_hidden_layers=32, num_attention_heads=32,
-                         num_key_value_heads=8, intermediate_size=14336, vocab_size=32000,
-                         num_local_experts=8, num_experts_per_tok=2),
-}
 
 
 @dataclass(frozen=True)
@@ -120,8 +103,8 @@ def _flops_configs_dir() -> Path:
 def resolve_model_shape(spec: str) -> ModelShape:
     """What ``--model`` accepts, tried in order:
 
-    a ``config.json`` path or a folder holding one; a bundled config of the FLOPs counter
-    (``perfsdk/flops/configs/<name>.json``); a name in :data:`KNOWN_MODELS`; ``builtin:`` models
+    a ``config.json`` path or a folder holding one; a bundled config of well-known public
+    checkpoints (``perfsdk/flops/configs/<name>.json``, shared with the FLOPs counter); ``builtin:`` models
     (the embedded tiny Llama and its size variants); a Hugging Face id already in the local cache (no network).
     """
     p = Path(spec)
@@ -133,8 +116,6 @@ def resolve_model_shape(spec: str) -> ModelShape:
     bundled = _flops_configs_dir() / f"{key}.json"
     if bundled.is_file():
         return shape_from_config(json.loads(bundled.read_text(encoding="utf-8")), name=key)
-    if key in KNOWN_MODELS:
-        return shape_from_config(KNOWN_MODELS[key], name=key)
     if spec.startswith("builtin:"):
         try:
             from perfsdk.models.tiny import tiny_llama_config
@@ -148,7 +129,7 @@ def resolve_model_shape(spec: str) -> ModelShape:
 
         return shape_from_config(AutoConfig.from_pretrained(spec, local_files_only=True), name=spec)
     except Exception:
-        known = ", ".join(sorted(KNOWN_MODELS))
+        known = ", ".join(sorted(p.stem for p in _flops_configs_dir().glob("*.json")))
         raise ValueError(
             f"--model {spec}: not a config.json path, a known name ({known}) or a cached Hugging Face id"
         ) from None
