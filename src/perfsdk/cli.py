@@ -21,7 +21,7 @@ from perfsdk.config import ConfigError, load_config, quickstart_config
 log = structlog.get_logger("perfsdk.cli")
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
-SIGNAL_EXIT = {signal.SIGINT: 130, signal.SIGTERM: 143}
+SIGNAL_EXIT: dict[int, int] = {signal.SIGINT: 130, signal.SIGTERM: 143}
 
 
 class RunInterrupted(KeyboardInterrupt):
@@ -91,7 +91,7 @@ def preflight(cfg: Any) -> None:
 
 
 def _install_signal_handlers() -> dict[int, Any]:
-    previous = {}
+    previous: dict[int, Any] = {}
 
     stopping: list[int] = []
 

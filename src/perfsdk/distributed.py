@@ -390,12 +390,12 @@ def aggregate_energy(payloads: list[dict[str, Any]], output_tokens: int | None) 
         base["j_per_output_token_by_source"] = {k: v / tokens for k, v in by_source.items() if tokens}
         base["output_tokens_per_j_by_source"] = {k: tokens / v for k, v in by_source.items() if tokens}
     # the headline adds up only the non-overlapping measuring channels (as the collector does)
-    keys = sorted({k for _, e in present for k in (e.get("measured_keys") or [])})
+    mkeys = sorted({k for _, e in present for k in (e.get("measured_keys") or [])})
     steps = base.get("steps_energy_j") or {}
-    measured = [steps.get(k) for k in keys]
-    if keys and all(v is not None for v in measured):
+    measured = [steps.get(k) for k in mkeys]
+    if mkeys and all(v is not None for v in measured):
         m_steps = float(sum(measured))  # type: ignore[arg-type]
-        base["measured_keys"] = keys
+        base["measured_keys"] = mkeys
         base["measured_steps_energy_j"] = m_steps
         base["j_per_output_token"] = m_steps / tokens if tokens else None
         base["output_tokens_per_j"] = tokens / m_steps if m_steps and tokens else None

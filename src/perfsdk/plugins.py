@@ -78,7 +78,8 @@ def autoload_disabled() -> bool:
 
 
 def _plugin_label(pm: pluggy.PluginManager, plugin: Any) -> str:
-    return pm.get_name(plugin) or getattr(plugin, "__name__", repr(plugin))
+    name = pm.get_name(plugin)
+    return name if name else getattr(plugin, "__name__", repr(plugin))
 
 
 def get_plugin_manager(*, load_entry_points: bool | None = None, allow: list[str] | None = None,

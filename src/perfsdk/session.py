@@ -18,7 +18,7 @@ import traceback
 import uuid
 from collections.abc import Iterator
 from datetime import datetime, timezone
-from typing import Any
+from typing import Any, Literal
 
 import pluggy
 import structlog
@@ -33,7 +33,7 @@ from perfsdk.plugins import PluginRegistry, collect_registry, get_plugin_manager
 from perfsdk import distributed
 from perfsdk.overhead import HookTimes
 from perfsdk.sampler import Sampler
-from perfsdk.series import add_bounded
+from perfsdk.series import BoundedSeries, add_bounded
 from perfsdk.schemas import ErrorRecord, ModelInfo, Record, RunResult, WorkloadInfo
 
 log = structlog.get_logger("perfsdk.session")
@@ -273,7 +273,7 @@ class Session:
         self.start()
         return self
 
-    def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> bool:
+    def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> Literal[False]:
         self.finalize(exc)
         return False
 
@@ -415,10 +415,10 @@ class Session:
             ids = inputs.get(key)
         if ids is None and args:
             ids = args[0]
-        batch = int(ids.shape[0]) if hasattr(ids, "shape") and len(ids.shape) > 0 else 1
+        batch = int(ids.shape[0]) if ids is not None and hasattr(ids, "shape") and len(ids.shape) > 0 else 1
         if mask is not None:
             in_tokens = [int(x) for x in mask.sum(dim=1).tolist()]
-        elif hasattr(ids, "shape") and len(ids.shape) >= 2 and not getattr(ids, "is_floating_point", lambda: True)():
+        elif ids is not None and hasattr(ids, "shape") and len(ids.shape) >= 2 and not getattr(ids, "is_floating_point", lambda: True)():
             in_tokens = [int(ids.shape[1])] * batch
         else:
             in_tokens = [0] * batch
@@ -550,7 +550,7 @@ class Session:
 
     # -- data for the store ---------------------------------------------------------------
 
-    def add_series(self, name: str, rows: list[dict[str, Any]]) -> None:
+    def add_series(self, name: str, rows: list[dict[str, Any]] | BoundedSeries) -> None:
         """Attach a raw time series (stored next to the result as JSON lines), capped in length."""
         add_bounded(self, name, rows)
 

@@ -48,7 +48,7 @@ def build_tiny_causal_lm(seed: int = 0, **overrides: Any) -> Any:
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    cfg = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+    cfg: dict[str, Any] = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
                intermediate_size=128, vocab_size=256, max_position_embeddings=256,
                bos_token_id=1, eos_token_id=2, pad_token_id=0)
     cfg.update(overrides)

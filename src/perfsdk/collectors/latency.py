@@ -61,7 +61,7 @@ class LatencyResult(CollectorResult):
 
 def request_latencies(step: Step) -> list[dict[str, Any]]:
     """Per-request TTFT/e2e/TPOT/ITLs (seconds) of one generate step."""
-    out = []
+    out: list[dict[str, Any]] = []
     times = step.token_times_ns
     if not times or step.output_tokens is None:
         return out

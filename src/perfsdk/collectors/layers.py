@@ -583,8 +583,8 @@ class LayersCollector(Collector):
         for rec in self._records:
             hook_ns += rec.hook_ns
             hook_calls += rec.hook_calls
-            for key, shp in rec.first_shapes.items():
-                shapes.setdefault(key, shp)
+            for key, first_shp in rec.first_shapes.items():
+                shapes.setdefault(key, first_shp)
             for fwd, ctx in enumerate(rec.context_lens):
                 if ctx is not None:
                     phase_ctx.setdefault(_phase_of(rec.kind, fwd), []).append(ctx)
@@ -603,7 +603,7 @@ class LayersCollector(Collector):
                         "context_len": rec.context_lens[fwd] if 0 <= fwd < len(rec.context_lens) else None,
                     })
         root_i = next(i for i, t in enumerate(targets) if t.is_root)
-        phase_time = {ph: agg[(root_i, ph)][1] / 1e9 for ph in _PHASES if (root_i, ph) in agg}
+        phase_time: dict[str, float] = {ph: agg[(root_i, ph)][1] / 1e9 for ph in _PHASES if (root_i, ph) in agg}
 
         def share(x: float) -> float:
             return x / step_time * 100.0 if step_time > 0 else 0.0
@@ -641,10 +641,10 @@ class LayersCollector(Collector):
             if (root_i, ph) not in agg:
                 continue
             calls, tot_ns = agg[(root_i, ph)]
-            ctx = phase_ctx.get(ph) or []
+            ctxs = phase_ctx.get(ph) or []
             phases.append(PhaseRow(phase=ph, forwards=calls, total_s=tot_ns / 1e9, mean_s=tot_ns / 1e9 / calls,
-                                   share_pct=share(tot_ns / 1e9), context_len_min=min(ctx) if ctx else None,
-                                   context_len_max=max(ctx) if ctx else None))
+                                   share_pct=share(tot_ns / 1e9), context_len_min=min(ctxs) if ctxs else None,
+                                   context_len_max=max(ctxs) if ctxs else None))
         cov_idx = [i for i, t in enumerate(targets) if t.in_coverage]
         cov_s = sum(c[1] for (i, _), c in agg.items() if i in set(cov_idx)) / 1e9
         root_s = sum(phase_time.values())

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any, Protocol
 
-from perfsdk.energy.base import Channel, EnergySource
+from perfsdk.energy.base import Channel, EnergySource, Method
 
 #: NVML refreshes power and the energy counter roughly every 100 ms on most boards (some
 #: refresh faster); windows or sampling intervals below this are flagged.
@@ -164,7 +164,7 @@ class NvmlSource(EnergySource):
                 counter = r.total_energy_mj(i)
             except Exception:
                 counter = None
-            method = "counter" if counter is not None else "integrated"
+            method: Method = "counter" if counter is not None else "integrated"
             if method == "integrated":
                 notes.append(f"GPU {i}: energy counter unsupported, integrating power samples")
             ch = Channel(source="nvml", scope="gpu", device=str(i), method=method, device_name=name,

@@ -222,6 +222,9 @@ def compare_runs(store: Store, baseline: RunResult, candidate: RunResult, metric
     ra, rb = run_row(baseline), run_row(candidate)
     out = []
     for m in metrics:
+        va: float | None
+        vb: float | None
+        change: float | None
         ga, gb = grouped_samples_for(store, baseline, m), grouped_samples_for(store, candidate, m)
         lib = _lower_is_better(m)
         if ga and gb:

@@ -208,8 +208,8 @@ def compare_cmd(ids: tuple[str, ...], store_dir: str, metrics: tuple[str, ...], 
         has_point = any(c.point for c in results)
         cols = (["point"] if has_point else []) + ["candidate", "metric", "baseline", "candidate value", "change",
                                                    "95% CI", "verdict"]
-        for c in cols:
-            t.add_column(c, justify="right" if c in ("baseline", "candidate value", "change", "95% CI") else "left")
+        for col in cols:
+            t.add_column(col, justify="right" if col in ("baseline", "candidate value", "change", "95% CI") else "left")
         for c in results:
             ci = f"[{c.ci_low * 100:+.1f}%, {c.ci_high * 100:+.1f}%]" if c.ci_low is not None and c.ci_high is not None else "-"
             change = f"{c.change * 100:+.1f}%" if c.change is not None else "-"

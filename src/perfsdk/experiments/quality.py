@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 import re
 import string
-from collections.abc import Hashable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from typing import Any
 
 _PUNCT = re.compile(f"[{re.escape(string.punctuation)}]")
@@ -119,7 +119,8 @@ def record_quality(session: Any, name: str, *, metric: str = "exact_match",
     elif metric in ("exact_match", "accuracy", "f1_macro"):
         if predictions is None or references is None:
             raise ValueError(f"{metric} needs predictions and references")
-        fn = {"exact_match": exact_match, "accuracy": accuracy, "f1_macro": f1_macro}[metric]
+        fns: dict[str, Callable[..., float]] = {"exact_match": exact_match, "accuracy": accuracy, "f1_macro": f1_macro}
+        fn = fns[metric]
         value = fn(predictions, references, **kwargs)
     else:
         raise ValueError(f"unknown quality metric {metric!r}; valid: {', '.join(METRICS)}")

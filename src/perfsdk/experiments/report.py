@@ -153,8 +153,8 @@ def per_token_latency(rows: list[dict[str, Any]]) -> bytes | None:
     for pts in by_step.values():
         pts.sort()
         prev = 0.0
-        for pos, t in pts:
-            per_pos[pos].append((t - prev) * 1e3)
+        for position, t in pts:
+            per_pos[position].append((t - prev) * 1e3)
             prev = t
     if not per_pos:
         return None
@@ -277,6 +277,7 @@ def run_sections(store: Store, run: RunResult) -> list[Section]:
     secs: list[Section] = []
     s = Section("Summary")
     m = run.model
+    info: list[list[Any]]
     info = [["run", run.run_id], ["name", run.name], ["status", run.status],
             ["model", m.model_id if m else None], ["dtype", m.dtype if m else None],
             ["parameters", m.parameters if m else None],
@@ -291,7 +292,7 @@ def run_sections(store: Store, run: RunResult) -> list[Section]:
     for key in ("ttft_s", "tpot_s", "itl_s", "e2e_s", "prefill_s", "decode_s", "forward_s"):
         st = lat.get(key) or {}
         if st.get("count"):
-            stat_rows.append([key, st["count"]] + [(st.get(q) * 1e3 if _num(st.get(q)) is not None else None)
+            stat_rows.append([key, st["count"]] + [(st[q] * 1e3 if _num(st.get(q)) is not None else None)
                                                   for q in ("mean", "p50", "p90", "p95", "p99", "max")])
     if stat_rows:
         s.html.append(_table(["latency", "count", "mean ms", "p50 ms", "p90 ms", "p95 ms", "p99 ms", "max ms"], stat_rows))
@@ -481,6 +482,7 @@ def sweep_sections(store: Store, sweep_id: str) -> tuple[str, list[Section]]:
     secs: list[Section] = []
 
     s = Section("Sweep")
+    info: list[list[Any]]
     info = [["sweep", sweep_id], ["status", manifest.get("status") if manifest else "-"],
             ["strategy", manifest.get("strategy") if manifest else "-"],
             ["points", len(plist)], ["finished", sum(1 for p in plist if p["status"] in ("ok", "partial"))],

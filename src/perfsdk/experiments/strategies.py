@@ -10,9 +10,12 @@ from __future__ import annotations
 import itertools
 import math
 import random
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from perfsdk.experiments.pareto import Objective
+
+if TYPE_CHECKING:
+    from optuna.distributions import BaseDistribution
 
 Point = dict[str, Any]
 
@@ -108,7 +111,7 @@ class OptunaStrategy:
         self.axes = axes
         self.objectives = objectives
         # Categorical choices must be primitives; map each axis's values to their positions.
-        self.dists = {k: optuna.distributions.CategoricalDistribution(list(range(len(v)))) for k, v in axes.items()}
+        self.dists: dict[str, BaseDistribution] = {k: optuna.distributions.CategoricalDistribution(list(range(len(v)))) for k, v in axes.items()}
         sampler = optuna.samplers.TPESampler(seed=seed, constraints_func=_constraints_of)
         self.study = optuna.create_study(directions=[o.direction for o in objectives], sampler=sampler)
         self._open: dict[int, Any] = {}

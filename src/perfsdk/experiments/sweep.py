@@ -307,8 +307,8 @@ def load_sweep(source: str | Path | dict[str, Any]) -> Sweep:
             for v in values:
                 sweep.validate_point({**first, k: v})
     else:
-        for values in static_points(spec.strategy, spec.axes, spec.budget, spec.seed):
-            sweep.validate_point(values)
+        for pt in static_points(spec.strategy, spec.axes, spec.budget, spec.seed):
+            sweep.validate_point(pt)
     return sweep
 
 

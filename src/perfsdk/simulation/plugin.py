@@ -371,7 +371,7 @@ def hardware_list(hardware_files: tuple[str, ...], as_json: bool) -> None:
     except HardwareProfileError as exc:
         _fail(str(exc))
         return
-    rows = []
+    rows: list[dict[str, Any]] = []
     for name in cat.names():
         p = cat.profiles[name]
         peak = p.peak_tflops.available()
@@ -388,8 +388,8 @@ def hardware_list(hardware_files: tuple[str, ...], as_json: bool) -> None:
     for c in ("name", "kind", "memory GB/s", "capacity GB", "peak TFLOPS", "origin"):
         t.add_column(c)
     for r in rows:
-        peak = ", ".join(f"{k} {v:g}" for k, v in r["peak_tflops"].items())
-        t.add_row(r["name"], r["kind"], f"{r['memory_bandwidth_gbs']:g}", f"{r['memory_capacity_gb']:g}", peak, r["origin"])
+        peaks = ", ".join(f"{k} {v:g}" for k, v in r["peak_tflops"].items())
+        t.add_row(r["name"], r["kind"], f"{r['memory_bandwidth_gbs']:g}", f"{r['memory_capacity_gb']:g}", peaks, r["origin"])
     Console().print(t)
     for err in cat.errors:
         click.echo(f"warning: {err}", err=True)
