@@ -18,7 +18,7 @@ export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 export HF_HUB_DISABLE_TELEMETRY := 1
 
-.PHONY: setup setup-dev run test schemas bench clean
+.PHONY: setup setup-dev run test typecheck schemas bench clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -45,6 +45,9 @@ run: setup
 
 test: setup-dev
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+typecheck: setup-dev
+	$(BIN)/python -m mypy src/perfsdk
 
 schemas: setup
 	$(BIN)/perfsdk schema --output-dir schemas
