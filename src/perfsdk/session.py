@@ -34,7 +34,7 @@ from perfsdk import distributed
 from perfsdk.overhead import HookTimes
 from perfsdk.sampler import Sampler
 from perfsdk.series import BoundedSeries, add_bounded
-from perfsdk.schemas import ErrorRecord, ModelInfo, Record, RunResult, WorkloadInfo
+from perfsdk.schemas import CollectorMeta, ErrorRecord, ModelInfo, Record, RunResult, WorkloadInfo
 
 log = structlog.get_logger("perfsdk.session")
 
@@ -215,6 +215,7 @@ class Session:
         for inst in extra_instances:
             wanted.pop(inst.name, None)
             self.collectors[inst.name] = inst
+            self.registry.collectors.setdefault(inst.name, type(inst))
         for name, settings in wanted.items():
             cls = self.registry.collectors[name]
             try:
@@ -590,6 +591,7 @@ class Session:
             self._close_window(self._session_window, self.end_ns)
         self.sampler.stop()
         collected: dict[str, dict[str, Any]] = {}
+        typed: dict[str, Any] = {}
         for impl in self._hook_impls("perfsdk_finalize"):
             owner = self._owner(impl)
             if self._trace:
@@ -607,6 +609,7 @@ class Session:
             stored = self._validate_result(owner, res)
             if stored is not None:
                 collected[owner] = stored
+                typed[owner] = res
         status = "ok"
         if exc is not None or self.interrupted:
             status = "failed"
@@ -638,7 +641,13 @@ class Session:
             records=self.records,
             errors=self.errors,
             tags=self.tags,
+            collector_meta={name: CollectorMeta(plugin=self.registry.origins.get("collector:" + name), installed=True,
+                                                validated=True) for name in collected},
         )
+        for name, res in typed.items():  # the typed results the collectors returned
+            cls = type(self.collectors[name]).Result if name in self.collectors else None
+            if cls is not None and isinstance(res, cls):
+                result._typed[name] = (result.collectors[name], res)
         result = self._post_process(result)
         self.result = result
         self._persist()
@@ -667,6 +676,12 @@ class Session:
             return None
 
     def _persist(self) -> None:
+        from perfsdk.plugins import using_registry
+
+        with using_registry(self.registry):  # read back and export with this session's collectors
+            self._persist_and_export()
+
+    def _persist_and_export(self) -> None:
         assert self.result is not None
         if not self.store_dir:
             return

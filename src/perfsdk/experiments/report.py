@@ -21,7 +21,8 @@ from typing import Any
 
 import structlog
 
-from perfsdk.exporters.flatten import flatten, run_row
+from perfsdk.collector import ReportFigure, ReportSection, html_table
+from perfsdk.exporters.flatten import run_row
 from perfsdk.schemas import RunResult
 from perfsdk.store import Store, StoreError, atomic_write
 
@@ -37,24 +38,13 @@ class ReportError(ValueError):
     """The run or sweep to report on was not found."""
 
 
-@dataclass
-class Figure:
-    """One PNG figure of the report."""
-
-    slug: str
-    title: str
-    png: bytes
-    caption: str = ""
+Figure = ReportFigure
 
 
-@dataclass
-class Section:
-    """A heading with figures, tables (HTML) and notes."""
+class Section(ReportSection):
+    """A report section (the contract's :class:`~perfsdk.collector.ReportSection`)."""
 
-    title: str
-    figures: list[Figure] = field(default_factory=list)
-    html: list[str] = field(default_factory=list)
-    notes: list[str] = field(default_factory=list)
+    slug: str = ""
 
 
 # -- drawing helpers ----------------------------------------------------------------------------
@@ -81,15 +71,7 @@ def _num(v: Any) -> float | None:
     return float(v) if math.isfinite(float(v)) else None
 
 
-def _table(headers: list[str], rows: list[list[Any]], cls: str = "") -> str:
-    def cell(v: Any) -> str:
-        if isinstance(v, float):
-            v = f"{v:.4g}"
-        return html.escape("-" if v is None else str(v))
-
-    head = "".join(f"<th>{html.escape(h)}</th>" for h in headers)
-    body = "".join("<tr>" + "".join(f"<td>{cell(v)}</td>" for v in r) + "</tr>" for r in rows)
-    return f'<table class="{cls}"><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>'
+_table = html_table
 
 
 def _series(store: Store, run: RunResult, name: str) -> list[dict[str, Any]]:
@@ -234,46 +216,32 @@ def utilization_over_time(rows: list[dict[str, Any]]) -> bytes | None:
     return _png(fig)
 
 
-def _numeric_dicts(d: dict[str, Any], prefix: str = "") -> dict[str, dict[str, float]]:
-    """Sub-mappings whose values are all numbers (e.g. per-phase or per-layer breakdowns)."""
-    out: dict[str, dict[str, float]] = {}
-    for k, v in d.items():
-        if isinstance(v, dict) and v:
-            nums = {str(kk): _num(vv) for kk, vv in v.items()}
-            if all(x is not None for x in nums.values()) and len(nums) >= 2:
-                out[prefix + k] = nums  # type: ignore[assignment]
-            else:
-                out.update(_numeric_dicts(v, prefix + k + "."))
-    return out
-
-
-def breakdown_figure(name: str, data: dict[str, Any]) -> bytes | None:
-    """Bar charts of the numeric breakdowns inside a collector result (first four)."""
-    dicts = list(_numeric_dicts(data).items())[:4]
-    if not dicts:
+def bar_figure(title: str, panels: dict[str, dict[str, float]], max_bars: int = 20) -> bytes | None:
+    """Horizontal bar charts, one panel per named breakdown (at most four panels)."""
+    items = list(panels.items())[:4]
+    if not items:
         return None
-    fig, axes = _figure(1, len(dicts), width=min(16, 4.2 * len(dicts)), height=3.4)
-    for ax, (label, vals) in zip(axes[0], dicts):
-        items = list(vals.items())[:20]
-        ax.barh([k for k, _ in items][::-1], [v for _, v in items][::-1], color=PALETTE[0])
+    fig, axes = _figure(1, len(items), width=min(16, 4.2 * len(items)), height=3.4)
+    for ax, (label, vals) in zip(axes[0], items):
+        bars = list(vals.items())[:max_bars]
+        ax.barh([k for k, _ in bars][::-1], [v for _, v in bars][::-1], color=PALETTE[0])
         ax.set_title(label, fontsize=9)
         ax.tick_params(labelsize=7)
         ax.grid(alpha=0.3, axis="x")
-    fig.suptitle(f"{name}: breakdowns")
+    fig.suptitle(title)
     return _png(fig)
 
 
-def _scalar_rows(data: dict[str, Any], limit: int = 40) -> list[list[Any]]:
-    flat = flatten(data)
-    rows = [[k, v] for k, v in flat.items() if isinstance(v, (int, float, str)) and not isinstance(v, bool)
-            and not (isinstance(v, str) and (len(v) > 80 or v.startswith("[")))]
-    return rows[:limit]
-
-
-def run_sections(store: Store, run: RunResult) -> list[Section]:
-    """The sections of a single-run report."""
+def run_sections(store: Store, run: RunResult, registry: Any = None) -> list[Section]:
+    """The sections of a single-run report: an overview, then one section per collector
+    (each collector's own ``report_section``, or the generic table of its scalar fields)."""
+    from perfsdk.collector import Collector
+    from perfsdk.plugins import installed_registry, ordered_collectors
     from perfsdk.summary import headline_rows
 
+    reg = registry or installed_registry()
+    if run._store_root is None:
+        run._store_root = str(store.root)
     secs: list[Section] = []
     s = Section("Summary")
     m = run.model
@@ -286,58 +254,30 @@ def run_sections(store: Store, run: RunResult) -> list[Section]:
             ["host", run.environment.hostname], ["CPU", run.environment.cpu_model],
             ["torch", run.environment.torch], ["started", run.started_at.isoformat()]]
     s.html.append(_table(["field", "value"], info, "kv"))
-    s.html.append(_table(["metric", "value"], [list(r) for r in headline_rows(run)], "kv"))
-    lat = run.collectors.get("latency") or {}
-    stat_rows = []
-    for key in ("ttft_s", "tpot_s", "itl_s", "e2e_s", "prefill_s", "decode_s", "forward_s"):
-        st = lat.get(key) or {}
-        if st.get("count"):
-            stat_rows.append([key, st["count"]] + [(st[q] * 1e3 if _num(st.get(q)) is not None else None)
-                                                  for q in ("mean", "p50", "p90", "p95", "p99", "max")])
-    if stat_rows:
-        s.html.append(_table(["latency", "count", "mean ms", "p50 ms", "p90 ms", "p95 ms", "p99 ms", "max ms"], stat_rows))
+    s.html.append(_table(["metric", "value"], [list(r) for r in headline_rows(run, reg)], "kv"))
     secs.append(s)
 
-    s = Section("Latency")
-    cdf = latency_cdf(request_samples(store, run))
-    if cdf:
-        s.figures.append(Figure("latency-cdf", "Latency CDF", cdf, "Empirical CDF per request; dotted: p50, dashed: p95."))
-    else:
-        s.notes.append("No per-request latency samples stored with this run.")
-    tok = per_token_latency(_series(store, run, "token_times"))
-    if tok:
-        s.figures.append(Figure("per-token-latency", "Per-token latency", tok,
-                                "Position 0 is the time to first token; later positions are inter-token gaps."))
-    secs.append(s)
-
-    s = Section("Utilization, power and memory over time")
-    util = utilization_over_time(_series(store, run, "utilization"))
-    if util:
-        s.figures.append(Figure("utilization", "Utilization over time", util))
-    else:
-        s.notes.append("No utilization series in this run (enable the utilization collector).")
-    mem = run.collectors.get("memory") or {}
-    if mem.get("rss_peak_by_phase_bytes"):
-        s.html.append(_table(["phase", "peak RSS MiB"], [[k, v / 2**20] for k, v in mem["rss_peak_by_phase_bytes"].items()]))
-    secs.append(s)
-
-    for cname, title in (("flops", "FLOPs"), ("simulation", "Simulation"), ("energy", "Energy")):
-        data = run.collectors.get(cname)
-        if not data:
+    for name in ordered_collectors(run.collectors, reg):
+        cls: type[Collector] | None = reg.collectors.get(name)
+        result = run.collector_result(name, cls) if cls is not None else None
+        try:
+            if cls is not None and result is not None:
+                sec = cls.report_section(result, run)
+            else:
+                sec = Collector.report_section.__func__(type("_Stored", (Collector,), {"name": name}),  # type: ignore[attr-defined]
+                                                        run.collectors[name], run)
+        except Exception as exc:  # one collector's broken section never loses the report
+            log.warning("report section failed", collector=name, error=repr(exc))
+            sec = Section(name, notes=[f"section unavailable: {type(exc).__name__}: {exc}"])
+        if sec is None:
             continue
-        s = Section(title)
-        fig = breakdown_figure(cname, data)
-        if fig:
-            s.figures.append(Figure(f"{cname}-breakdown", f"{title} breakdown", fig))
-        s.html.append(_table(["field", "value"], _scalar_rows(data), "kv"))
-        secs.append(s)
-
-    prof = run.collectors.get("torch_profiler") or {}
-    if prof.get("operators"):
-        s = Section("Operators (torch.profiler)")
-        cols = ["name", "calls", "self_cpu_time_s", "cpu_time_total_s", "self_cuda_time_s", "share_pct"]
-        s.html.append(_table(cols, [[op.get(c) for c in cols] for op in prof["operators"]]))
-        secs.append(s)
+        meta = run.collector_meta.get(name)
+        if meta is not None and meta.scope == "rank0-only":
+            sec.notes.insert(0, f"rank 0 only: this collector does not merge ranks (each rank's result is under ranks).")
+        if meta is not None and meta.installed is False:
+            sec.notes.insert(0, "collector not installed here: its stored values are shown as they are.")
+        sec.slug = name
+        secs.append(sec)
 
     if run.records:
         s = Section("Records")
