@@ -100,11 +100,21 @@ def get_plugin_manager(*, load_entry_points: bool | None = None, allow: list[str
         _load_entry_points(pm, allowed_plugins(allow))
     for plugin in [*_PROCESS_PLUGINS, *(extra_plugins or [])]:
         if not pm.is_registered(plugin):
-            pm.register(plugin)
+            pm.register(plugin, name=_unique_name(pm, plugin))
     pm.check_pending()
     if _env_flag("PERFSDK_TRACE_HOOKS"):
         enable_tracing(pm)
     return pm
+
+
+def _unique_name(pm: pluggy.PluginManager, plugin: Any) -> str:
+    """A readable plugin name: the module's name, or the class of a plugin object."""
+    base = getattr(plugin, "__name__", None) or f"{type(plugin).__module__}.{type(plugin).__qualname__}"
+    name, n = base, 1
+    while pm.get_plugin(name) is not None:
+        n += 1
+        name = f"{base}#{n}"
+    return name
 
 
 def _load_entry_points(pm: pluggy.PluginManager, allow: set[str] | None) -> None:

@@ -221,12 +221,9 @@ class Session:
             try:
                 cfg = cls.Config.model_validate(settings)
             except ValidationError as err:
-                parts = []
-                for e in err.errors():
-                    path = ".".join(str(p) for p in e["loc"])
-                    msg = "unknown key" if e["type"] == "extra_forbidden" else e["msg"]
-                    parts.append(f"collectors.{name}.{path}: {msg}" if path else f"collectors.{name}: {msg}")
-                raise ConfigError("invalid configuration: " + "; ".join(parts)) from None
+                from perfsdk.errors import format_validation_error
+
+                raise ConfigError("invalid configuration: " + format_validation_error(err, f"collectors.{name}")) from None
             self.collectors[name] = cls(cfg)
         for name, inst in self.collectors.items():
             self.pm.register(inst, name=f"collector:{name}")

@@ -288,6 +288,9 @@ def revalidate(run: RunResult, store_root: str | None = None) -> RunResult:
     false with the error); a collector that is not installed keeps its stored dict, marked
     ``installed: false`` in ``collector_meta``.
     """
+    from pydantic import ValidationError
+
+    from perfsdk.errors import format_validation_error
     from perfsdk.plugins import installed_registry
     from perfsdk.schemas import CollectorMeta
 
@@ -303,8 +306,8 @@ def revalidate(run: RunResult, store_root: str | None = None) -> RunResult:
             err = None
             try:
                 typed[name] = cls.Result.model_validate(data)
-            except Exception as exc:  # kept as stored; the problem is named
-                err = str(exc).splitlines()[0][:300]
+            except ValidationError as exc:  # kept as stored; the problem is named
+                err = format_validation_error(exc)[:500]
             m = m.model_copy(update={"installed": True, "validated": err is None, "validation_error": err})
         meta[name] = m
     out = run.model_copy(update={"collector_meta": meta}) if meta != run.collector_meta else run
