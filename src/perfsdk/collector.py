@@ -176,6 +176,25 @@ class Collector:
             return None
         return ReportSection(cls.title or cls.name, html_table(["field", "value"], rows, "kv"))
 
+    # -- comparisons between runs -------------------------------------------------------------
+
+    @classmethod
+    def compare_metrics(cls) -> dict[str, bool]:
+        """Metrics this collector gives per-step samples for (``perfsdk compare`` bootstraps
+        them): name -> whether lower is better. Default: none."""
+        return {}
+
+    @classmethod
+    def metric_samples(cls, run: RunResult, metric: str) -> list[list[float]] | None:
+        """Samples of one of :meth:`compare_metrics`, grouped by step (the requests of a batch
+        are not independent), read from ``run`` and its stored series; ``None`` if absent."""
+        return None
+
+    @classmethod
+    def metric_value(cls, result: Any, metric: str, stat: str) -> float | None:
+        """The headline value of one of :meth:`compare_metrics` (``stat``: mean, p50, ...)."""
+        return None
+
     # -- distributed runs -------------------------------------------------------------------------
 
     def rank_payload(self, session: Any) -> Any:

@@ -96,8 +96,8 @@ class LatencyCollector(Collector):
     Result = LatencyResult
     default_enabled = True
     description = "TTFT, TPOT, ITL, e2e, prefill/decode, tokens/s"
-    key_columns = ("output_tokens_per_s", "total_tokens_per_s", "requests_per_s", "ttft_s.p50", "ttft_s.p95",
-                   "tpot_s.p50", "tpot_s.p95", "itl_s.p50", "e2e_s.p50")
+    key_columns = ("output_tokens_per_s", "ttft_s.p50", "ttft_s.p95", "tpot_s.p50", "tpot_s.p95", "e2e_s.p50",
+                   "itl_s.p50", "total_tokens_per_s", "requests_per_s")
 
     @hookimpl(trylast=True)
     def perfsdk_before_generate(self, session: Any, step: Step) -> None:
@@ -299,6 +299,61 @@ class LatencyCollector(Collector):
                               output_tokens=n_out if decode > 0 else 1, ttft_s=float(res.ttft_s.p50),
                               decode_s=decode, repeats=max(1, res.steps)))
         return out
+
+    # -- comparisons ----------------------------------------------------------------------------
+
+    @classmethod
+    def compare_metrics(cls) -> dict[str, bool]:
+        return {"ttft_s": True, "tpot_s": True, "e2e_s": True, "output_tokens_per_s": False}
+
+    @classmethod
+    def metric_samples(cls, run: Any, metric: str) -> list[list[float]] | None:
+        """Per request from the ``requests`` series, grouped by step; throughput is one sample
+        per step (its output tokens over its duration). Runs without that series fall back to
+        ``token_times``: one sample per step (the batch's slowest request)."""
+        from collections import defaultdict
+
+        if metric not in cls.compare_metrics():
+            return None
+        reqs = run.read_series("requests")
+        if reqs:
+            steps: dict[Any, list[dict[str, Any]]] = defaultdict(list)
+            for r in reqs:
+                steps[r["step"]].append(r)
+            groups: list[list[float]] = []
+            for rs in steps.values():
+                if metric == "output_tokens_per_s":
+                    dur = max(r["e2e_s"] for r in rs)
+                    if dur > 0:
+                        groups.append([sum(r["output_tokens"] for r in rs) / dur])
+                else:
+                    vals = [float(r[metric]) for r in rs if r.get(metric) is not None]
+                    if vals:
+                        groups.append(vals)
+            return groups or None
+        times = run.read_series("token_times")
+        if times:
+            by_step: dict[Any, list[float]] = defaultdict(list)
+            for r in times:
+                by_step[r["step"]].append(float(r["t_s"]))
+            groups = []
+            for ts in by_step.values():
+                ts.sort()
+                if metric == "ttft_s":
+                    groups.append([ts[0]])
+                elif metric == "e2e_s":
+                    groups.append([ts[-1]])
+                elif metric == "tpot_s" and len(ts) > 1:
+                    groups.append([(ts[-1] - ts[0]) / (len(ts) - 1)])
+            return groups or None
+        return None
+
+    @classmethod
+    def metric_value(cls, result: LatencyResult, metric: str, stat: str) -> float | None:
+        if metric == "output_tokens_per_s":  # the headline throughput is tokens / wall time
+            return result.output_tokens_per_s
+        st = getattr(result, metric, None)
+        return getattr(st, stat, None) if isinstance(st, Stats) else None
 
     # -- distributed runs -----------------------------------------------------------------------
 

@@ -88,10 +88,10 @@ def _series(store: Store, run: RunResult, name: str) -> list[dict[str, Any]]:
 
 def request_samples(store: Store, run: RunResult) -> dict[str, list[float]]:
     """Per-request TTFT/TPOT/e2e (seconds), from the ``requests`` series or ``token_times``."""
-    from perfsdk.experiments.compare import samples_for
+    from perfsdk.experiments.compare import sampled_metrics, samples_for
 
     out = {}
-    for m in ("ttft_s", "tpot_s", "e2e_s"):
+    for m in [k for k in sampled_metrics() if k.endswith("_s") and not k.endswith("per_s")]:
         vals = samples_for(store, run, m)
         if vals:
             out[m] = vals
@@ -292,13 +292,42 @@ def run_sections(store: Store, run: RunResult, registry: Any = None) -> list[Sec
 
 # -- sweep figures -------------------------------------------------------------------------------
 
-BATCH_PANELS = [
-    ("output tokens/s", ["collectors.latency.output_tokens_per_s"], 1.0),
-    ("TTFT p50 / p95 (ms)", ["collectors.latency.ttft_s.p50", "collectors.latency.ttft_s.p95"], 1e3),
-    ("TPOT p50 (ms)", ["collectors.latency.tpot_s.p50"], 1e3),
-    ("peak RSS (MiB)", ["collectors.memory.rss_peak_bytes"], 1 / 2**20),
-    ("J / output token", ["collectors.energy.j_per_output_token"], 1.0),
-]
+#: At most this many panels per sweep figure, and this many per collector.
+MAX_PANELS = 8
+PANELS_PER_COLLECTOR = 3
+
+
+def metric_panels(rows: list[dict[str, Any]], registry: Any = None) -> list[tuple[str, list[str], float]]:
+    """(title, columns, scale) of the panels a sweep plots: each collector's declared key columns
+    (``Collector.key_columns``), percentiles of one statistic sharing a panel, its first few
+    statistics with data in ``rows``; seconds shown in ms, bytes in MiB."""
+    from perfsdk.exporters.flatten import key_columns
+
+    present = {k for r in rows for k, v in r.items() if _num(v) is not None}
+    panels: dict[str, list[str]] = {}
+    per_collector: dict[str, int] = defaultdict(int)
+    for col in key_columns(registry):
+        if not col.startswith("collectors.") or not any(p == col or p.startswith(col + ".") for p in present):
+            continue
+        cname, path = col.split(".", 2)[1:]
+        base, _, last = path.rpartition(".")
+        stat_base = base if last.startswith("p") and last[1:].isdigit() else path
+        key = f"{cname}.{stat_base}"
+        if key not in panels:
+            if per_collector[cname] >= PANELS_PER_COLLECTOR or len(panels) >= MAX_PANELS:
+                continue
+            per_collector[cname] += 1
+            panels[key] = []
+        panels[key].append(col)
+    out = []
+    for key, cols in panels.items():
+        cname, stat = key.split(".", 1)
+        scale, unit = (1e3, " (ms)") if stat.endswith("_s") and not stat.endswith("per_s") else \
+            ((1 / 2**20, " (MiB)") if stat.endswith("_bytes") else (1.0, ""))
+        quants = [c.rsplit(".", 1)[1] for c in cols if c != f"collectors.{key}"]
+        label = stat.removesuffix("_s").removesuffix("_bytes").replace("_", " ")
+        out.append((f"{cname}: {label}{' ' + ' / '.join(quants) if quants else ''}{unit}", cols, scale))
+    return out
 
 
 def _lookup(row: dict[str, Any], key: str) -> float | None:
@@ -314,8 +343,8 @@ def _lookup(row: dict[str, Any], key: str) -> float | None:
 
 
 def batch_size_panels(rows: list[dict[str, Any]], group_keys: list[str]) -> bytes | None:
-    """tokens/s, TTFT, TPOT, memory and J/token against batch size, one line per other-axis
-    combination."""
+    """Each collector's key figures (:func:`metric_panels`) against batch size, one line per
+    other-axis combination."""
     pts = [r for r in rows if _num(r.get("workload.batch_size")) is not None]
     if len({r["workload.batch_size"] for r in pts}) < 2:
         return None
@@ -323,8 +352,11 @@ def batch_size_panels(rows: list[dict[str, Any]], group_keys: list[str]) -> byte
     for r in pts:
         label = ", ".join(f"{k.rsplit('.', 1)[-1]}={r.get('tags.' + k)}" for k in group_keys) or "all"
         groups[label].append(r)
-    fig, axes = _figure(1, len(BATCH_PANELS), width=4.0 * len(BATCH_PANELS), height=3.6)
-    for ax, (title, keys, scale) in zip(axes[0], BATCH_PANELS):
+    panels = metric_panels(pts)
+    if not panels:
+        return None
+    fig, axes = _figure(1, len(panels), width=4.0 * len(panels), height=3.6)
+    for ax, (title, keys, scale) in zip(axes[0], panels):
         drawn = False
         for gi, (label, grows) in enumerate(sorted(groups.items())):
             grows = sorted(grows, key=lambda r: r["workload.batch_size"])
