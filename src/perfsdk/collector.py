@@ -49,21 +49,22 @@ class ReportFigure:
     caption: str = ""
 
 
-@dataclass
 class ReportSection:
     """One section of the HTML report: a heading, HTML fragments (tables), figures and notes.
 
-    ``html`` may be given as one string or a list of fragments.
+    ``html`` may be given as one string or a list of fragments; it is kept as a list.
     """
 
-    title: str
-    html: list[str] | str = field(default_factory=list)
-    figures: list[ReportFigure] = field(default_factory=list)
-    notes: list[str] = field(default_factory=list)
+    def __init__(self, title: str, html: str | list[str] | None = None, figures: list[ReportFigure] | None = None,
+                 notes: list[str] | None = None, slug: str = "") -> None:
+        self.title = title
+        self.html: list[str] = [html] if isinstance(html, str) else list(html or [])
+        self.figures: list[ReportFigure] = list(figures or [])
+        self.notes: list[str] = list(notes or [])
+        self.slug = slug
 
-    def __post_init__(self) -> None:
-        if isinstance(self.html, str):
-            self.html = [self.html] if self.html else []
+    def __repr__(self) -> str:
+        return f"ReportSection({self.title!r}, {len(self.html)} fragments, {len(self.figures)} figures)"
 
 
 @dataclass

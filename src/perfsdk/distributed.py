@@ -120,16 +120,17 @@ def _torch_dist() -> Any:
 
 
 def _timeout() -> _dt.timedelta:
-    try:
-        secs = float(os.environ.get("PERFSDK_DIST_TIMEOUT_S", "600"))
-    except ValueError:
-        secs = 600.0
+    from perfsdk.envflags import number
+
+    secs = number("PERFSDK_DIST_TIMEOUT_S", 600.0)
     return _dt.timedelta(seconds=max(secs, 1.0))
 
 
 def disabled() -> bool:
     """``PERFSDK_DISTRIBUTED=0`` turns rank awareness off (every process is its own run)."""
-    return os.environ.get("PERFSDK_DISTRIBUTED", "").strip().lower() in ("0", "false", "no", "off")
+    from perfsdk.envflags import flag_off
+
+    return flag_off("PERFSDK_DISTRIBUTED")
 
 
 def init_group(info: RankInfo) -> RankInfo:

@@ -25,7 +25,7 @@ from typing import Any
 import pluggy
 import structlog
 
-from perfsdk import hookspecs
+from perfsdk import envflags, hookspecs
 from perfsdk.collector import Collector, Exporter
 
 log = structlog.get_logger("perfsdk.plugins")
@@ -63,16 +63,15 @@ class PluginRegistry:
     load_errors: list[tuple[str, str]] = field(default_factory=list)
 
 
-def _env_flag(name: str) -> bool:
-    return os.environ.get(name, "").strip().lower() in ("1", "true", "yes", "on")
+from perfsdk.envflags import flag as _env_flag  # noqa: E402
 
 
 def allowed_plugins(explicit: list[str] | None = None) -> set[str] | None:
     """The allow-list from ``PERFSDK_PLUGINS`` (or an explicit list), or ``None`` for all."""
     if explicit is not None:
         return {p.strip() for p in explicit if p.strip()}
-    raw = os.environ.get("PERFSDK_PLUGINS")
-    if raw is None or not raw.strip():
+    raw = envflags.text("PERFSDK_PLUGINS")
+    if raw is None:
         return None
     return {p.strip() for p in raw.split(",") if p.strip()}
 

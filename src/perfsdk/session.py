@@ -56,7 +56,9 @@ def new_run_id() -> str:
 
 
 def _trace_enabled() -> bool:
-    return os.environ.get("PERFSDK_TRACE_HOOKS", "").strip().lower() in ("1", "true", "yes", "on")
+    from perfsdk.envflags import flag
+
+    return flag("PERFSDK_TRACE_HOOKS")
 
 
 class _TokenTimer:

@@ -232,7 +232,7 @@ class LatencyCollector(Collector):
                 for label, st in cls.stat_rows(result)]
         sec = ReportSection("Latency")
         if rows:
-            sec.html.append(html_table(["latency", "count", "mean ms", "p50 ms", "p90 ms", "p95 ms", "p99 ms", "max ms"], rows))  # type: ignore[union-attr]
+            sec.html.append(html_table(["latency", "count", "mean ms", "p50 ms", "p90 ms", "p95 ms", "p99 ms", "max ms"], rows))
         reqs = run.read_series("requests")
         samples = {m: [float(x[m]) for x in reqs if x.get(m) is not None] for m in ("ttft_s", "tpot_s", "e2e_s")}
         cdf = latency_cdf({k: v for k, v in samples.items() if v})

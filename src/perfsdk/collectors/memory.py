@@ -229,16 +229,16 @@ class MemoryCollector(Collector):
     @classmethod
     def report_section(cls, result: MemoryResult, run: Any) -> ReportSection:
         sec = ReportSection("Memory")
-        mib = 2**20
-        rows = [["peak RSS", result.rss_peak_bytes], ["RSS at start", result.rss_start_bytes],
-                ["RSS at end", result.rss_end_bytes], ["weights", result.weights_bytes],
-                ["KV cache (largest batch)", result.kv_cache_bytes],
-                ["CUDA peak allocated", result.cuda_peak_allocated_bytes],
-                ["CUDA peak reserved", result.cuda_peak_reserved_bytes]]
-        sec.html.append(html_table(["figure", "MiB"], [[k, v / mib if v is not None else None] for k, v in rows], "kv"))  # type: ignore[union-attr]
+        rows: list[tuple[str, int | None]] = [
+            ("peak RSS", result.rss_peak_bytes), ("RSS at start", result.rss_start_bytes),
+            ("RSS at end", result.rss_end_bytes), ("weights", result.weights_bytes),
+            ("KV cache (largest batch)", result.kv_cache_bytes),
+            ("CUDA peak allocated", result.cuda_peak_allocated_bytes),
+            ("CUDA peak reserved", result.cuda_peak_reserved_bytes)]
+        sec.html.append(html_table(["figure", "MiB"], [[k, _mib(v)] for k, v in rows], "kv"))
         phases = sorted(set(result.rss_peak_by_phase_bytes) | set(result.cuda_peak_allocated_by_phase_bytes))
         if phases:
-            sec.html.append(html_table(  # type: ignore[union-attr]
+            sec.html.append(html_table(
                 ["phase", "peak RSS MiB", "CUDA peak allocated MiB"],
                 [[p, _mib(result.rss_peak_by_phase_bytes.get(p)), _mib(result.cuda_peak_allocated_by_phase_bytes.get(p))]
                  for p in phases]))

@@ -150,7 +150,7 @@ class UtilizationCollector(Collector):
         rows = [[ph, u.samples, u.cpu_process_pct.mean, u.cpu_system_pct.mean,
                  (u.rss_bytes.max / 2**20) if u.rss_bytes.max is not None else None] for ph, u in result.per_phase.items()]
         if rows:
-            sec.html.append(html_table(["phase", "samples", "CPU process % mean", "CPU system % mean", "RSS max MiB"], rows))  # type: ignore[union-attr]
+            sec.html.append(html_table(["phase", "samples", "CPU process % mean", "CPU system % mean", "RSS max MiB"], rows))
         sec.notes += result.notes
         return sec
 

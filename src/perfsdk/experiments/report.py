@@ -39,12 +39,7 @@ class ReportError(ValueError):
 
 
 Figure = ReportFigure
-
-
-class Section(ReportSection):
-    """A report section (the contract's :class:`~perfsdk.collector.ReportSection`)."""
-
-    slug: str = ""
+Section = ReportSection
 
 
 # -- drawing helpers ----------------------------------------------------------------------------

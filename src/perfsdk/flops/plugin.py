@@ -202,7 +202,7 @@ class FlopsCollector(Collector):
         png = bar_figure("FLOPs breakdowns", {k: v for k, v in panels.items() if len(v) >= 2})
         if png:
             sec.figures.append(ReportFigure("flops-breakdown", "FLOPs breakdown", png))
-        sec.html.append(html_table(["field", "value"], [[k, v] for k, v in scalar_items(result)], "kv"))  # type: ignore[union-attr]
+        sec.html.append(html_table(["field", "value"], [[k, v] for k, v in scalar_items(result)], "kv"))
         sec.notes += result.notes
         return sec
 

@@ -180,10 +180,10 @@ class SimulationCollector(Collector):
             sec.notes.append(f"unavailable: {result.reason}")
             return sec
         preds, comp = cls._rows(result)
-        sec.html.append(html_table(list(PREDICTION_COLUMNS), preds))  # type: ignore[union-attr]
+        sec.html.append(html_table(list(PREDICTION_COLUMNS), preds))
         if comp:
-            sec.html.append(f"<p>Predicted vs measured on {result.measured_profile}</p>")  # type: ignore[union-attr]
-            sec.html.append(html_table(list(COMPARISON_COLUMNS), comp))  # type: ignore[union-attr]
+            sec.html.append(f"<p>Predicted vs measured on {result.measured_profile}</p>")
+            sec.html.append(html_table(list(COMPARISON_COLUMNS), comp))
         sec.notes.append(result.note)
         return sec
 
