@@ -329,7 +329,7 @@ def _lookup(row: dict[str, Any], key: str) -> float | None:
     v = _num(row.get(key))
     if v is not None:
         return v
-    for k in sorted(row):  # per-source values, e.g. collectors.energy.j_per_output_token.<source>
+    for k in sorted(row):  # a mapping under the key column: its first numeric value
         if k.startswith(key + "."):
             v = _num(row[k])
             if v is not None:
@@ -419,8 +419,20 @@ def pareto_plot(points: list[dict[str, Any]], objectives: list[Any], labels: lis
     return _png(fig)
 
 
-DEFAULT_OBJECTIVES = [{"field": "collectors.latency.output_tokens_per_s", "direction": "maximize"},
-                      {"field": "collectors.latency.ttft_s.p95", "direction": "minimize"}]
+def default_objectives() -> list[dict[str, str]]:
+    """The Pareto axes of a sweep that names fewer than two objectives: the first two key columns
+    of the first installed collector that declares at least two (the latency collector's
+    throughput and TTFT p50), each in its better direction."""
+    from perfsdk.experiments.compare import _lower_is_better
+    from perfsdk.plugins import installed_registry, ordered_collectors
+
+    reg = installed_registry()
+    for name in ordered_collectors(reg.collectors, reg):
+        cols = reg.collectors[name].key_columns
+        if len(cols) >= 2:
+            return [{"field": f"collectors.{name}.{c}",
+                     "direction": "minimize" if _lower_is_better(c) is not False else "maximize"} for c in cols[:2]]
+    return []
 
 
 def sweep_sections(store: Store, sweep_id: str) -> tuple[str, list[Section]]:
@@ -458,7 +470,7 @@ def sweep_sections(store: Store, sweep_id: str) -> tuple[str, list[Section]]:
             ["objectives", "; ".join(f"{o['direction']} {o['field']}" for o in objectives) or "-"],
             ["constraints", "; ".join(constraints) or "-"]]
     s.html.append(_table(["field", "value"], info, "kv"))
-    obj_fields = [o["field"] for o in objectives] or [o["field"] for o in DEFAULT_OBJECTIVES]
+    obj_fields = [o["field"] for o in objectives] or [o["field"] for o in default_objectives()]
     headers = [a.rsplit(".", 1)[-1] for a in axes] + ["status"] + [f.replace("collectors.", "") for f in obj_fields] + \
         ["feasible", "pareto", "run"]
     table_rows = []
@@ -494,7 +506,7 @@ def sweep_sections(store: Store, sweep_id: str) -> tuple[str, list[Section]]:
     secs.append(s)
 
     s = Section("Pareto front")
-    objs = objectives if len(objectives) >= 2 else DEFAULT_OBJECTIVES
+    objs = objectives if len(objectives) >= 2 else default_objectives()
     ppoints = []
     labels = []
     for p in finished:
