@@ -164,8 +164,12 @@ def report_html(run: RunResult, store: Store | None) -> str | None:
         log.warning("no report.html artifact: reports need matplotlib: pip install 'perfsdk[report]'",
                     run_id=run.run_id)
         return None
-    title, sections = build_report(store, run.run_id)
-    return render_html(title, sections)
+    try:
+        title, sections = build_report(store, run.run_id)
+        return render_html(title, sections)
+    except Exception as exc:  # a report that cannot be drawn must not keep the numbers out of MLflow
+        log.warning("no report.html artifact: the report could not be built", run_id=run.run_id, error=repr(exc))
+        return None
 
 
 def _batches(items: list[Any], size: int) -> Iterator[list[Any]]:
