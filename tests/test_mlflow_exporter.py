@@ -133,6 +133,8 @@ def test_runs_logged_read_back_and_not_duplicated(plugin_path, store, tmp_path):
     assert tags["perfsdk.run_id"] == ok_run.run_id
     assert tags["perfsdk.name"] == "quickstart" and tags["perfsdk.status"] == "ok"
     assert tags["team"] == "inference"
+    assert tags["perfsdk.model.model_id"] == "builtin:tiny-llama" and tags["perfsdk.model.dtype"] == "float32"
+    assert tags["perfsdk.started_at"] == run_row(ok_run)["started_at"]
     assert tags["perfsdk.export"] == "complete"
     assert ml.info.run_name == ok_run.run_id
     assert ml.info.status == "FINISHED"

@@ -7,8 +7,8 @@
 - metrics: the numeric key columns of perfsdk's tabular exports, every statistic
   (``count, mean, std, min, p50, ..., max``) found in the collectors' results (per phase: prefill,
   decode, TTFT, ...), and the user's numeric records (``records.<name>``);
-- tags: ``perfsdk.run_id``, ``perfsdk.name``, ``perfsdk.status``, ``perfsdk.version`` and the
-  run's own tags;
+- tags: ``perfsdk.run_id``, ``perfsdk.name``, ``perfsdk.status``, ``perfsdk.version``, the other
+  text key columns as ``perfsdk.<column>`` (``perfsdk.model.model_id``...) and the run's own tags;
 - artifacts: ``result.json`` and, when the report dependencies are installed, ``report.html``.
 
 The MLflow run keeps the perfsdk run's start and end times, and ends ``FINISHED`` (``ok`` and
@@ -136,7 +136,8 @@ def run_metrics(run: RunResult) -> dict[str, float]:
 
 
 def run_tags(run: RunResult) -> dict[str, str]:
-    """perfsdk's identity of the run plus its own tags (``mlflow.*``/``perfsdk.*`` keys of the
+    """perfsdk's identity of the run, every text key column as ``perfsdk.<column>`` (run id, name,
+    status, model id, dtype, ...), and the run's own tags (``mlflow.*``/``perfsdk.*`` keys of the
     run's tags are moved under ``perfsdk.tag.`` so they cannot overwrite reserved ones)."""
     tags = {
         RUN_ID_TAG: run.run_id,
@@ -144,6 +145,10 @@ def run_tags(run: RunResult) -> dict[str, str]:
         "perfsdk.status": run.status,
         "perfsdk.version": run.perfsdk_version,
     }
+    row = run_row(run)
+    for col in key_columns():
+        if isinstance(row.get(col), str):
+            tags[_key(f"perfsdk.{col}")] = row[col]
     if run.errors:
         tags["perfsdk.errors"] = "; ".join(f"{e.source}: {e.type}: {e.message}" for e in run.errors)
     for k, v in run.tags.items():
