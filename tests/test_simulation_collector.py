@@ -53,12 +53,16 @@ def test_collector_predicts_targets_and_compares(tiny_model) -> None:  # type: i
     assert "simulation.json" in s.artifacts
 
 
-def test_collector_without_generate_is_unavailable(tiny_model) -> None:  # type: ignore[no-untyped-def]
-    with perfsdk.session({"collectors": {"simulation": {}}}, store=None) as s:
+def test_collector_simulates_a_forward_step_without_generate(tiny_model) -> None:  # type: ignore[no-untyped-def]
+    with perfsdk.session({"collectors": {"simulation": {"targets": ["h100-sxm"]}}}, store=None) as s:
         s.load(model=tiny_model)
         s.forward(tiny_model, input_ids=torch.randint(4, 256, (1, 4)))
     res = s.result.collectors["simulation"]
-    assert res["status"] == "unavailable" and "no measured generate step" in res["reason"]
+    assert res["status"] == "ok" and res["step_kind"] == "forward"
+    h100 = res["predictions"]["h100-sxm"]
+    assert h100["forward_s"] > 0 and h100["ttft_s"] is None and h100["prefill_time_s"] is None
+    assert {l["phase"] for l in h100["top_layers"]} == {"forward"}
+    assert set(res["comparison"]) == {"forward"}
 
 
 def test_summary_tables() -> None:

@@ -102,6 +102,21 @@ def get_plugin_manager(*, load_entry_points: bool | None = None, allow: list[str
     return pm
 
 
+_SHARED: dict[tuple[bool, tuple[str, ...] | None], pluggy.PluginManager] = {}
+
+
+def shared_plugin_manager() -> pluggy.PluginManager:
+    """One plugin manager per process (and per state of the environment switches), for code
+    that has no session: the CLI's commands, catalogue look-ups. Entry points are loaded once,
+    not once per caller. A session builds its own manager (it registers its collectors on it)."""
+    allow = allowed_plugins()
+    key = (autoload_disabled(), tuple(sorted(allow)) if allow is not None else None)
+    pm = _SHARED.get(key)
+    if pm is None:
+        pm = _SHARED[key] = get_plugin_manager()
+    return pm
+
+
 def _load_entry_points(pm: pluggy.PluginManager, allow: set[str] | None) -> None:
     errors: list[tuple[str, str]] = []
     for ep in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP):
