@@ -84,3 +84,28 @@ def test_summary_tables() -> None:
     assert "host-cpu (measured here)" in text and "+25.0%" in text
     assert simulation_tables({}) == []
     [t] = simulation_tables({"simulation": {"status": "unavailable", "reason": "no step"}})
+
+
+def test_collector_kv_heads_and_window_overrides(tiny_model) -> None:  # type: ignore[no-untyped-def]
+    import json
+
+    cfg = {"collectors": {"simulation": {"targets": ["h100-sxm"], "num_key_value_heads": 1, "sliding_window": 4}}}
+    ids = torch.randint(4, 256, (2, 12))
+    with perfsdk.session(cfg, store=None) as s:
+        s.load(model=tiny_model)
+        s.generate(tiny_model, input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=5,
+                   min_new_tokens=5, pad_token_id=0)
+    res = s.result.collectors["simulation"]
+    assert res["status"] == "ok" and res["overrides"] == {"num_key_value_heads": 1, "sliding_window": 4}
+    assert res["predictions"]["h100-sxm"]["op_source"] == "analytic"
+    assert res["predictions"]["host-cpu"]["op_source"] == "captured"  # the measured device: as run
+    full = json.loads(s.artifacts["simulation.json"])
+    # 2 (K, V) x 2 layers x 1 KV head x head dim 16 x 4 bytes x batch 2 x window 4
+    assert full["h100-sxm"]["devices"][0]["kv_cache_bytes"] == 2 * 2 * 1 * 16 * 4 * 2 * 4
+    with perfsdk.session({"collectors": {"simulation": {"targets": ["h100-sxm"], "num_key_value_heads": 3}}},
+                         store=None) as s:
+        s.load(model=tiny_model)
+        s.generate(tiny_model, input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=2, pad_token_id=0)
+    res = s.result.collectors["simulation"]
+    assert "must divide the model's 4 attention heads" in res["errors"]["overrides"]
+    assert set(res["predictions"]) == {"host-cpu"}
