@@ -89,6 +89,19 @@ def parameter_count(module: Any) -> int:
     return sum(int(p.numel()) for p in module.parameters())
 
 
+def _describe(module: Any) -> tuple[dict[str, ParamValue], int | None]:
+    """Settings and parameter count; an exotic module (lazy parameters ...) never breaks timing."""
+    try:
+        params = module_params(module)
+    except Exception:
+        params = {}
+    try:
+        count: int | None = parameter_count(module)
+    except Exception:
+        count = None
+    return params, count
+
+
 @dataclass
 class Target:
     """One hooked module."""
@@ -188,7 +201,7 @@ class ModuleTimer:
                 keep = type_ok and depth_ok
             if keep:
                 out.append((Target(path or ROOT_PATH, type(module).__name__, depth, is_root, in_cov, order,
-                                   module_params(module), parameter_count(module)), module))
+                                   *_describe(module)), module))
         return out
 
     def attach(self, root: Any, rec: StepRecord) -> None:
