@@ -58,3 +58,15 @@ def test_custom_collector_example(tmp_path):
     r = _one_run(tmp_path)
     assert r["collectors"]["decode_rate"]["steps"] == 4
     assert r["collectors"]["decode_rate"]["fastest_decode_tokens_per_s"] > 0
+
+
+def test_pim_two_linear_example(tmp_path):
+    out = _run("pim_two_linear.py", tmp_path)
+    assert out.count("equal to the hand formulas: yes") == 2 and "NO" not in out
+    assert "linear1 on PIM-AI-1chip (memory-bound)" in out and "linear2 on PIM-AI-1chip (transfer-bound)" in out
+    assert "activation stays on host-cpu" in out
+    r = _one_run(tmp_path)
+    sim = r["collectors"]["simulation"]
+    assert sim["status"] == "ok" and sim["step_kind"] == "forward" and sim["captured_step"] == 1
+    assert r["collectors"]["layers"]["events"] == 5  # root, two Linear, ReLU, softmax
+    assert (tmp_path / "runs" / r["run_id"] / r["series"]["layers_events"]).is_file()

@@ -235,7 +235,15 @@ def test_per_function_accounting_through_capture(llama: nn.Module) -> None:
     res = s.result.collectors["layers"]
     assert res["per_function_status"] == "ok"
     totals = {(r["phase"], r["category"]): r for r in res["per_function_totals"]}
-    assert {c for _, c in totals} <= {"matmul", "attention", "softmax", "norm"}
+    assert {c for _, c in totals} <= {"matmul", "attention", "softmax", "activation", "norm"}
+    # one SiLU per decoder layer and forward pass, each timed
+    silu = {r["phase"]: r for r in res["per_function_ops"] if r["op"] == "aten.silu"}
+    assert silu["prefill"]["calls"] == 2 and silu["decode"]["calls"] == 2 * (G - 1)
+    assert silu["prefill"]["category"] == "activation" and silu["prefill"]["time_s"] > 0
+    assert totals[("prefill", "activation")]["ops"] == 2
+    for t in totals.values():
+        assert t["time_s"] > 0 and t["share_pct"] == pytest.approx(t["time_s"] / res["step_time_s"] * 100)
+    assert sum(t["time_s"] for t in totals.values()) < res["step_time_s"]
     # 7 projections per layer x 2 layers + LM head: one matmul each per forward
     mm_pre = [r for r in res["per_function"] if r["phase"] == "prefill" and r["category"] == "matmul"]
     assert sorted({r["path"] for r in mm_pre})[:2] == ["lm_head", "model.layers.0.mlp.down_proj"]

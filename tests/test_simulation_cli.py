@@ -124,3 +124,33 @@ def test_calibrate_command_writes_profile(tmp_path: Path, monkeypatch: pytest.Mo
     assert r2.exit_code == 0, r2.output
     d = json.loads(r2.output)
     assert d["kind"] == "cpu" and d["memory_bandwidth_gbs"] > 0 and "perfsdk calibrate" in d["source"]
+
+
+def test_simulate_kv_heads_and_sliding_window_overrides() -> None:
+    args = ["--model", "llama-2-7b", "--hardware", "h100-sxm", "--input-tokens", "16", "--output-tokens", "4", "--json"]
+    # KV cache = 2 (K and V) x 32 layers x KV heads x 128 head dim x 2 bytes (bf16) x context 16 + 4 - 1
+    base = json.loads(CliRunner().invoke(simulate_command, args).output)
+    assert base["devices"][0]["kv_cache_bytes"] == 2 * 32 * 32 * 128 * 2 * 19
+    r = CliRunner().invoke(simulate_command, [*args, "--kv-heads", "8"])
+    assert r.exit_code == 0, r.output
+    gqa = json.loads(r.output)
+    assert gqa["devices"][0]["kv_cache_bytes"] == 2 * 32 * 8 * 128 * 2 * 19
+    assert gqa["notes"] == ["overrides: KV heads 8 (model: 32)"]
+    assert gqa["tpot_s"] < base["tpot_s"]
+    r = CliRunner().invoke(simulate_command, [*args, "--num-key-value-heads", "8", "--sliding-window", "8"])
+    win = json.loads(r.output)
+    assert win["devices"][0]["kv_cache_bytes"] == 2 * 32 * 8 * 128 * 2 * 8
+    assert "attention window 8 (model: full)" in win["notes"][0]
+    r = CliRunner().invoke(simulate_command, [*args, "--kv-heads", "5"])
+    assert r.exit_code == 2 and "num_key_value_heads 5 must divide the model's 32 attention heads" in r.output
+
+
+def test_simulate_shows_efficiency() -> None:
+    r = CliRunner().invoke(simulate_command, ["--model", "llama-2-7b", "--hardware", "pim-ai-dimm", "--input-tokens",
+                                              "8", "--output-tokens", "2"], env={"COLUMNS": "200"})
+    assert r.exit_code == 0, r.output
+    assert "compute eff." in r.output and "costed at peak (efficiency 1.0): pim-ai-dimm" in r.output
+    r = CliRunner().invoke(simulate_command, ["--model", "llama-2-7b", "--hardware", "h100-sxm", "--json",
+                                              "--input-tokens", "8", "--output-tokens", "2"])
+    [dev] = json.loads(r.output)["devices"]
+    assert dev["peak_assumed"] is False and 0 < dev["compute_efficiency"] < 1

@@ -60,7 +60,7 @@ def test_collector_predicts_targets_and_compares(tiny_model) -> None:  # type: i
     assert typed is not None and typed.predictions["h100-sxm"].ttft_s == h100["ttft_s"]
     tables = SimulationCollector.summary_tables(typed)
     assert len(tables) == 2
-    con = Console(record=True, width=200)
+    con = Console(record=True, width=250)
     for t in tables:
         con.print(t)
     text = con.export_text()
@@ -68,9 +68,38 @@ def test_collector_predicts_targets_and_compares(tiny_model) -> None:  # type: i
     assert f"{pre['error_pct']:+.1f}%" in text
 
 
-def test_collector_without_generate_is_unavailable(tiny_model) -> None:  # type: ignore[no-untyped-def]
-    with perfsdk.session({"collectors": {"simulation": {}}}, store=None) as s:
+def test_collector_simulates_a_forward_step_without_generate(tiny_model) -> None:  # type: ignore[no-untyped-def]
+    with perfsdk.session({"collectors": {"simulation": {"targets": ["h100-sxm"]}}}, store=None) as s:
         s.load(model=tiny_model)
         s.forward(tiny_model, input_ids=torch.randint(4, 256, (1, 4)))
     res = s.result.collectors["simulation"]
-    assert res["status"] == "unavailable" and "no measured generate step" in res["reason"]
+    assert res["status"] == "ok" and res["step_kind"] == "forward"
+    h100 = res["predictions"]["h100-sxm"]
+    assert h100["forward_s"] > 0 and h100["ttft_s"] is None and h100["prefill_time_s"] is None
+    assert {l["phase"] for l in h100["top_layers"]} == {"forward"}
+    assert set(res["comparison"]) == {"forward"}
+
+
+def test_collector_kv_heads_and_window_overrides(tiny_model) -> None:  # type: ignore[no-untyped-def]
+    import json
+
+    cfg = {"collectors": {"simulation": {"targets": ["h100-sxm"], "num_key_value_heads": 1, "sliding_window": 4}}}
+    ids = torch.randint(4, 256, (2, 12))
+    with perfsdk.session(cfg, store=None) as s:
+        s.load(model=tiny_model)
+        s.generate(tiny_model, input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=5,
+                   min_new_tokens=5, pad_token_id=0)
+    res = s.result.collectors["simulation"]
+    assert res["status"] == "ok" and res["overrides"] == {"num_key_value_heads": 1, "sliding_window": 4}
+    assert res["predictions"]["h100-sxm"]["op_source"] == "analytic"
+    assert res["predictions"]["host-cpu"]["op_source"] == "captured"  # the measured device: as run
+    full = json.loads(s.artifacts["simulation.json"])
+    # 2 (K, V) x 2 layers x 1 KV head x head dim 16 x 4 bytes x batch 2 x window 4
+    assert full["h100-sxm"]["devices"][0]["kv_cache_bytes"] == 2 * 2 * 1 * 16 * 4 * 2 * 4
+    with perfsdk.session({"collectors": {"simulation": {"targets": ["h100-sxm"], "num_key_value_heads": 3}}},
+                         store=None) as s:
+        s.load(model=tiny_model)
+        s.generate(tiny_model, input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=2, pad_token_id=0)
+    res = s.result.collectors["simulation"]
+    assert "must divide the model's 4 attention heads" in res["errors"]["overrides"]
+    assert set(res["predictions"]) == {"host-cpu"}

@@ -139,14 +139,16 @@ def test_registered_opt_in() -> None:
 def test_summary_tables() -> None:
     from rich.console import Console
 
-    from perfsdk.collectors.profiling_plugin import profiling_tables
+    from perfsdk.collectors.layers import LayersCollector
+    from perfsdk.collectors.torch_profiler import TorchProfilerCollector
 
     model = nn.Sequential(nn.Linear(8, 8), nn.ReLU())
     cfg = {"collectors": {"layers": {"steps": {"every": 2}}, "torch_profiler": {"save_traces": False}}}
     with perfsdk.session(cfg, store=None) as s:
         for _ in range(3):
             s.forward(model, torch.ones(2, 8))
-    tables = profiling_tables(s.result.collectors)
+    tables = [*LayersCollector.summary_tables(LayersCollector.result_of(s.result)),
+              *TorchProfilerCollector.summary_tables(TorchProfilerCollector.result_of(s.result))]
     assert len(tables) == 3  # forward layers, coverage/overhead, top operators
     console = Console(record=True, width=150)
     for t in tables:
@@ -155,7 +157,6 @@ def test_summary_tables() -> None:
     assert "Layers — forward (2 forwards" in text and "ReLU" in text
     assert "coverage of step time" in text and "Top operators (1 profiled steps" in text
     assert "aten::addmm" in text
-    assert profiling_tables({}) == []
 
 
 def test_stored_trace_and_csv_export(tmp_path) -> None:  # type: ignore[no-untyped-def]

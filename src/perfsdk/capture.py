@@ -29,7 +29,7 @@ from __future__ import annotations
 import math
 import weakref
 from collections import defaultdict
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -174,9 +174,12 @@ class _CaptureMode(TorchDispatchMode):
                 out = func.decompose(*args, **kwargs)
             if out is not NotImplemented:
                 return out
+        clock = cap.op_clock
+        t0 = clock() if clock is not None else 0
         out = func(*args, **kwargs)
+        elapsed_ns = clock() - t0 if clock is not None else None
         try:
-            cap._record(func, name, args, kwargs, out)
+            cap._record(func, name, args, kwargs, out, elapsed_ns)
         except Exception as exc:  # capture must never break the model
             log.warning("could not record operation", op=name, error=repr(exc))
         return out
@@ -205,16 +208,22 @@ class OperationCapture:
     (``step`` 0), each later one is ``decode`` with ``step`` 1, 2, … and ``context_len`` = cached
     plus new positions. Operations that run outside ``model``'s forward (e.g. sampling inside
     ``generate``) are not recorded unless ``include_outside=True``.
+
+    With ``op_clock`` (a nanosecond clock, e.g. one that synchronizes CUDA first) each record's
+    ``time_s`` is the time its operation took: the clock read just before and just after the
+    operation runs, the recording itself left out.
     """
 
     def __init__(self, model: torch.nn.Module | None = None, *, phase: Phase = "forward", step: int = 0,
-                 context_len: int | None = None, auto_phase: bool = False, include_outside: bool = False) -> None:
+                 context_len: int | None = None, auto_phase: bool = False, include_outside: bool = False,
+                 op_clock: Callable[[], int] | None = None) -> None:
         self.model = model
         self.phase: Phase = phase
         self.step = step
         self.context_len = context_len
         self.auto_phase = auto_phase
         self.include_outside = include_outside
+        self.op_clock = op_clock
         self.records: list[OpRecord] = []
         self.forwards: list[dict[str, Any]] = []  # one entry per top-module call: phase, step, context_len
         self._stack: list[_Frame] = []
@@ -317,7 +326,8 @@ class OperationCapture:
 
     # -- recording ------------------------------------------------------------------------
 
-    def _record(self, func: Any, name: str, args: tuple[Any, ...], kwargs: dict[str, Any], out: Any) -> None:
+    def _record(self, func: Any, name: str, args: tuple[Any, ...], kwargs: dict[str, Any], out: Any,
+                elapsed_ns: int | None = None) -> None:
         ins = _tensors(args) + (_tensors(list(kwargs.values())) if kwargs else [])
         outs = _tensors(out)
         is_view = bool(getattr(func, "is_view", False))
@@ -407,6 +417,7 @@ class OperationCapture:
                 elements=elements,
                 context_len=self.context_len,
                 module_type=mtype,
+                time_s=elapsed_ns / 1e9 if elapsed_ns is not None else None,
             )
         )
 

@@ -378,10 +378,10 @@ def register_plugin_commands() -> None:
     if _commands_registered:
         return
     _commands_registered = True
-    from perfsdk.plugins import get_plugin_manager
+    from perfsdk.plugins import shared_plugin_manager
 
     try:
-        pm = get_plugin_manager()
+        pm = shared_plugin_manager()
     except Exception as exc:
         click.echo(f"perfsdk: warning: plugins could not be loaded: {exc}", err=True)
         return

@@ -115,6 +115,22 @@ def html_table(headers: list[str], rows: list[list[Any]], cls: str = "") -> str:
     return f'<table class="{cls}"><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>'
 
 
+def rich_table_html(table: Any) -> str:
+    """A ``rich`` table as an HTML table (title as a caption line, cell text without markup)."""
+    from rich.text import Text
+
+    def text(v: Any) -> str:
+        if isinstance(v, Text):
+            return v.plain
+        return Text.from_markup(v).plain if isinstance(v, str) else str(v)
+
+    headers = [text(c.header) for c in table.columns]
+    cells = [[text(x) for x in c._cells] for c in table.columns]
+    rows = [list(r) for r in zip(*cells)] if cells else []
+    title = f"<p><b>{_html.escape(text(table.title))}</b></p>" if table.title else ""
+    return title + html_table(headers, rows)
+
+
 class Collector:
     """A measurement plugin that owns its result end to end.
 

@@ -48,6 +48,7 @@ class Step:
     input_tokens: list[int]
     model: Any = None
     inputs: dict[str, Any] = field(default_factory=dict)
+    args: tuple[Any, ...] = ()  # positional inputs of an ``s.forward`` call
     warmup: bool = False
     start_ns: int = 0
     end_ns: int | None = None

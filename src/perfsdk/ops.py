@@ -41,3 +41,4 @@ class OpRecord:
     elements: int = 0
     context_len: int | None = None
     module_type: str | None = None
+    time_s: float | None = None  # measured duration, when the capture was asked to time operations

@@ -116,6 +116,22 @@ def _unique_name(pm: pluggy.PluginManager, plugin: Any) -> str:
     return name
 
 
+_SHARED: dict[tuple[Any, ...], pluggy.PluginManager] = {}
+
+
+def shared_plugin_manager() -> pluggy.PluginManager:
+    """One plugin manager per process (and per state of the environment switches), for code
+    that has no session: the CLI's commands, catalogue look-ups. Entry points are loaded once,
+    not once per caller. A session builds its own manager (it registers its collectors on it)."""
+    allow = allowed_plugins()
+    key = (autoload_disabled(), tuple(sorted(allow)) if allow is not None else None,
+           tuple(id(p) for p in _PROCESS_PLUGINS))
+    pm = _SHARED.get(key)
+    if pm is None:
+        pm = _SHARED[key] = get_plugin_manager()
+    return pm
+
+
 def _load_entry_points(pm: pluggy.PluginManager, allow: set[str] | None) -> None:
     errors: list[tuple[str, str]] = []
     for ep in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP):
@@ -270,7 +286,7 @@ def unregister_plugin(plugin: Any) -> None:
 
 @functools.lru_cache(maxsize=4)
 def _default_registry(_key: tuple[Any, ...]) -> PluginRegistry:
-    return collect_registry(get_plugin_manager(), strict=False)
+    return collect_registry(shared_plugin_manager(), strict=False)
 
 
 def installed_registry() -> PluginRegistry:

@@ -423,7 +423,7 @@ class Session:
         else:
             in_tokens = [0] * batch
         step = Step(kind=kind, index=self._step_counter, batch_size=batch, input_tokens=in_tokens, model=model,  # type: ignore[arg-type]
-                    inputs=inputs, warmup=self.in_warmup)
+                    inputs=inputs, args=tuple(args), warmup=self.in_warmup)
         self._step_counter += 1
         return step
 

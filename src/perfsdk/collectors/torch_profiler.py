@@ -26,6 +26,8 @@ from pydantic import BaseModel, Field
 
 from perfsdk.collector import Collector, CollectorConfig, CollectorResult
 from perfsdk.collectors.layers import StepSelection
+from perfsdk.fmt import fmt_ms as _ms
+from perfsdk.fmt import fmt_pct as _pct
 from perfsdk.plugins import hookimpl
 
 if TYPE_CHECKING:
@@ -111,8 +113,6 @@ class TorchProfilerCollector(Collector):
 
     @classmethod
     def summary_tables(cls, result: Any) -> list[Any]:
-        from perfsdk.collectors.profiling_plugin import profiler_tables
-
         return profiler_tables(result.model_dump(mode="json"))
 
     @classmethod
@@ -293,3 +293,24 @@ class TorchProfilerCollector(Collector):
             operators_total=len(self._ops), self_cpu_time_total_s=self_cpu_total,
             self_cuda_time_total_s=self_cuda_total, operators=rows, **base,
         )
+
+
+def profiler_tables(prof: dict[str, Any] | None, max_rows: int = 15) -> list[Any]:
+    """Rich table of a ``torch_profiler`` result (its JSON form): the top operators."""
+    from rich.table import Table
+
+    tables: list[Any] = []
+    if prof and prof.get("status") == "ok":
+        cuda = prof.get("sort_by") == "self_cuda_time_s"
+        t = Table(title=f"Top operators ({prof['steps_profiled']} profiled steps, by {prof['sort_by']})")
+        cols = ["operator", "calls", "self CPU ms", "CPU total ms"] + (["self CUDA ms"] if cuda else []) + ["%"]
+        for i, col in enumerate(cols):
+            t.add_column(col, justify="left" if i == 0 else "right")
+        for r in prof.get("operators", [])[:max_rows]:
+            cells = [r["name"], str(r["calls"]), _ms(r["self_cpu_time_s"]), _ms(r["cpu_time_total_s"])]
+            if cuda:
+                cells.append(_ms(r.get("self_cuda_time_s")))
+            cells.append(_pct(r["share_pct"]))
+            t.add_row(*cells)
+        tables.append(t)
+    return tables

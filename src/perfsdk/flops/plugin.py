@@ -292,7 +292,8 @@ class FlopsCollector(Collector):
                 info = getattr(session, "model_info", None)
                 if info is not None and getattr(info, "dtype", None):
                     dtype = str(info.dtype)
-                return get_profile(self.cfg.hardware).peak_flops(dtype) / 1e12
+                # the session's plugin manager: its plugins' profiles, entry points not loaded again
+                return get_profile(self.cfg.hardware, pm=getattr(session, "pm", None)).peak_flops(dtype) / 1e12
             except Exception as exc:
                 self._notes.append(f"no peak from hardware profile {self.cfg.hardware!r}: {exc}")
         return None

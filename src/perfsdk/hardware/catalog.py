@@ -1,7 +1,14 @@
 """The hardware catalogue: built-in profiles, user files and plugin-registered profiles.
 
 Resolution order for a name: profiles from files the user passed (``--hardware-file``) win over
-plugin-registered ones, which win over the built-ins in ``hardware/profiles/*.yaml``.
+plugin-registered ones, which win over the built-ins in ``hardware/profiles/*.yaml``. Names are
+looked up ignoring case and with ``_`` read as ``-`` (``PIM_AI_1chip`` finds ``pim-ai-1chip``),
+as device-keyed hardware files name their devices.
+
+Plugin profiles come from a plugin manager's ``perfsdk_register_hardware`` hook. Pass the one
+already built (a session's ``session.pm``, which also holds the plugins given to
+``perfsdk.session(plugins=[...])``) so that entry points are not loaded a second time; without
+one, the process-wide manager of :func:`perfsdk.plugins.shared_plugin_manager` is used.
 """
 
 from __future__ import annotations
@@ -46,10 +53,10 @@ def plugin_profiles(pm: Any = None) -> tuple[dict[str, HardwareProfile], dict[st
     Returns (profiles by name, plugin name by profile name, errors). A broken plugin profile is
     reported, never fatal.
     """
-    from perfsdk.plugins import collect_hardware, get_plugin_manager
+    from perfsdk.plugins import collect_hardware, shared_plugin_manager
 
     if pm is None:
-        pm = get_plugin_manager()
+        pm = shared_plugin_manager()
     profiles: dict[str, HardwareProfile] = {}
     owners: dict[str, str] = {}
     errors: list[str] = []
@@ -88,36 +95,69 @@ class Catalog:
                 cat.add(prof, f"plugin:{owners[name]}")
             cat.errors.extend(errors)
         for f in files:
-            for prof in load_profile_file(f):
-                cat.add(prof, str(f))
+            cat.add_file(f)
         return cat
 
     def add(self, profile: HardwareProfile, origin: str) -> None:
         self.profiles[profile.name] = profile
         self.origins[profile.name] = origin
 
+    def add_file(self, path: str | Path) -> list[HardwareProfile]:
+        """Add every profile of a YAML file (any supported format); returns them."""
+        profs = load_profile_file(path)
+        for prof in profs:
+            self.add(prof, str(path))
+        return profs
+
     def names(self) -> list[str]:
         return sorted(self.profiles)
 
+    def key(self, name: str) -> str | None:
+        """The catalogue name ``name`` refers to (exact, else ignoring case and ``_``/``-``)."""
+        if name in self.profiles:
+            return name
+        norm = normalize_name(name)
+        return norm if norm in self.profiles else None
+
     def get(self, name: str) -> HardwareProfile:
         """The profile called ``name``; an unknown name lists the known ones."""
-        try:
-            return self.profiles[name]
-        except KeyError:
+        key = self.key(name)
+        if key is None:
             raise HardwareProfileError(
                 f"unknown hardware profile {name!r} (available: {', '.join(self.names())})"
-            ) from None
+            )
+        return self.profiles[key]
 
     def __contains__(self, name: object) -> bool:
-        return name in self.profiles
+        return isinstance(name, str) and self.key(name) is not None
 
 
-def get_profile(name_or_path: str, files: Iterable[str | Path] = ()) -> HardwareProfile:
-    """A profile by catalogue name, or the (single) profile in a YAML file path."""
-    p = Path(name_or_path)
-    if name_or_path.endswith((".yaml", ".yml")) and p.is_file():
-        profs = load_profile_file(p)
+def normalize_name(name: str) -> str:
+    """How names are compared: lower case, ``_`` as ``-``."""
+    return name.strip().lower().replace("_", "-")
+
+
+def is_profile_path(value: str) -> bool:
+    """Whether a ``--hardware`` / ``targets`` value names a YAML file rather than a profile."""
+    return value.endswith((".yaml", ".yml"))
+
+
+def get_profile(name_or_path: str, files: Iterable[str | Path] = (), *, pm: Any = None,
+                catalog: Catalog | None = None) -> HardwareProfile:
+    """A profile by catalogue name, or the (single) profile in a YAML file path.
+
+    A file with several devices is an error that lists them (pick one by name, with the file
+    given as an extra hardware file). ``catalog`` (or one loaded from ``files`` and ``pm``) is
+    where names are looked up; the profile of a file is added to it.
+    """
+    if is_profile_path(name_or_path):
+        profs = load_profile_file(name_or_path)
         if len(profs) != 1:
-            raise HardwareProfileError(f"{p}: holds {len(profs)} profiles; name one of them")
+            raise HardwareProfileError(
+                f"{name_or_path}: holds {len(profs)} devices ({', '.join(p.name for p in profs)}); "
+                f"name one of them and pass the file as an extra hardware file (--hardware NAME "
+                f"--hardware-file {name_or_path})")
+        if catalog is not None:
+            catalog.add(profs[0], name_or_path)
         return profs[0]
-    return Catalog.load(files).get(name_or_path)
+    return (catalog if catalog is not None else Catalog.load(files, pm=pm)).get(name_or_path)

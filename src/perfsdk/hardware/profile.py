@@ -113,7 +113,9 @@ class HardwareProfile(_Strict):
 
     memory_bandwidth_gbs: float = Field(gt=0, description="Device memory bandwidth, GB/s")
     memory_pj_per_bit: float = Field(ge=0, description="Device memory access energy, pJ/bit")
-    memory_capacity_gb: float = Field(gt=0, description="Device memory capacity, GB (10^9 bytes)")
+    memory_capacity_gb: float | None = Field(
+        default=None, gt=0,
+        description="Device memory capacity, GB (10^9 bytes). Unset: not stated, the memory fit is not checked")
 
     peak_tflops: PeakTflops = Field(description="Dense peak compute per data type")
     compute_pj_per_flop: float = Field(ge=0, description="Dynamic compute energy, pJ/FLOP")
@@ -193,8 +195,14 @@ class HardwareProfile(_Strict):
         return self.memory_bandwidth_gbs * 1e9 * self.memory_efficiency
 
     @property
-    def memory_capacity_bytes(self) -> int:
-        return int(self.memory_capacity_gb * 1e9)
+    def memory_capacity_bytes(self) -> int | None:
+        """Capacity in bytes, ``None`` when the profile does not state it."""
+        return int(self.memory_capacity_gb * 1e9) if self.memory_capacity_gb is not None else None
+
+    @property
+    def peak_assumed(self) -> bool:
+        """True when both efficiency factors are 1.0: the device is costed at its peak."""
+        return self.compute_efficiency == 1.0 and self.memory_efficiency == 1.0
 
     @property
     def has_host_link(self) -> bool:
@@ -226,21 +234,37 @@ def parse_profile(data: Any, origin: str = "<profile>") -> HardwareProfile:
         raise HardwareProfileError(format_validation_error(err, origin)) from None
 
 
-def load_profile_file(path: str | Path) -> list[HardwareProfile]:
-    """Read one YAML file holding a profile mapping, or ``profiles: [...]`` with several."""
+def read_profile_file(path: str | Path) -> tuple[list[HardwareProfile], bool]:
+    """The profiles of a YAML file and whether it is a device-keyed file (see
+    :func:`load_profile_file`)."""
+    from perfsdk.hardware.devicefile import is_device_file, parse_device_file
+    from perfsdk.yamlio import read_yaml
+
     p = Path(path)
-    if not p.is_file():
-        raise HardwareProfileError(f"{p}: hardware profile file not found")
-    try:
-        data = yaml.safe_load(p.read_text(encoding="utf-8"))
-    except yaml.YAMLError as err:
-        raise HardwareProfileError(f"{p}: not valid YAML: {err}") from None
+    data = read_yaml(p, what="hardware profile file", error=HardwareProfileError)
     if isinstance(data, dict) and set(data) == {"profiles"}:
         items = data["profiles"]
         if not isinstance(items, list):
             raise HardwareProfileError(f"{p}: profiles: expected a list")
-        return [parse_profile(item, f"{p}: profiles.{i}") for i, item in enumerate(items)]
-    return [parse_profile(data, str(p))]
+        return [parse_profile(item, f"{p}: profiles.{i}") for i, item in enumerate(items)], False
+    if is_device_file(data):
+        return parse_device_file(data, str(p)), True
+    return [parse_profile(data, str(p))], False
+
+
+def load_profile_file(path: str | Path) -> list[HardwareProfile]:
+    """Read one YAML file: a profile mapping, ``profiles: [...]`` with several, or a device-keyed
+    file (device name -> figures, see :mod:`perfsdk.hardware.devicefile`) with one or more."""
+    return read_profile_file(path)[0]
+
+
+def profiles_to_yaml(profiles: list[HardwareProfile]) -> str:
+    """One profile as a mapping, several as ``profiles: [...]`` (both load with
+    :func:`load_profile_file`)."""
+    if len(profiles) == 1:
+        return profile_to_yaml(profiles[0])
+    docs = [p.model_dump(mode="json", exclude_none=True) for p in profiles]
+    return yaml.safe_dump({"profiles": docs}, sort_keys=False)
 
 
 def profile_to_yaml(profile: HardwareProfile) -> str:

@@ -279,7 +279,7 @@ def profile_from_fit(result: FitResult, *, name: str = "host-calibrated", base: 
         name=name, kind="cpu", variant=f"{cpu}, fitted rates", source=source,
         description="Effective rates of this host as perfsdk measured them (use with compute/memory efficiency 1.0).",
         memory_bandwidth_gbs=bps / 1e9, memory_pj_per_bit=base.memory_pj_per_bit,
-        memory_capacity_gb=round(capacity_gb, 1),
+        memory_capacity_gb=round(capacity_gb, 1) if capacity_gb else None,
         peak_tflops={"fp32": peak, "bf16": peak, "fp16": peak},  # type: ignore[arg-type]
         compute_pj_per_flop=base.compute_pj_per_flop, static_power_w=base.static_power_w,
         compute_efficiency=1.0, memory_efficiency=1.0,

@@ -18,6 +18,18 @@ fits wins. Transfer points:
 
 Devices of the same profile are separate instances (own memory capacity, own static power).
 Without a transfer point, moving data between devices is assumed hidden behind compute.
+A rule may also name a hardware profile directly (``device: PIM-AI-1chip``): one instance of it.
+Profile names are compared ignoring case and with ``_`` read as ``-``.
+
+The flat form of processing-in-memory simulators is accepted as well: layer name ->
+``"device[,t|m]"``::
+
+    linear1: PIM-AI-1chip,t
+    linear2: PIM-AI-1chip,t
+
+Each key is a module path or glob; a plain name without dots (``q_proj``) also matches that
+name at any depth (``*.q_proj``), as those simulators name layers by their attribute name. Rules
+with ``m`` that share a parent (``experts.0``, ``experts.1``) form one group.
 """
 
 from __future__ import annotations
@@ -26,7 +38,6 @@ import fnmatch
 from pathlib import Path
 from typing import Any, Literal
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from perfsdk.hardware.profile import HardwareProfileError, format_validation_error
@@ -73,6 +84,36 @@ class Mapping(BaseModel):
         return None, None
 
 
+_FIELDS = {"devices", "default", "layers"}
+
+
+def is_flat_mapping(data: Any) -> bool:
+    """Whether ``data`` is the flat ``layer: "device[,option]"`` form."""
+    return (isinstance(data, dict) and bool(data) and not (set(data) & _FIELDS)
+            and all(isinstance(k, str) and isinstance(v, str) for k, v in data.items()))
+
+
+def parse_flat_mapping(data: dict[str, str], origin: str = "mapping") -> Mapping:
+    """Rules from the flat ``layer: "device[,t|m]"`` form; errors name the layer."""
+    rules: list[dict[str, Any]] = []
+    for key, value in data.items():
+        parts = [p.strip() for p in value.split(",")]
+        device, options = parts[0], [p for p in parts[1:] if p]
+        if not key.strip() or not device:
+            raise MappingError(f"{origin}: {key}: expected 'device' or 'device,t' or 'device,m', got {value!r}")
+        bad = [o for o in options if o not in ("t", "m")]
+        if bad or len(options) > 1:
+            raise MappingError(f"{origin}: {key}: unknown option {','.join(bad or options)!r} "
+                               f"(options: t = transfer point, m = shared-input transfer point; one of them)")
+        transfer = options[0] if options else None
+        group = key.rsplit(".", 1)[0] if transfer == "m" and "." in key else None
+        matches = [key] if ("." in key or any(c in key for c in "*?[")) else [key, f"*.{key}"]
+        for match in matches:
+            rules.append({"match": match, "device": device, "transfer": transfer,
+                          "group": group if group is not None else (key if transfer == "m" else None)})
+    return parse_mapping({"layers": rules}, origin)
+
+
 def parse_mapping(data: Any, origin: str = "mapping") -> Mapping:
     """Validate a mapping dict (``mapping:`` wrapper allowed); errors name the field path."""
     if isinstance(data, Mapping):
@@ -81,6 +122,8 @@ def parse_mapping(data: Any, origin: str = "mapping") -> Mapping:
         data = data["mapping"]
     if not isinstance(data, dict):
         raise MappingError(f"{origin}: expected a mapping, got {type(data).__name__}")
+    if is_flat_mapping(data):
+        return parse_flat_mapping(data, origin)
     try:
         return Mapping.model_validate(data)
     except ValidationError as err:
@@ -89,14 +132,10 @@ def parse_mapping(data: Any, origin: str = "mapping") -> Mapping:
 
 def load_mapping(path: str | Path) -> Mapping:
     """Read a mapping YAML file."""
+    from perfsdk.yamlio import read_yaml
+
     p = Path(path)
-    if not p.is_file():
-        raise MappingError(f"{p}: mapping file not found")
-    try:
-        data = yaml.safe_load(p.read_text(encoding="utf-8"))
-    except yaml.YAMLError as err:
-        raise MappingError(f"{p}: not valid YAML: {err}") from None
-    return parse_mapping(data, str(p))
+    return parse_mapping(read_yaml(p, what="mapping file", error=MappingError), str(p))
 
 
 def mapping_from(value: Any) -> Mapping | None:
@@ -108,5 +147,5 @@ def mapping_from(value: Any) -> Mapping | None:
     return parse_mapping(value)
 
 
-__all__ = ["LayerRule", "Mapping", "MappingError", "HardwareProfileError", "load_mapping", "mapping_from",
-           "parse_mapping"]
+__all__ = ["LayerRule", "Mapping", "MappingError", "HardwareProfileError", "is_flat_mapping", "load_mapping",
+           "mapping_from", "parse_flat_mapping", "parse_mapping"]

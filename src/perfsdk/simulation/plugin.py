@@ -9,12 +9,12 @@ from typing import Any
 
 import click
 import structlog
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from perfsdk.collector import Collector, CollectorConfig, CollectorResult
-from perfsdk.hardware.catalog import Catalog
-from perfsdk.hardware.profile import HardwareProfile, HardwareProfileError, profile_to_yaml
-from perfsdk.fmt import fmt_s as _fmt_s
+from perfsdk.hardware.catalog import Catalog, get_profile, is_profile_path
+from perfsdk.hardware.profile import (HardwareProfile, HardwareProfileError, profile_to_yaml, profiles_to_yaml,
+                                      read_profile_file)
 from perfsdk.plugins import hookimpl
 from perfsdk.simulation.mapping import MappingError, mapping_from
 from perfsdk.simulation.predictor import SimulationResult, Simulator, rescale_ops, simulate_model
@@ -28,34 +28,91 @@ log = structlog.get_logger("perfsdk.simulation")
 class SimulationConfig(CollectorConfig):
     """Settings of the ``simulation`` collector."""
 
-    targets: list[str] = Field(default_factory=list, description="Profiles to predict for (names or YAML paths)")
+    targets: list[str] = Field(
+        default_factory=list,
+        description="Profiles to predict for: names, or YAML paths. A device-keyed hardware file (device name -> "
+                    "figures) makes all its devices available to the mapping and predicts the host (the measured "
+                    "device) with the mapped layers on them")
     host: str | None = Field(default=None, description="Profile of the measured device (default: host-cpu on CPU, "
                                                         "the matching GPU profile on CUDA)")
     mapping: dict[str, Any] | str | None = Field(default=None, description="Mapping (inline or a YAML path)")
     hardware_files: list[str] = Field(default_factory=list, description="Extra profile files")
     dtype: str | None = Field(default=None, description="Predict as if run in this dtype (default: as measured)")
+    num_key_value_heads: int | None = Field(
+        default=None, ge=1,
+        description="Predict generate steps as if the model had this many KV heads (analytic ops from the model's "
+                    "config; the measured device is still predicted as run)")
+    sliding_window: int | None = Field(
+        default=None, ge=0,
+        description="Predict generate steps with this attention window (0: full attention); analytic ops from the "
+                    "model's config")
     top_n: int = Field(default=5, ge=0, description="Layers listed per phase and target")
+
+    @model_validator(mode="after")
+    def _files(self) -> SimulationConfig:
+        # bad hardware or mapping files fail the configuration, before anything is measured
+        try:
+            for f in [*self.hardware_files, *(t for t in self.targets if is_profile_path(t))]:
+                read_profile_file(f)
+            if self.host is not None and is_profile_path(self.host):
+                read_profile_file(self.host)
+            mapping_from(self.mapping)
+        except (HardwareProfileError, MappingError) as exc:
+            raise ValueError(str(exc)) from None
+        return self
+
+    @property
+    def overrides(self) -> dict[str, Any]:
+        """The architecture overrides that are set (dtype apart)."""
+        return {k: v for k, v in (("num_key_value_heads", self.num_key_value_heads),
+                                  ("sliding_window", self.sliding_window)) if v is not None}
 
 
 class LayerSummary(CollectorResult):
+    """One layer (module path) in one phase on one target."""
+
     name: str
     phase: str
     time_s: float
     bound: str
+    device: str | None = None
+    share_pct: float | None = None
+    energy_j: float | None = None
+    compute_s: float | None = None
+    memory_s: float | None = None
+    transfer_s: float | None = None
+
+
+class DeviceSummary(CollectorResult):
+    """A device of a prediction and the efficiency it was costed at."""
+
+    name: str
+    profile: str
+    compute_efficiency: float
+    memory_efficiency: float
+    peak_assumed: bool
+    fits_in_memory: bool | None = None
 
 
 class TargetPrediction(CollectorResult):
-    """Predicted performance of the captured step on one profile."""
+    """Predicted performance of the captured step on one profile (or mapping of devices)."""
 
-    ttft_s: float
-    tpot_s: float | None
-    output_tokens_per_s: float
-    energy_j_per_output_token: float
-    fits_in_memory: bool
-    prefill_time_s: float
-    decode_time_s: float
-    prefill_avg_power_w: float | None
-    decode_avg_power_w: float | None
+    hardware: str | None = None
+    op_source: str = "captured"
+    ttft_s: float | None = None
+    tpot_s: float | None = None
+    output_tokens_per_s: float | None = None
+    energy_j_per_output_token: float | None = None
+    forward_s: float | None = None
+    energy_j_per_forward: float | None = None
+    forward_avg_power_w: float | None = None
+    energy_j: float | None = None
+    fits_in_memory: bool | None = None
+    prefill_time_s: float | None = None
+    decode_time_s: float | None = None
+    prefill_avg_power_w: float | None = None
+    decode_avg_power_w: float | None = None
+    devices: list[DeviceSummary] = Field(default_factory=list)
     top_layers: list[LayerSummary] = Field(default_factory=list)
 
 
@@ -65,23 +122,35 @@ class PhaseError(CollectorResult):
     error_pct: float | None
 
 
+_NOTES = {
+    "generate": ("ops captured by replaying the first measured generate step after the run (same inputs, same "
+                 "number of tokens), so no measured window carries capture overhead"),
+    "forward": ("ops captured by replaying the first measured forward step after the run (same inputs), so no "
+                "measured window carries capture overhead"),
+}
+
+
 class SimulationCollectorResult(CollectorResult):
     """Predictions for each target and, for the measured device, predicted vs measured."""
 
     status: str = "ok"
     reason: str | None = None
+    step_kind: str | None = Field(default=None, description="generate or forward: the kind of step simulated")
     captured_step: int | None = None
     captured_ops: int = 0
     op_source: str = "captured"
-    note: str = ("ops captured by replaying the first measured generate step after the run (same inputs, same "
-                 "number of tokens), so no measured window carries capture overhead")
+    note: str = _NOTES["generate"]
     batch_size: int | None = None
     input_tokens: int | None = None
     output_tokens: int | None = None
     measured_profile: str | None = None
+    dtype: str | None = Field(default=None, description="dtype override of the targets (None: as measured)")
+    overrides: dict[str, int] = Field(default_factory=dict,
+                                      description="num_key_value_heads / sliding_window the targets assume")
     predictions: dict[str, TargetPrediction] = Field(default_factory=dict)
     comparison: dict[str, PhaseError] = Field(default_factory=dict)
     errors: dict[str, str] = Field(default_factory=dict)
+    notes: list[str] = Field(default_factory=list)
 
 
 def _guess_measured_profile(device: Any) -> str:
@@ -100,13 +169,27 @@ def _guess_measured_profile(device: Any) -> str:
 
 
 def _summarize(res: SimulationResult, top_n: int) -> TargetPrediction:
+    ph = res.phases
+    fwd = ph.get("forward")
+    layers = [LayerSummary(name=l.name, phase=l.phase, time_s=l.time_s, bound=l.bound, device=l.device,
+                           share_pct=l.share_pct, energy_j=l.energy_j, compute_s=l.compute_s, memory_s=l.memory_s,
+                           transfer_s=l.transfer_s)
+              for p in ph for l in [x for x in res.layers if x.phase == p][:top_n]]
     return TargetPrediction(
+        hardware=res.hardware, op_source=res.op_source,
         ttft_s=res.ttft_s, tpot_s=res.tpot_s, output_tokens_per_s=res.output_tokens_per_s,
-        energy_j_per_output_token=res.energy_j_per_output_token, fits_in_memory=res.fits_in_memory,
-        prefill_time_s=res.phases["prefill"].time_s, decode_time_s=res.phases["decode"].time_s,
-        prefill_avg_power_w=res.phases["prefill"].avg_power_w, decode_avg_power_w=res.phases["decode"].avg_power_w,
-        top_layers=[LayerSummary(name=l.name, phase=l.phase, time_s=l.time_s, bound=l.bound)
-                    for ph in ("prefill", "decode") for l in [x for x in res.layers if x.phase == ph][:top_n]],
+        energy_j_per_output_token=res.energy_j_per_output_token,
+        forward_s=res.forward_s, energy_j_per_forward=res.energy_j_per_forward,
+        forward_avg_power_w=fwd.avg_power_w if fwd is not None else None, energy_j=res.energy_j,
+        fits_in_memory=res.fits_in_memory,
+        prefill_time_s=ph["prefill"].time_s if "prefill" in ph else None,
+        decode_time_s=ph["decode"].time_s if "decode" in ph else None,
+        prefill_avg_power_w=ph["prefill"].avg_power_w if "prefill" in ph else None,
+        decode_avg_power_w=ph["decode"].avg_power_w if "decode" in ph else None,
+        devices=[DeviceSummary(name=d.name, profile=d.profile, compute_efficiency=d.compute_efficiency,
+                               memory_efficiency=d.memory_efficiency, peak_assumed=d.peak_assumed,
+                               fits_in_memory=d.fits_in_memory) for d in res.devices],
+        top_layers=layers,
     )
 
 
@@ -115,11 +198,67 @@ def _err(pred: float | None, meas: float | None) -> PhaseError:
     return PhaseError(measured_s=meas, predicted_s=pred, error_pct=e)
 
 
+class _Target:
+    """What one entry of ``targets`` predicts: the default device, under a label."""
+
+    def __init__(self, label: str, profile: HardwareProfile, device_file: bool = False) -> None:
+        self.label = label
+        self.profile = profile
+        self.device_file = device_file
+
+
+def _resolve_target(target: str, catalog: Catalog, host: HardwareProfile) -> _Target:
+    """A profile name, a profile file, or a device-keyed file (its devices join the catalogue
+    and the host stays the default device: they are accelerators next to it)."""
+    if is_profile_path(target):
+        profs, device_keyed = read_profile_file(target)
+        for prof in profs:
+            catalog.add(prof, target)
+        if device_keyed:
+            return _Target(target, host, device_file=True)
+        if len(profs) != 1:
+            raise HardwareProfileError(f"{target}: holds {len(profs)} profiles ({', '.join(p.name for p in profs)}); "
+                                       f"name one of them and list the file in hardware_files")
+        return _Target(target, profs[0])
+    return _Target(target, catalog.get(target))
+
+
+def _model_shape(model: Any, overrides: dict[str, int]) -> Any:
+    """The model's architecture (from its config) with the overrides applied."""
+    from perfsdk.simulation.shape import shape_from_config
+
+    cfg = getattr(model, "config", None)
+    if cfg is None:
+        raise ValueError("num_key_value_heads / sliding_window need a model with a transformers config")
+    shape = shape_from_config(cfg)
+    return apply_overrides(shape, overrides.get("num_key_value_heads"), overrides.get("sliding_window"))
+
+
+def apply_overrides(shape: Any, kv_heads: int | None = None, sliding_window: int | None = None) -> Any:
+    """``shape`` with another number of KV heads and/or attention window (0: full attention).
+
+    KV heads must divide the attention heads (grouped-query attention)."""
+    from dataclasses import replace
+
+    changes: dict[str, Any] = {}
+    if kv_heads is not None:
+        if kv_heads < 1 or shape.num_heads % kv_heads:
+            raise ValueError(f"num_key_value_heads {kv_heads} must divide the model's {shape.num_heads} attention "
+                             f"heads")
+        changes["num_kv_heads"] = kv_heads
+    if sliding_window is not None:
+        if sliding_window < 0:
+            raise ValueError(f"sliding_window {sliding_window}: must be 0 (full attention) or a window length")
+        changes["sliding_window"] = sliding_window or None
+    return replace(shape, **changes) if changes else shape
+
+
 class SimulationCollector(Collector):
     """Predicts the measured workload on other hardware, and checks the prediction on this one.
 
-    Opt-in. After the run, the first measured ``generate`` step is replayed once under operation
-    capture (outside every measured window); its ops are costed on each target profile and on the
+    Opt-in. After the run, the first measured ``generate`` step (or, when the run has none, the
+    first measured ``forward`` step of any ``nn.Module``) is replayed once under operation capture
+    (outside every measured window); its ops are costed on each target profile and on the
     measured device's profile, whose prediction is compared with the step's measurement.
     """
 
@@ -128,18 +267,7 @@ class SimulationCollector(Collector):
     Config = SimulationConfig
     Result = SimulationCollectorResult
     default_enabled = False
-    description = "Predicted TTFT/TPOT/energy on other hardware profiles; predicted vs measured here"
-
-    @classmethod
-    def _rows(cls, res: SimulationCollectorResult) -> tuple[list[list[str]], list[list[str]]]:
-        preds = []
-        for name, p in res.predictions.items():
-            label = f"{name} (measured here)" if name == res.measured_profile else name
-            preds.append([label, _fmt_s(p.ttft_s), _fmt_s(p.tpot_s), f"{p.output_tokens_per_s:.1f}",
-                          f"{p.energy_j_per_output_token:.3g}", "yes" if p.fits_in_memory else "NO"])
-        comp = [[ph, _fmt_s(e.measured_s), _fmt_s(e.predicted_s), "-" if e.error_pct is None else f"{e.error_pct:+.1f}%"]
-                for ph, e in res.comparison.items()]
-        return preds, comp
+    description = "Predicted TTFT/TPOT (or forward time)/energy on other hardware profiles; predicted vs measured here"
 
     @classmethod
     def summary_rows(cls, result: SimulationCollectorResult) -> list[tuple[str, str]]:
@@ -149,59 +277,46 @@ class SimulationCollector(Collector):
 
     @classmethod
     def summary_tables(cls, result: SimulationCollectorResult) -> list[Any]:
-        """Predictions per target, and predicted vs measured on this machine's profile."""
-        from rich.table import Table
-
+        """Predictions per target, predicted vs measured here, and layers of forward steps."""
         if result.status != "ok":
             return []
-        preds, comp = cls._rows(result)
-        pt = Table(title=f"Simulation (ops of step {result.captured_step}, batch {result.batch_size}, "
-                         f"{result.input_tokens} in / {result.output_tokens} out)", show_edge=False)
-        for c in PREDICTION_COLUMNS:
-            pt.add_column(c, justify="right" if c != "profile" else "left", overflow="fold")
-        for r in preds:
-            pt.add_row(*r)
-        tables = [pt]
-        if comp:
-            ct = Table(title=f"Predicted vs measured on {result.measured_profile}", show_edge=False)
-            for c in COMPARISON_COLUMNS:
-                ct.add_column(c, justify="right" if c != "phase" else "left")
-            for r in comp:
-                ct.add_row(*r)
-            tables.append(ct)
-        return tables
+        return _summary_tables(result.model_dump(mode="json"))
 
     @classmethod
     def report_section(cls, result: SimulationCollectorResult, run: Any) -> Any:
-        from perfsdk.collector import ReportSection, html_table
+        from perfsdk.collector import ReportSection, rich_table_html
 
         sec = ReportSection(cls.title)
         if result.status != "ok":
             sec.notes.append(f"unavailable: {result.reason}")
             return sec
-        preds, comp = cls._rows(result)
-        sec.html.append(html_table(list(PREDICTION_COLUMNS), preds))
-        if comp:
-            sec.html.append(f"<p>Predicted vs measured on {result.measured_profile}</p>")
-            sec.html.append(html_table(list(COMPARISON_COLUMNS), comp))
+        sec.html += [rich_table_html(t) for t in _summary_tables(result.model_dump(mode="json"))]
         sec.notes.append(result.note)
         return sec
 
     def __init__(self, config: SimulationConfig | None = None) -> None:
         super().__init__(config)
         self._step: Any = None
+        self._forward_step: Any = None
 
     @hookimpl
     def perfsdk_after_generate(self, session: Any, step: Any) -> None:
-        if self._step is None and step.kind == "generate" and not step.warmup and step.error is None \
-                and len(step.token_times_ns) >= 1:
+        if step.warmup or step.error is not None:
+            return
+        if self._step is None and step.kind == "generate" and len(step.token_times_ns) >= 1:
             self._step = step
+        elif self._forward_step is None and step.kind == "forward" and step.end_ns is not None:
+            self._forward_step = step
 
     def _replay(self, step: Any) -> list[Any]:
         import torch
 
         from perfsdk.capture import OperationCapture
 
+        if step.kind == "forward":
+            with torch.inference_mode(), OperationCapture(step.model, phase="forward") as cap:
+                step.model(*step.args, **step.inputs)
+            return cap.records
         kwargs = dict(step.inputs)
         kwargs.update(step.gen_kwargs or {})
         n = len(step.token_times_ns)
@@ -216,16 +331,29 @@ class SimulationCollector(Collector):
     @hookimpl
     def perfsdk_finalize(self, session: Any) -> SimulationCollectorResult:
         cfg: SimulationConfig = self.config  # type: ignore[assignment]
-        step = self._step
+        step = self._step or self._forward_step
         if step is None:
-            return SimulationCollectorResult(status="unavailable", reason="no measured generate step to simulate")
+            return SimulationCollectorResult(status="unavailable",
+                                             reason="no measured generate or forward step to simulate")
+        forward = step.kind == "forward"
+        if not callable(step.model):
+            return SimulationCollectorResult(status="unavailable", reason="the step's model is not callable")
         try:
             ops = self._replay(step)
         except Exception as exc:
             return SimulationCollectorResult(status="unavailable", reason=f"operation capture failed: {exc!r}")
+        if not ops:
+            return SimulationCollectorResult(status="unavailable", step_kind=step.kind, captured_step=step.index,
+                                             reason="the step executed no tensor operation inside the model")
         target_ops = rescale_ops(ops, cfg.dtype) if cfg.dtype else ops
-        catalog = Catalog.load(cfg.hardware_files)
-        mapping = mapping_from(cfg.mapping)
+        try:
+            # the session's plugin manager: profiles of session(plugins=[...]), entry points loaded once
+            catalog = Catalog.load(cfg.hardware_files, pm=getattr(session, "pm", None))
+            mapping = mapping_from(cfg.mapping)
+            measured_name = cfg.host or _guess_measured_profile(getattr(session, "device", None))
+            host = _resolve_target(measured_name, catalog, catalog.get("host-cpu")).profile
+        except (HardwareProfileError, MappingError) as exc:
+            return SimulationCollectorResult(status="unavailable", reason=str(exc))
         weight_bytes = None
         try:
             from perfsdk.models.info import weight_bytes as _wb
@@ -234,24 +362,43 @@ class SimulationCollector(Collector):
         except Exception:
             pass
         b = step.batch_size
-        in_tok = max((o.context_len or 0) for o in ops if o.phase == "prefill") if ops else None
-        measured_name = cfg.host or _guess_measured_profile(getattr(session, "device", None))
-        out = SimulationCollectorResult(captured_step=step.index, captured_ops=len(ops), batch_size=b,
-                                        input_tokens=in_tok, output_tokens=len(step.token_times_ns),
-                                        measured_profile=measured_name)
-        preds: dict[str, TargetPrediction] = {}
+        in_tok = None if forward else max((o.context_len or 0) for o in ops if o.phase == "prefill")
+        n_out = None if forward else len(step.token_times_ns)
+        notes: list[str] = []
+        overrides = cfg.overrides
+        shape = None
         errors: dict[str, str] = {}
+        if overrides and forward:
+            notes.append("num_key_value_heads / sliding_window apply to generate steps only: not applied to this "
+                         "forward step")
+            overrides = {}
+        elif overrides:
+            try:
+                shape = _model_shape(step.model, overrides)
+            except (ValueError, TypeError) as exc:
+                errors["overrides"] = str(exc)
+        out = SimulationCollectorResult(step_kind=step.kind, captured_step=step.index, captured_ops=len(ops),
+                                        note=_NOTES[step.kind], batch_size=b, input_tokens=in_tok, output_tokens=n_out,
+                                        measured_profile=measured_name, dtype=cfg.dtype, overrides=overrides)
+        model_id = getattr(session.model_info, "model_id", None) if getattr(session, "model_info", None) else None
+        preds: dict[str, TargetPrediction] = {}
         full: dict[str, Any] = {}
         for target in [*cfg.targets, measured_name]:
-            if target in preds:
+            if target in preds or (target != measured_name and "overrides" in errors):
                 continue
+            here = target == measured_name  # the measured device: as run, no mapping, no dtype change
             try:
-                prof = _profile(target, catalog)
-                here = target == measured_name  # the measured device: as run, no mapping, no dtype change
-                sim = Simulator(prof, None if here else mapping, catalog)
-                res = sim.predict(ops if here else target_ops, batch_size=b, input_tokens=in_tok, top_n=cfg.top_n, weight_bytes=weight_bytes,
-                                  model=getattr(session.model_info, "model_id", None) if session.model_info else None,
-                                  dtype=None if here else cfg.dtype)
+                tgt = _resolve_target(target, catalog, host)
+                sim_mapping = None if here else mapping
+                if shape is not None and not here:
+                    assert in_tok is not None and n_out is not None
+                    dtype = cfg.dtype or next((o.dtype for o in ops if o.category == "matmul"), ops[0].dtype)
+                    res = simulate_model(shape, tgt.profile, batch_size=b, input_tokens=in_tok, output_tokens=n_out,
+                                         dtype=dtype, mapping=sim_mapping, top_n=cfg.top_n, catalog=catalog)
+                else:
+                    sim = Simulator(tgt.profile, sim_mapping, catalog)
+                    res = sim.predict(ops if here else target_ops, batch_size=b, input_tokens=in_tok, top_n=cfg.top_n,
+                                      weight_bytes=weight_bytes, model=model_id, dtype=None if here else cfg.dtype)
             except (HardwareProfileError, MappingError, ValueError) as exc:
                 errors[target] = str(exc)
                 continue
@@ -260,27 +407,92 @@ class SimulationCollector(Collector):
         comparison: dict[str, PhaseError] = {}
         if measured_name in preds:
             p = preds[measured_name]
-            ttft = (step.token_times_ns[0] - step.start_ns) / 1e9
-            n = len(step.token_times_ns)
-            decode = (step.token_times_ns[-1] - step.token_times_ns[0]) / 1e9 if n > 1 else None
-            comparison = {
-                "prefill": _err(p.prefill_time_s, ttft),
-                "decode": _err(p.decode_time_s if n > 1 else None, decode),
-                "tpot": _err(p.tpot_s, decode / (n - 1) if decode is not None else None),
-            }
+            if forward:
+                comparison = {"forward": _err(p.forward_s, step.duration_s)}
+            else:
+                ttft = (step.token_times_ns[0] - step.start_ns) / 1e9
+                n = len(step.token_times_ns)
+                decode = (step.token_times_ns[-1] - step.token_times_ns[0]) / 1e9 if n > 1 else None
+                comparison = {
+                    "prefill": _err(p.prefill_time_s, ttft),
+                    "decode": _err(p.decode_time_s if n > 1 else None, decode),
+                    "tpot": _err(p.tpot_s, decode / (n - 1) if decode is not None else None),
+                }
         try:
             session.add_artifact("simulation.json", json.dumps(full, indent=1))
         except Exception as exc:  # the summary in the result is what matters
             log.warning("could not attach simulation details", error=repr(exc))
-        return out.model_copy(update={"predictions": preds, "comparison": comparison, "errors": errors})
+        return out.model_copy(update={"predictions": preds, "comparison": comparison, "errors": errors,
+                                      "notes": notes})
 
 
 def _profile(name_or_path: str, catalog: Catalog) -> HardwareProfile:
-    if name_or_path.endswith((".yaml", ".yml")):
-        from perfsdk.hardware.catalog import get_profile
+    """A profile by name, or the single device of a YAML file (added to ``catalog``)."""
+    return get_profile(name_or_path, catalog=catalog)
 
-        return get_profile(name_or_path)
-    return catalog.get(name_or_path)
+
+def _yes(v: bool | None) -> str:
+    return "?" if v is None else ("yes" if v else "NO")
+
+
+def _eff(d: dict[str, Any]) -> str:
+    if d.get("peak_assumed"):
+        return f"{d['name']}: peak"
+    return f"{d['name']}: {d['compute_efficiency']:.2f} compute, {d['memory_efficiency']:.2f} memory"
+
+
+def _summary_tables(res: dict[str, Any]) -> list[Any]:
+    """Rich tables of a simulation result (its JSON form): predictions per target, predicted vs
+    measured, and for forward steps the layers on each target."""
+    from rich.table import Table
+
+    if res.get("status") != "ok":
+        t = Table(title="Simulation", show_header=False, show_edge=False)
+        t.add_row("simulation", f"unavailable: {res.get('reason')}")
+        return [t]
+    forward = res.get("step_kind") == "forward"
+    shape = (f"batch {res.get('batch_size')}" if forward else
+             f"batch {res.get('batch_size')}, {res.get('input_tokens')} in / {res.get('output_tokens')} out")
+    pt = Table(title=f"Simulation (ops of {'forward ' if forward else ''}step {res.get('captured_step')}, {shape})",
+               show_edge=False)
+    cols = (("profile", "forward", "J/forward", "fits", "efficiency") if forward else
+            ("profile", "TTFT", "TPOT", "tokens/s", "J/token", "fits", "efficiency"))
+    for c in cols:
+        pt.add_column(c, justify="left" if c in ("profile", "efficiency") else "right")
+    for name, p in res.get("predictions", {}).items():
+        label = f"{name} (measured here)" if name == res.get("measured_profile") else name
+        eff = "; ".join(_eff(d) for d in p.get("devices", []))
+        if forward:
+            j = p.get("energy_j_per_forward")
+            pt.add_row(label, _fmt_s(p.get("forward_s")), "-" if j is None else f"{j:.3g}",
+                       _yes(p.get("fits_in_memory")), eff)
+        else:
+            tps, j = p.get("output_tokens_per_s"), p.get("energy_j_per_output_token")
+            pt.add_row(label, _fmt_s(p.get("ttft_s")), _fmt_s(p.get("tpot_s")), "-" if tps is None else f"{tps:.1f}",
+                       "-" if j is None else f"{j:.3g}", _yes(p.get("fits_in_memory")), eff)
+    tables = [pt]
+    comp = res.get("comparison") or {}
+    if comp:
+        ct = Table(title=f"Predicted vs measured on {res.get('measured_profile')}", show_edge=False)
+        for c in ("phase", "measured", "predicted", "error"):
+            ct.add_column(c, justify="right" if c != "phase" else "left")
+        for ph, e in comp.items():
+            err = "-" if e.get("error_pct") is None else f"{e['error_pct']:+.1f}%"
+            ct.add_row(ph, _fmt_s(e.get("measured_s")), _fmt_s(e.get("predicted_s")), err)
+        tables.append(ct)
+    if forward:
+        for name, p in res.get("predictions", {}).items():
+            if name == res.get("measured_profile") or not p.get("top_layers"):
+                continue
+            lt = Table(title=f"Layers on {name}", show_edge=False)
+            for c in ("layer", "device", "time", "compute", "memory", "transfer", "energy J", "bound"):
+                lt.add_column(c, justify="left" if c in ("layer", "device", "bound") else "right")
+            for l in p["top_layers"]:
+                lt.add_row(l["name"] or "(root)", l.get("device") or "-", _fmt_s(l["time_s"]), _fmt_s(l.get("compute_s")),
+                           _fmt_s(l.get("memory_s")), _fmt_s(l.get("transfer_s")),
+                           "-" if l.get("energy_j") is None else f"{l['energy_j']:.4g}", l["bound"])
+            tables.append(lt)
+    return tables
 
 
 @hookimpl
@@ -296,25 +508,30 @@ def _fail(msg: str) -> None:
     sys.exit(2)
 
 
-PREDICTION_COLUMNS = ("profile", "TTFT", "TPOT", "tokens/s", "J/token", "fits")
-COMPARISON_COLUMNS = ("phase", "measured", "predicted", "error")
+from perfsdk.fmt import fmt_s as _fmt_s  # noqa: E402
 
 
 @click.command("simulate")
 @click.option("--model", "model_spec", required=True, help="Config name (llama-2-7b ...), config.json path, builtin:... or cached HF id")
-@click.option("--hardware", default="h100-sxm", show_default=True, help="Profile name or YAML path (the default device)")
-@click.option("--hardware-file", "hardware_files", multiple=True, type=click.Path(dir_okay=False), help="Extra profile YAML files")
+@click.option("--hardware", default="h100-sxm", show_default=True,
+              help="Profile name or YAML path (the default device); a file may be in perfsdk's format or device-keyed")
+@click.option("--hardware-file", "hardware_files", multiple=True, type=click.Path(dir_okay=False),
+              help="Extra profile YAML files (any format): their devices can be named in --hardware and the mapping")
 @click.option("--mapping", "mapping_file", type=click.Path(dir_okay=False), help="Mapping YAML: layers to devices, transfer points")
 @click.option("--batch-size", default=1, show_default=True, type=click.IntRange(min=1))
 @click.option("--input-tokens", default=128, show_default=True, type=click.IntRange(min=1))
 @click.option("--output-tokens", default=128, show_default=True, type=click.IntRange(min=1))
 @click.option("--dtype", default="bfloat16", show_default=True,
               type=click.Choice(["float32", "float16", "bfloat16", "float8_e4m3fn", "int8", "int4"]))
+@click.option("--kv-heads", "--num-key-value-heads", "kv_heads", type=click.IntRange(min=1),
+              help="Simulate with this many KV heads instead of the model's (must divide the attention heads)")
+@click.option("--sliding-window", type=click.IntRange(min=0),
+              help="Simulate with this attention window instead of the model's (0: full attention)")
 @click.option("--top", "top_n", default=10, show_default=True, type=click.IntRange(min=0), help="Layers listed per phase")
 @click.option("--json", "as_json", is_flag=True, help="Print the full result as JSON")
 def simulate_command(model_spec: str, hardware: str, hardware_files: tuple[str, ...], mapping_file: str | None,
-                     batch_size: int, input_tokens: int, output_tokens: int, dtype: str, top_n: int,
-                     as_json: bool) -> None:
+                     batch_size: int, input_tokens: int, output_tokens: int, dtype: str, kv_heads: int | None,
+                     sliding_window: int | None, top_n: int, as_json: bool) -> None:
     """Predict TTFT, TPOT, tokens/s, energy and memory fit of MODEL on HARDWARE (analytic ops)."""
     from perfsdk.simulation.shape import resolve_model_shape
 
@@ -322,7 +539,8 @@ def simulate_command(model_spec: str, hardware: str, hardware_files: tuple[str, 
         catalog = Catalog.load(hardware_files)
         profile = _profile(hardware, catalog)
         mapping = mapping_from(mapping_file)
-        shape = resolve_model_shape(model_spec)
+        base = resolve_model_shape(model_spec)
+        shape = apply_overrides(base, kv_heads, sliding_window)
         sim_profiles = [profile] + ([catalog.get(p) for p in mapping.devices.values()] if mapping else [])
         if not mapping or not mapping.default:
             sim_profiles[0].dtype_key(dtype)
@@ -331,6 +549,13 @@ def simulate_command(model_spec: str, hardware: str, hardware_files: tuple[str, 
     except (HardwareProfileError, MappingError, ValueError) as exc:
         _fail(str(exc))
         return
+    notes = []
+    if kv_heads is not None:
+        notes.append(f"KV heads {shape.num_kv_heads} (model: {base.num_kv_heads})")
+    if sliding_window is not None:
+        notes.append(f"attention window {shape.sliding_window or 'full'} (model: {base.sliding_window or 'full'})")
+    if notes:
+        res = res.model_copy(update={"notes": [*res.notes, "overrides: " + ", ".join(notes)]})
     if as_json:
         click.echo(res.model_dump_json(indent=2))
         return
@@ -347,11 +572,18 @@ def _print_simulation(res: SimulationResult) -> None:
     t = Table(show_header=True)
     for c in ("metric", "value"):
         t.add_column(c)
-    t.add_row("TTFT", _fmt_s(res.ttft_s))
-    t.add_row("TPOT", _fmt_s(res.tpot_s))
-    t.add_row("output tokens/s", f"{res.output_tokens_per_s:.1f}")
-    t.add_row("energy per output token", f"{res.energy_j_per_output_token:.4g} J")
-    t.add_row("fits in memory", f"{'yes' if res.fits_in_memory else 'NO'} ({res.memory_required_bytes / 1e9:.2f} GB needed)")
+    if res.ttft_s is not None:
+        t.add_row("TTFT", _fmt_s(res.ttft_s))
+        t.add_row("TPOT", _fmt_s(res.tpot_s))
+    if res.output_tokens_per_s is not None:
+        t.add_row("output tokens/s", f"{res.output_tokens_per_s:.1f}")
+    if res.energy_j_per_output_token is not None:
+        t.add_row("energy per output token", f"{res.energy_j_per_output_token:.4g} J")
+    if res.forward_s is not None:
+        t.add_row("forward pass", _fmt_s(res.forward_s))
+    if res.energy_j_per_forward is not None:
+        t.add_row("energy per forward pass", f"{res.energy_j_per_forward:.4g} J")
+    t.add_row("fits in memory", f"{_yes(res.fits_in_memory)} ({res.memory_required_bytes / 1e9:.2f} GB needed)")
     con.print(t)
     pt = Table(title="phases", show_header=True)
     for c in ("phase", "time", "energy J", "avg power W", "bound", "compute", "memory", "transfer", "overhead"):
@@ -360,21 +592,28 @@ def _print_simulation(res: SimulationResult) -> None:
         pt.add_row(name, _fmt_s(ph.time_s), f"{ph.energy_j:.4g}", f"{ph.avg_power_w:.1f}" if ph.avg_power_w else "-",
                    ph.bound, _fmt_s(ph.compute_s), _fmt_s(ph.memory_s), _fmt_s(ph.transfer_s), _fmt_s(ph.overhead_s))
     con.print(pt)
-    if len(res.devices) > 1 or not res.fits_in_memory:
-        dt = Table(title="devices", show_header=True)
-        for c in ("device", "profile", "busy", "weights GB", "KV GB", "capacity GB", "fits"):
-            dt.add_column(c)
-        for d in res.devices:
-            dt.add_row(d.name, d.profile, _fmt_s(d.busy_s), f"{d.weight_bytes / 1e9:.3f}", f"{d.kv_cache_bytes / 1e9:.3f}",
-                       f"{d.capacity_bytes / 1e9:.1f}", "yes" if d.fits_in_memory else "NO")
-        con.print(dt)
+    # always shown: whether each device was costed at its peak or at a stated efficiency
+    dt = Table(title="devices", show_header=True)
+    for c in ("device", "profile", "busy", "weights GB", "KV GB", "capacity GB", "fits", "compute eff.", "memory eff."):
+        dt.add_column(c)
+    for d in res.devices:
+        cap = "-" if d.capacity_bytes is None else f"{d.capacity_bytes / 1e9:.1f}"
+        dt.add_row(d.name, d.profile, _fmt_s(d.busy_s), f"{d.weight_bytes / 1e9:.3f}", f"{d.kv_cache_bytes / 1e9:.3f}",
+                   cap, _yes(d.fits_in_memory), f"{d.compute_efficiency:.2f}", f"{d.memory_efficiency:.2f}")
+    con.print(dt)
+    peak = [d.name for d in res.devices if d.peak_assumed]
+    if peak:
+        con.print(f"costed at peak (efficiency 1.0): {', '.join(peak)}")
     if res.layers:
         lt = Table(title="top layers by time", show_header=True)
-        for c in ("phase", "layer", "device", "time", "share %", "bound"):
+        for c in ("phase", "layer", "device", "time", "share %", "compute", "memory", "transfer", "bound"):
             lt.add_column(c)
         for l in res.layers:
-            lt.add_row(l.phase, l.name, l.device, _fmt_s(l.time_s), f"{l.share_pct:.1f}", l.bound)
+            lt.add_row(l.phase, l.name, l.device, _fmt_s(l.time_s), f"{l.share_pct:.1f}", _fmt_s(l.compute_s),
+                       _fmt_s(l.memory_s), _fmt_s(l.transfer_s), l.bound)
         con.print(lt)
+    for note in res.notes:
+        con.print(f"note: {note}")
 
 
 @click.group("hardware")
@@ -398,7 +637,8 @@ def hardware_list(hardware_files: tuple[str, ...], as_json: bool) -> None:
         peak = p.peak_tflops.available()
         rows.append({"name": name, "kind": p.kind, "variant": p.variant, "origin": cat.origins[name],
                      "memory_bandwidth_gbs": p.memory_bandwidth_gbs, "memory_capacity_gb": p.memory_capacity_gb,
-                     "peak_tflops": peak})
+                     "peak_tflops": peak, "compute_efficiency": p.compute_efficiency,
+                     "memory_efficiency": p.memory_efficiency})
     if as_json:
         click.echo(json.dumps(rows, indent=2))
         return
@@ -406,14 +646,21 @@ def hardware_list(hardware_files: tuple[str, ...], as_json: bool) -> None:
     from rich.table import Table
 
     t = Table(show_header=True)
-    for c in ("name", "kind", "memory GB/s", "capacity GB", "peak TFLOPS", "origin"):
+    for c in ("name", "kind", "memory GB/s", "capacity GB", "peak TFLOPS", "efficiency", "origin"):
         t.add_column(c)
     for r in rows:
         peaks = ", ".join(f"{k} {v:g}" for k, v in r["peak_tflops"].items())
-        t.add_row(r["name"], r["kind"], f"{r['memory_bandwidth_gbs']:g}", f"{r['memory_capacity_gb']:g}", peaks, r["origin"])
+        cap = "-" if r["memory_capacity_gb"] is None else f"{r['memory_capacity_gb']:g}"
+        eff = ("peak" if r["compute_efficiency"] == 1.0 and r["memory_efficiency"] == 1.0 else
+               f"{r['compute_efficiency']:g} / {r['memory_efficiency']:g}")
+        t.add_row(r["name"], r["kind"], f"{r['memory_bandwidth_gbs']:g}", cap, peaks, eff, r["origin"])
     Console().print(t)
     for err in cat.errors:
         click.echo(f"warning: {err}", err=True)
+
+
+def _file_profiles(path: str) -> list[HardwareProfile]:
+    return read_profile_file(path)[0]
 
 
 @hardware_group.command("show")
@@ -421,16 +668,38 @@ def hardware_list(hardware_files: tuple[str, ...], as_json: bool) -> None:
 @click.option("--hardware-file", "hardware_files", multiple=True, type=click.Path(dir_okay=False))
 @click.option("--json", "as_json", is_flag=True)
 def hardware_show(name: str, hardware_files: tuple[str, ...], as_json: bool) -> None:
-    """Show one profile (NAME, or the path of a YAML file)."""
+    """Show a profile: NAME, or every device of the YAML file NAME (perfsdk's fields)."""
     try:
-        prof = _profile(name, Catalog.load(hardware_files))
+        profs = _file_profiles(name) if is_profile_path(name) else [Catalog.load(hardware_files).get(name)]
     except HardwareProfileError as exc:
         _fail(str(exc))
         return
     if as_json:
-        click.echo(prof.model_dump_json(indent=2, exclude_none=True))
+        docs = [p.model_dump(mode="json", exclude_none=True) for p in profs]
+        click.echo(json.dumps(docs[0] if len(docs) == 1 else docs, indent=2))
     else:
-        click.echo(profile_to_yaml(prof), nl=False)
+        click.echo(profiles_to_yaml(profs), nl=False)
+
+
+@hardware_group.command("convert")
+@click.argument("path", type=click.Path(dir_okay=False))
+@click.option("--output", "-o", type=click.Path(dir_okay=False), help="Write here (default: stdout)")
+def hardware_convert(path: str, output: str | None) -> None:
+    """Convert a hardware file (device-keyed, or perfsdk's) to perfsdk's profile format (YAML):
+    one profile as a mapping, several as `profiles: [...]`."""
+    try:
+        profs = _file_profiles(path)
+    except HardwareProfileError as exc:
+        _fail(str(exc))
+        return
+    text = f"# converted by perfsdk hardware convert from {path}\n" + profiles_to_yaml(profs)
+    if output:
+        with open(output, "w", encoding="utf-8") as fh:
+            fh.write(text)
+        click.echo(f"wrote {output} ({len(profs)} profile{'s' if len(profs) != 1 else ''}: "
+                   f"{', '.join(p.name for p in profs)})", err=True)
+    else:
+        click.echo(text, nl=False)
 
 
 @click.command("calibrate")

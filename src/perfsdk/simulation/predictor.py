@@ -4,6 +4,9 @@ Execution is modelled as sequential (each op waits for the previous one, as in a
 decoding with batch-synchronous layers): the phase time is the sum of op times, transfer points
 and a per-forward-pass overhead. Phase energy is the dynamic energy of every op and transfer plus
 the static power of every device in the mapping over the whole phase.
+
+Phases: ops of ``generate`` give ``prefill`` and ``decode`` (TTFT, TPOT, tokens/s); ops of a plain
+forward call of any module (``s.forward``) give ``forward`` (time and energy per forward pass).
 """
 
 from __future__ import annotations
@@ -14,13 +17,13 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from perfsdk.hardware.catalog import Catalog
+from perfsdk.hardware.catalog import Catalog, normalize_name
 from perfsdk.hardware.profile import HardwareProfile
 from perfsdk.ops import OpRecord
 from perfsdk.simulation.costmodel import activation_in_bytes, activation_out_bytes, cost_op, op_bytes, transfer_cost
 from perfsdk.simulation.mapping import Mapping, MappingError
 
-PhaseName = Literal["prefill", "decode"]
+PhaseName = Literal["prefill", "decode", "forward"]
 
 
 class _Frozen(BaseModel):
@@ -69,8 +72,11 @@ class DevicePrediction(_Frozen):
     busy_s: float
     weight_bytes: int
     kv_cache_bytes: int
-    capacity_bytes: int
-    fits_in_memory: bool
+    capacity_bytes: int | None = Field(description="None: the profile does not state its capacity")
+    fits_in_memory: bool | None = Field(description="None: not checked (capacity not stated)")
+    compute_efficiency: float = Field(default=1.0, description="Fraction of peak compute assumed")
+    memory_efficiency: float = Field(default=1.0, description="Fraction of peak memory bandwidth assumed")
+    peak_assumed: bool = Field(default=True, description="Both efficiencies are 1.0: costed at the device's peak")
 
 
 class SimulationResult(_Frozen):
@@ -84,13 +90,15 @@ class SimulationResult(_Frozen):
     batch_size: int
     input_tokens: int | None = None
     output_tokens: int
-    ttft_s: float
+    ttft_s: float | None = Field(description="Prefill time (generate ops); None for forward ops")
     tpot_s: float | None
-    output_tokens_per_s: float
+    output_tokens_per_s: float | None = Field(description="None for forward ops (no tokens generated)")
     e2e_s: float
     energy_j: float
-    energy_j_per_output_token: float
-    fits_in_memory: bool
+    energy_j_per_output_token: float | None = Field(description="None for forward ops")
+    forward_s: float | None = Field(default=None, description="Time of one forward pass (forward ops)")
+    energy_j_per_forward: float | None = Field(default=None, description="Energy of one forward pass (forward ops)")
+    fits_in_memory: bool | None = Field(description="None: some device does not state its capacity")
     memory_required_bytes: int
     phases: dict[str, PhasePrediction]
     layers: list[LayerPrediction]
@@ -127,7 +135,16 @@ class _DevState:
 
 
 def _phase_of(op: OpRecord) -> PhaseName:
-    return "decode" if op.phase == "decode" else "prefill"
+    if op.phase in ("decode", "forward"):
+        return op.phase
+    return "prefill"
+
+
+def _all_fit(flags: list[bool | None]) -> bool | None:
+    """False if any device overflows, None if some fit is unknown, else True."""
+    if any(f is False for f in flags):
+        return False
+    return None if any(f is None for f in flags) else True
 
 
 class Simulator:
@@ -147,16 +164,32 @@ class Simulator:
         self.default_device = self.mapping.default or hardware.name
         if self.default_device not in self.profiles:
             self.profiles[self.default_device] = hardware
+        # rule device name -> device instance, where they differ (a rule naming the default
+        # device's profile in other spelling, PIM_AI_1chip for pim-ai-1chip, is that device)
+        self._alias: dict[str, str] = {}
         for rule in self.mapping.layers:
-            if rule.device not in self.profiles:
-                # a rule may name a profile directly: one device instance of that profile
-                cat = cat or Catalog.load()
-                if rule.device not in cat:
-                    raise MappingError(
-                        f"mapping: layers: device {rule.device!r} is neither in devices nor a hardware profile"
-                    )
-                self.profiles[rule.device] = cat.get(rule.device)
+            if rule.device in self.profiles or rule.device in self._alias:
+                continue
+            # a rule may name a profile directly: one device instance of that profile
+            cat = cat or Catalog.load()
+            if rule.device not in cat:
+                raise MappingError(
+                    f"mapping: layers: device {rule.device!r} is neither in devices nor a hardware profile "
+                    f"(available: {', '.join(cat.names())})"
+                )
+            prof = cat.get(rule.device)
+            same = next((d for d in self.profiles if normalize_name(d) == prof.name), None)
+            if same is not None and self.profiles[same].name == prof.name:
+                self._alias[rule.device] = same
+            else:
+                self.profiles[rule.device] = prof
         self.hardware = hardware
+
+    def device_of(self, module_path: str) -> tuple[str, Any]:
+        """(device instance, matching rule or None) of the ops of ``module_path``."""
+        dev, rule = self.mapping.resolve(module_path)
+        dev = dev or self.default_device
+        return self._alias.get(dev, dev), rule
 
     def predict(self, ops: list[OpRecord], *, batch_size: int | None = None, input_tokens: int | None = None,
                 step_weights: dict[int, float] | None = None, dtype: str | None = None, top_n: int = 10,
@@ -173,24 +206,29 @@ class Simulator:
         if not ops:
             raise ValueError("no operations to simulate")
         devs = {name: _DevState(p) for name, p in self.profiles.items()}
-        phases: dict[PhaseName, _Acc] = {"prefill": _Acc(), "decode": _Acc()}
-        steps: dict[PhaseName, dict[int, float]] = {"prefill": {}, "decode": {}}
+        present = {_phase_of(op) for op in ops}
+        names: list[PhaseName] = []
+        if present & {"prefill", "decode"}:
+            names += ["prefill", "decode"]
+        if "forward" in present:
+            names.append("forward")
+        phases: dict[PhaseName, _Acc] = {ph: _Acc() for ph in names}
+        steps: dict[PhaseName, dict[int, float]] = {ph: {} for ph in names}
         layers: dict[tuple[str, PhaseName], _Acc] = defaultdict(_Acc)
-        cats: dict[PhaseName, dict[str, float]] = {"prefill": defaultdict(float), "decode": defaultdict(float)}
+        cats: dict[PhaseName, dict[str, float]] = {ph: defaultdict(float) for ph in names}
         sent_groups: set[tuple[str, str, int]] = set()
         # weights + KV cache each forward pass touches on each device (for profiles with a cache)
         resident: dict[tuple[str, str, int], float] = defaultdict(float)
         if any(p.cache_mb for p in self.profiles.values()):
             for op in ops:
-                dev = self.mapping.resolve(op.module_path)[0] or self.default_device
+                dev = self.device_of(op.module_path)[0]
                 resident[(dev, op.phase, op.step)] += op.weight_bytes + op.kv_bytes
 
         for op in ops:
             ph = _phase_of(op)
             w = step_weights.get(op.step, 1.0) if step_weights else 1.0
             steps[ph][op.step] = w
-            dev_name, rule = self.mapping.resolve(op.module_path)
-            dev_name = dev_name or self.default_device
+            dev_name, rule = self.device_of(op.module_path)
             st = devs[dev_name]
             prof = st.profile
             c = cost_op(op, prof, dtype, resident.get((dev_name, op.phase, op.step)))
@@ -243,12 +281,15 @@ class Simulator:
             first = ops[0].input_shapes[0] if ops[0].input_shapes else (1,)
             batch_size = int(first[0]) if first else 1
             notes.append(f"batch size {batch_size} read from the first op's input shape")
-        n_decode = out_phases["decode"].steps
-        has_prefill = out_phases["prefill"].steps > 0
+        generates = "prefill" in out_phases
+        n_decode = out_phases["decode"].steps if generates else 0.0
+        has_prefill = generates and out_phases["prefill"].steps > 0
         gen_per_seq = n_decode + (1 if has_prefill else 0)
-        e2e = out_phases["prefill"].time_s + out_phases["decode"].time_s
-        energy = out_phases["prefill"].energy_j + out_phases["decode"].energy_j
+        e2e = sum(ph.time_s for ph in out_phases.values())
+        energy = sum(ph.energy_j for ph in out_phases.values())
         out_tokens = batch_size * gen_per_seq
+        fwd = out_phases.get("forward")
+        n_fwd = fwd.steps if fwd is not None else 0.0
 
         if kv_cache_bytes is not None:
             total_kv = sum(sum(st.kv.values()) for st in devs.values()) or 1
@@ -264,11 +305,17 @@ class Simulator:
         for name, st in devs.items():
             wb, kvb = sum(st.weights.values()), sum(st.kv.values())
             cap = st.profile.memory_capacity_bytes
-            dev_out.append(DevicePrediction(name=name, profile=st.profile.name, busy_s=st.busy_s, weight_bytes=wb,
-                                            kv_cache_bytes=kvb, capacity_bytes=cap, fits_in_memory=wb + kvb <= cap))
+            dev_out.append(DevicePrediction(
+                name=name, profile=st.profile.name, busy_s=st.busy_s, weight_bytes=wb, kv_cache_bytes=kvb,
+                capacity_bytes=cap, fits_in_memory=None if cap is None else wb + kvb <= cap,
+                compute_efficiency=st.profile.compute_efficiency, memory_efficiency=st.profile.memory_efficiency,
+                peak_assumed=st.profile.peak_assumed))
+        unknown = [d.name for d in dev_out if d.capacity_bytes is None]
+        if unknown:
+            notes.append(f"memory fit not checked on {', '.join(unknown)}: the profile states no capacity")
 
         layer_rows = []
-        for ph in ("prefill", "decode"):
+        for ph in names:
             total = out_phases[ph].time_s or 1.0
             rows = sorted(((k, a) for k, a in layers.items() if k[1] == ph), key=lambda kv: -kv[1].time_s)
             for (name, _), a in rows[: max(0, top_n)]:
@@ -278,8 +325,8 @@ class Simulator:
                     transfer_s=a.transfer_s, flops=a.flops, bytes_moved=a.bytes_moved, ops=a.ops))
 
         return SimulationResult(
-            hardware=self.hardware.name if not self.mapping.devices else
-            ", ".join(f"{d}={p.name}" for d, p in self.profiles.items()),
+            hardware=self.hardware.name if len(self.profiles) == 1 else
+            ", ".join(d if normalize_name(d) == p.name else f"{d}={p.name}" for d, p in self.profiles.items()),
             devices=dev_out,
             model=model,
             op_source=op_source,
@@ -287,13 +334,15 @@ class Simulator:
             batch_size=batch_size,
             input_tokens=input_tokens,
             output_tokens=int(round(gen_per_seq)),
-            ttft_s=out_phases["prefill"].time_s,
+            ttft_s=out_phases["prefill"].time_s if generates else None,
             tpot_s=out_phases["decode"].time_s / n_decode if n_decode > 0 else None,
-            output_tokens_per_s=out_tokens / e2e if e2e > 0 else 0.0,
+            output_tokens_per_s=(out_tokens / e2e if e2e > 0 else 0.0) if generates else None,
             e2e_s=e2e,
             energy_j=energy,
-            energy_j_per_output_token=energy / out_tokens if out_tokens else 0.0,
-            fits_in_memory=all(d.fits_in_memory for d in dev_out),
+            energy_j_per_output_token=(energy / out_tokens if out_tokens else 0.0) if generates else None,
+            forward_s=fwd.time_s / n_fwd if fwd is not None and n_fwd > 0 else None,
+            energy_j_per_forward=fwd.energy_j / n_fwd if fwd is not None and n_fwd > 0 else None,
+            fits_in_memory=_all_fit([d.fits_in_memory for d in dev_out]),
             memory_required_bytes=sum(d.weight_bytes + d.kv_cache_bytes for d in dev_out),
             phases=out_phases,
             layers=layer_rows,
