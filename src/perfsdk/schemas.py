@@ -85,6 +85,8 @@ class WorkloadInfo(_Frozen):
     input_tokens_mean: float | None = None
     input_tokens_max: int | None = None
     arrival_pattern: str | None = None
+    labelled_prompts: int = 0
+    label_map: list[str] | None = None
 
 
 class Record(_Frozen):
