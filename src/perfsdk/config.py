@@ -136,6 +136,15 @@ class WorkloadConfig(_Strict):
     seed: int = 42
     threads: int | None = Field(default=None, ge=1)
 
+    @field_validator("label_map", mode="before")
+    @classmethod
+    def _label_map_scalars(cls, v: Any) -> Any:
+        if not isinstance(v, list):
+            return v
+        if any(isinstance(x, bool) for x in v):
+            raise ValueError("YAML read a name as a boolean (yes/no/on/off/true/false are booleans): quote it")
+        return [str(x) if isinstance(x, (int, float)) else x for x in v]
+
     @field_validator("label_map")
     @classmethod
     def _label_map(cls, v: list[str] | None) -> list[str] | None:
