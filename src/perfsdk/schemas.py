@@ -57,6 +57,9 @@ class ModelInfo(_Frozen):
     dtype: str | None = None
     device: str | None = None
     quantization: str = "none"
+    quant_type: str | None = None
+    quant_compute_dtype: str | None = None
+    quantized_modules: int | None = None
     attn_implementation: str | None = None
     num_layers: int | None = None
     hidden_size: int | None = None
