@@ -678,7 +678,8 @@ def sweep_sections(store: Store, sweep_id: str, heatmaps: list[Any] | None = Non
         for hm in wanted:
             x, y = _resolve_axis(hm.x, axes), _resolve_axis(hm.y, axes)
             fig = heatmap_figure(plist, rows, axes_values, x, y, hm.metric)
-            slug = re.sub(r"[^A-Za-z0-9]+", "-", f"heatmap-{hm.metric}-{x}-{y}").strip("-")[:80]
+            short = f"{hm.metric.replace('collectors.', '')}-{x.rsplit('.', 1)[-1]}-{y.rsplit('.', 1)[-1]}"
+            slug = re.sub(r"[^A-Za-z0-9]+", "-", f"heatmap-{short}").strip("-")[:80]
             if fig:
                 s.figures.append(Figure(slug, f"{hm.metric} over {x} and {y}", fig,
                                         "Mean over the finished points sharing each cell; grey: not measured."))
