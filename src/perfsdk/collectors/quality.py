@@ -249,7 +249,7 @@ class QualityCollector(Collector):
         # trylast: the other collectors have finished (module hooks removed, series written)
         # before the reference forward runs and before the requests series is extended.
         cfg: QualityConfig = self.config  # type: ignore[assignment]
-        asked = list(cfg.metrics)
+        asked: list[str] = list(cfg.metrics)
         steps = session.measured_steps
         reasons: list[str] = []
         requests: list[_Request] = []

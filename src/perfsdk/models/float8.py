@@ -88,7 +88,9 @@ def _linear_class() -> Any:
             shape = x.shape
             x2 = x.reshape(-1, self.in_features)
             qx, sx = _quantize(x2, torch.float8_e4m3fn)
-            y = torch._scaled_mm(qx, self.weight_fp8.t(), scale_a=sx, scale_b=self.weight_scale, out_dtype=x.dtype)
+            weight: Any = self.weight_fp8
+            scale: Any = self.weight_scale
+            y = torch._scaled_mm(qx, weight.t(), scale_a=sx, scale_b=scale, out_dtype=x.dtype)
             if self.bias is not None:
                 y = y + self.bias.to(y.dtype)
             return y.reshape(*shape[:-1], self.out_features)
