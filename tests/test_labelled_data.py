@@ -201,3 +201,10 @@ def test_run_cli_label_outside_the_map_exits_2(tmp_path: Path) -> None:
     res = CliRunner().invoke(cli, ["run", str(_bench(tmp_path, data, ", label_map: ['yes', 'no']"))])
     assert res.exit_code == 2
     assert f"workload.prompts: {data} line 2: label 'perhaps' is not in workload.label_map (yes, no)" in res.output
+
+
+def test_hub_dataset_offline_says_so(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    with pytest.raises(ConfigError, match=r"^workload\.dataset\.path: could not load 'someorg/no-such-data' "
+                                          r"\(HF_HUB_OFFLINE is set and it is not in the local cache\)"):
+        load_workload_examples(WorkloadConfig(dataset={"path": "someorg/no-such-data"}))

@@ -308,3 +308,27 @@ def test_causal_lm_reference_loss_runs_after_the_timed_steps(tiny_causal_lm: Any
 def test_config_errors_name_the_field() -> None:
     with pytest.raises(perfsdk.ConfigError, match=r"collectors\.quality\.metrics\.0: Input should be 'accuracy'"):
         perfsdk.session({"collectors": {"quality": {"metrics": ["bleu"]}}}, store=None)
+
+
+def test_merge_ranks_pools_the_requests_of_every_rank() -> None:
+    from types import SimpleNamespace
+
+    def share(rank: int, rows: list[tuple[str, str | None]]) -> Any:
+        correct = sum(1 for ref, pred in rows if ref == pred)
+        res = QualityResult(metrics=["accuracy", "f1_macro"], accuracy=correct / len(rows), requests=len(rows),
+                            scored_requests=len(rows), correct=correct, classes=["a", "b"])
+        series = [{"step": 0, "request": i, "reference": ref, "prediction": pred, "correct": ref == pred}
+                  for i, (ref, pred) in enumerate(rows)]
+        return SimpleNamespace(rank=rank, hostname=None, result=res, series={"requests": series})
+
+    merged = QualityCollector.merge_ranks([share(0, [("a", "a"), ("a", "b")]), share(1, [("b", "b"), ("b", None)])])
+    assert merged is not None
+    assert (merged.requests, merged.scored_requests, merged.correct) == (4, 4, 2)
+    assert merged.accuracy == 0.5
+    # a: tp1 fp0 fn1 -> 2/3; b: tp1 fp1 fn1 -> 1/2
+    assert merged.f1_macro == pytest.approx((2 / 3 + 1 / 2) / 2)
+    # without the series: accuracy weighted by scored requests, no F1
+    bare = [SimpleNamespace(rank=r, hostname=None, result=s.result, series={}) for r, s in
+            enumerate([share(0, [("a", "a")]), share(1, [("b", "a"), ("b", "a"), ("a", "a")])])]
+    merged = QualityCollector.merge_ranks(bare)
+    assert merged is not None and merged.accuracy == pytest.approx(2 / 4) and merged.f1_macro is None

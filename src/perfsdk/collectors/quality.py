@@ -443,8 +443,10 @@ class QualityCollector(Collector):
                     pending.append(r)
         seconds = None
         if pending:
-            if session.model is None or session.tokenizer is None or not _is_causal_lm(session.model):
-                reasons.append("loss of a reference needs a causal LM and its tokenizer")
+            model = session.model
+            if model is None or session.tokenizer is None or not _is_causal_lm(model) or \
+                    getattr(getattr(model, "config", None), "is_encoder_decoder", False):
+                reasons.append("loss of a reference needs a decoder-only causal LM and its tokenizer")
             else:
                 seconds = self._reference_forward(session, pending)
                 sources.add("reference forward after the timed steps")
