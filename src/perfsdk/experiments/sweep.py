@@ -420,7 +420,8 @@ def sweep_id_for(spec: SweepSpec, base: dict[str, Any], name: str) -> str:
         content["objectives"] = [o.model_dump() for o in spec.objectives]
         if spec.objective is not None:
             content["objective"] = spec.objective.model_dump()
-        content["strategy_options"] = spec.strategy_options.model_dump()
+        if spec.strategy_options != StrategyOptions():
+            content["strategy_options"] = spec.strategy_options.model_dump()
     digest = hashlib.sha256(json.dumps(content, sort_keys=True, default=str).encode()).hexdigest()[:10]
     return f"{_slug(name)}-{digest}"
 
