@@ -332,3 +332,22 @@ def test_merge_ranks_pools_the_requests_of_every_rank() -> None:
             enumerate([share(0, [("a", "a")]), share(1, [("b", "a"), ("b", "a"), ("a", "a")])])]
     merged = QualityCollector.merge_ranks(bare)
     assert merged is not None and merged.accuracy == pytest.approx(2 / 4) and merged.f1_macro is None
+
+
+def test_forward_runs_with_quality_rows_compare_cleanly(tmp_path: Any) -> None:
+    import torch
+
+    from perfsdk.experiments.compare import grouped_samples_for
+    from perfsdk.store import Store
+
+    model = FixedClassifier([[0.0, 1.0], [1.0, 0.0]]).build()
+    cfg = {"exporters": [], "collectors": {"quality": {}}, "store": str(tmp_path)}
+    with perfsdk.session(cfg) as s:
+        s.forward(model, s.label(torch.tensor([0, 1]), [1, 1]))
+    store = Store(tmp_path)
+    run = store.get(s.result.run_id)  # type: ignore[union-attr]
+    rows = store.read_series(run.run_id, "requests")
+    assert [(r["reference"], r["prediction"], r["correct"]) for r in rows] == [("1", "1", True), ("1", "0", False)]
+    # forward steps have no per-request latency: nothing to compare, and no error
+    assert grouped_samples_for(store, run, "output_tokens_per_s") is None
+    assert grouped_samples_for(store, run, "ttft_s") is None

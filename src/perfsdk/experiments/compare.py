@@ -161,9 +161,11 @@ def grouped_samples_for(store: Store, run: RunResult, metric: str) -> list[list[
         groups: list[list[float]] = []
         for reqs in steps.values():
             if metric == "output_tokens_per_s":
-                dur = max(r["e2e_s"] for r in reqs)
+                # rows without latency columns (e.g. only another collector's per-request fields) are skipped
+                timed = [r for r in reqs if r.get("e2e_s") is not None]
+                dur = max((r["e2e_s"] for r in timed), default=0.0)
                 if dur > 0:
-                    groups.append([sum(r["output_tokens"] for r in reqs) / dur])
+                    groups.append([sum(r.get("output_tokens") or 0 for r in timed) / dur])
             else:
                 vals = [float(r[metric]) for r in reqs if r.get(metric) is not None]
                 if vals:
