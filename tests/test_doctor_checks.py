@@ -13,7 +13,7 @@ from perfsdk.energy.fake import make_powercap_tree
 
 def test_checks_cover_every_source(tmp_path: Path) -> None:
     checks = doctor.run_checks(rapl_root=str(tmp_path / "absent"))
-    assert [c.name for c in checks] == ["cuda", "nvml", "rapl", "codecarbon"]
+    assert [c.name for c in checks] == ["cuda", "nvml", "rapl", "codecarbon", "bitsandbytes", "float8"]
     rapl = checks[2]
     assert not rapl.available and "does not exist" in rapl.reason and "rapl_root" in (rapl.fix or "")
     for c in checks:
@@ -64,5 +64,26 @@ def test_doctor_command_prints_every_check() -> None:
     res = CliRunner().invoke(cli, ["doctor", "--json"])
     assert res.exit_code == 0, res.output
     rows = json.loads(res.output)
-    assert [r["name"] for r in rows] == ["cuda", "nvml", "rapl", "codecarbon"]
+    assert [r["name"] for r in rows] == ["cuda", "nvml", "rapl", "codecarbon", "bitsandbytes", "float8"]
     assert all(set(r) == {"name", "available", "reason", "fix"} for r in rows)
+
+
+def test_bitsandbytes_not_installed(monkeypatch: pytest.MonkeyPatch) -> None:
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "bitsandbytes" else real(name, *a))
+    bnb = doctor.bitsandbytes_check()
+    assert (bnb.available, bnb.reason) == (False, "unavailable: not installed")
+    assert bnb.fix and bnb.fix.startswith("pip install bitsandbytes")
+
+
+def test_float8_check_says_where_it_runs(monkeypatch: pytest.MonkeyPatch) -> None:
+    import perfsdk.models.float8 as f8
+
+    monkeypatch.setattr(doctor, "cuda_status", lambda: (False, "no GPU"))
+    monkeypatch.setattr(f8, "float8_status", lambda device: (False, f"no float8 on {device}"))
+    check = doctor.float8_check()
+    assert (check.available, check.reason) == (False, "unavailable: no float8 on cpu")
+    monkeypatch.setattr(f8, "float8_status", lambda device: (True, f"runs on {device}"))
+    assert doctor.float8_check().reason == "runs on cpu"

@@ -70,3 +70,35 @@ def test_pim_two_linear_example(tmp_path):
     assert sim["status"] == "ok" and sim["step_kind"] == "forward" and sim["captured_step"] == 1
     assert r["collectors"]["layers"]["events"] == 5  # root, two Linear, ReLU, softmax
     assert (tmp_path / "runs" / r["run_id"] / r["series"]["layers_events"]).is_file()
+
+
+def test_quality_sweep_example(tmp_path):
+    """Quality against latency over quantization x batch size, grid and TPE compared."""
+    import json
+
+    proc = subprocess.run([sys.executable, "-m", "perfsdk", "sweep", str(EXAMPLES / "quality_sweep.yaml"),
+                           "--store", str(tmp_path)], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "sample efficiency: best score so far (maximize)" in proc.stdout
+    assert "to reach the grid's optimum" in proc.stdout
+    assert "8 trials over 2 strategies needed 4 measured points" in proc.stdout
+    (manifest_file,) = (tmp_path / "sweeps").glob("*.json")
+    m = json.loads(manifest_file.read_text())
+    # every configuration was measured once, whichever strategy asked for it first
+    assert len(list((tmp_path / "runs").iterdir())) == 4
+    assert [len(m["trials"][s]) for s in ("grid", "tpe")] == [4, 4]
+    assert sorted(m["trials"]["grid"]) == sorted(m["trials"]["tpe"])
+    assert {tuple(p["strategies"]) for p in m["points"]} == {("grid", "tpe")}
+    for p in m["points"]:
+        o = p["objectives"]
+        acc, fwd = o["collectors.quality.accuracy"], o["collectors.latency.forward_s.p50"]
+        assert 0 <= acc <= 1 and fwd > 0
+        assert o["score"] == -fwd / 0.01 + acc / 0.1
+    best = max(p["objectives"]["score"] for p in m["points"])
+    assert m["optimum"] == best and m["optimum_source"] == "grid"
+    assert m["efficiency"]["grid"]["best_so_far"][-1] == best
+    grid_order = [next(p for p in m["points"] if p["point_id"] == pid) for pid in m["trials"]["grid"]]
+    assert m["efficiency"]["grid"]["trials_to_optimum"] == 1 + [p["objectives"]["score"] for p in grid_order].index(best)
+    run = json.loads(next((tmp_path / "runs").iterdir()).joinpath("result.json").read_text())
+    assert run["collectors"]["quality"]["scored_requests"] == 8
+    assert run["collectors"]["quality"]["method"] == "label scoring"

@@ -13,7 +13,7 @@ from perfsdk.models.prompts import builtin_prompt_sets, builtin_prompts, load_pr
 
 
 def test_builtin_sets() -> None:
-    assert builtin_prompt_sets() == ["builtin:short", "builtin:long", "builtin:mixed"]
+    assert builtin_prompt_sets() == ["builtin:short", "builtin:long", "builtin:mixed", "builtin:classify", "builtin:qa"]
     short, long, mixed = (builtin_prompts(n) for n in ("short", "builtin:long", "mixed"))
     assert (len(short), len(long), len(mixed)) == (16, 10, 38)
     assert short[0] == "What is a cache?"
@@ -74,9 +74,9 @@ def test_missing_file() -> None:
 
 
 def test_unsupported_and_empty(tmp_path: Path) -> None:
-    csv = tmp_path / "p.csv"
+    csv = tmp_path / "p.tsv"
     csv.write_text("a,b\n")
-    with pytest.raises(ConfigError, match=r"unsupported prompt file type '\.csv'"):
+    with pytest.raises(ConfigError, match=r"unsupported prompt file type '\.tsv'"):
         read_prompt_file(csv)
     empty = tmp_path / "e.txt"
     empty.write_text("\n  \n")

@@ -62,7 +62,10 @@ def reports(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 
 def test_report_files(reports: dict[str, Path]) -> None:
     sweep_pngs = sorted(p.name for p in (reports["sweep"].parent / "sweep_files").iterdir())
-    assert sweep_pngs == ["01-batch-size.png", "02-pareto.png", "03-latency-cdf.png"]
+    # the default heat map: the first objective over the first two axes
+    assert sweep_pngs == ["01-batch-size.png", "02-pareto.png",
+                          "03-heatmap-latency-output-tokens-per-s-batch-size-dtype.png",
+                          "04-latency-cdf.png"]
     run_pngs = sorted(p.name for p in (reports["run"].parent / "run_files").iterdir())
     assert run_pngs[:2] == ["01-latency-cdf.png", "02-per-token-latency.png"]
     for png in (reports["sweep"].parent / "sweep_files").iterdir():
@@ -82,8 +85,8 @@ def _dump_dom(page: Path, tmp: Path) -> str:
 def test_sweep_report_in_browser(reports: dict[str, Path]) -> None:
     dom = _dump_dom(reports["sweep"], reports["tmp"])
     imgs = re.findall(r"<img[^>]+src=\"data:image/png;base64,", dom)
-    assert len(imgs) == 3
-    for heading in ("Sweep", "Batch-size panels", "Pareto front", "Latency CDF per point"):
+    assert len(imgs) == 4
+    for heading in ("Sweep", "Batch-size panels", "Pareto front", "Heat maps", "Latency CDF per point"):
         assert f"<h2>{heading}</h2>" in dom
     assert re.search(r"<h1>Sweep browser \(browser-[0-9a-f]{10}\)</h1>", dom)
     shot = reports["tmp"] / "sweep.png"

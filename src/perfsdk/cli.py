@@ -339,7 +339,7 @@ def schema_cmd(output_dir: str) -> None:
 @cli.command("doctor")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 def doctor_cmd(as_json: bool) -> None:
-    """What can be measured here: CUDA, NVML, RAPL, CodeCarbon — and why not."""
+    """What can be measured here: CUDA, NVML, RAPL, CodeCarbon, bitsandbytes, float8 — and why not."""
     from rich.table import Table
 
     from perfsdk.doctor import run_checks

@@ -22,8 +22,9 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
 
 
-Dtype = Literal["auto", "float32", "float16", "bfloat16"]
+Dtype = Literal["auto", "float32", "float16", "bfloat16", "float8_e4m3fn"]
 Quantization = Literal["none", "dynamic-int8", "bnb-8bit", "bnb-4bit"]
+ComputeDtype = Literal["float32", "float16", "bfloat16"]
 
 
 class ModelConfig(_Strict):
@@ -34,6 +35,14 @@ class ModelConfig(_Strict):
     device: str = "auto"
     attn_implementation: Literal["eager", "sdpa", "flash_attention_2", "auto"] = "sdpa"
     quantization: Quantization = "none"
+    bnb_4bit_quant_type: Literal["nf4", "fp4"] = Field(
+        default="nf4", description="bnb-4bit only: 4-bit data type, NormalFloat4 or FP4")
+    bnb_4bit_compute_dtype: ComputeDtype | None = Field(
+        default=None, description="bnb-4bit only: dtype of the matmuls (default: model.dtype, float32 for auto)")
+    bnb_4bit_use_double_quant: bool = Field(default=False, description="bnb-4bit only: quantize the scales too")
+    config_overrides: dict[str, Any] = Field(
+        default_factory=dict,
+        description="fields set on the model's configuration before it is built, e.g. {num_hidden_layers: 2}")
     trust_remote_code: bool = False
     revision: str | None = None
 
@@ -87,11 +96,34 @@ class ArrivalConfig(_Strict):
         return self
 
 
+class DatasetConfig(_Strict):
+    """Prompts (and labels) from a Hugging Face ``datasets`` dataset."""
+
+    path: str = Field(description="a folder written by save_to_disk, a .csv/.json/.jsonl/.parquet file, "
+                                  "or a dataset name on the Hub")
+    name: str | None = Field(default=None, description="the dataset's configuration name (Hub datasets)")
+    split: str | None = Field(default=None, description="split to read; may be left out when there is only one")
+    prompt_column: str = "prompt"
+    label_column: str | None = Field(default="label", description="column of the references; null: unlabelled")
+    prompt_template: str | None = Field(
+        default=None, description="builds the prompt from the row's columns, e.g. 'Review: {text}\\nSentiment:'")
+
+    @field_validator("path")
+    @classmethod
+    def _path(cls, v: str) -> str:
+        if not v.strip():
+            raise ValueError("must not be empty")
+        return v
+
+
 class WorkloadConfig(_Strict):
     """What the benchmark runner asks the model to do."""
 
     task: Literal["generate", "forward"] = "generate"
     prompts: str = "builtin:mixed"
+    dataset: DatasetConfig | None = None
+    label_map: list[str] | None = Field(
+        default=None, description="class names by index: labels must be one of them (or an index)")
     num_prompts: int = Field(default=32, ge=1)
     max_input_tokens: int = Field(default=512, ge=1)
     sort_by_length: bool = True
@@ -103,6 +135,33 @@ class WorkloadConfig(_Strict):
     arrival: ArrivalConfig = Field(default_factory=ArrivalConfig)
     seed: int = 42
     threads: int | None = Field(default=None, ge=1)
+
+    @field_validator("label_map", mode="before")
+    @classmethod
+    def _label_map_scalars(cls, v: Any) -> Any:
+        if not isinstance(v, list):
+            return v
+        if any(isinstance(x, bool) for x in v):
+            raise ValueError("YAML read a name as a boolean (yes/no/on/off/true/false are booleans): quote it")
+        return [str(x) if isinstance(x, (int, float)) else x for x in v]
+
+    @field_validator("label_map")
+    @classmethod
+    def _label_map(cls, v: list[str] | None) -> list[str] | None:
+        if v is None:
+            return v
+        if not v:
+            raise ValueError("must name at least one class")
+        if len(set(v)) != len(v):
+            raise ValueError("names repeat")
+        return v
+
+    @model_validator(mode="after")
+    def _one_source(self) -> WorkloadConfig:
+        # compared with the default, not with the fields set, so that a dumped config re-validates
+        if self.dataset is not None and self.prompts != "builtin:mixed":
+            raise ValueError("set prompts or dataset, not both")
+        return self
 
 
 class Config(_Strict):
@@ -121,12 +180,31 @@ class Config(_Strict):
     store: str | None = "perfsdk-results"
     tags: dict[str, str] = Field(default_factory=dict)
 
+    @field_validator("tags", mode="before")
+    @classmethod
+    def _tags(cls, v: Any) -> Any:
+        # numbers and booleans (sweep axes such as tags.knob: [1, 2]) are kept as their JSON text
+        if isinstance(v, dict):
+            return {k: tag_text(x) for k, x in v.items()}
+        return v
+
     @field_validator("name")
     @classmethod
     def _name(cls, v: str) -> str:
         if not v or len(v) > 200:
             raise ValueError("must be 1 to 200 characters")
         return v
+
+
+def tag_text(value: Any) -> Any:
+    """A tag value as it is stored: strings unchanged, numbers and booleans as JSON text
+    (``1`` -> ``"1"``, ``0.5`` -> ``"0.5"``, ``True`` -> ``"true"``). Anything else is returned
+    as it is, for validation to reject."""
+    if isinstance(value, (bool, int, float)) and not isinstance(value, str):
+        import json
+
+        return json.dumps(value)
+    return value
 
 
 def _format_validation_error(err: ValidationError, prefix: str = "") -> str:
@@ -246,6 +324,9 @@ def _resolve_relative_paths(cfg: Config, base: Path) -> Config:
         candidate = base / wl.prompts
         if candidate.exists() or not Path(wl.prompts).exists():
             wl = wl.model_copy(update={"prompts": str(candidate)})
+    ds = wl.dataset
+    if ds is not None and not Path(ds.path).expanduser().is_absolute() and (base / ds.path).exists():
+        wl = wl.model_copy(update={"dataset": ds.model_copy(update={"path": str(base / ds.path)})})
     mid = cfg.model.id
     if mid.startswith((".", "/")) and not Path(mid).is_absolute():
         cand = base / mid

@@ -1,7 +1,8 @@
 """What can be measured on this machine, and what to do about what cannot.
 
-``run_checks()`` returns one :class:`Check` per source — CUDA, NVML, RAPL, CodeCarbon — each
-with whether it is available, why (not), and the fix. ``perfsdk doctor`` prints them as a
+``run_checks()`` returns one :class:`Check` per source — CUDA, NVML, RAPL, CodeCarbon — and per
+quantization backend — bitsandbytes, float8 — each with whether it is available, why (not), and
+the fix. ``perfsdk doctor`` prints them as a
 table; ``perfsdk.env`` records ``nvml_status()`` and ``rapl_status()`` with every run.
 """
 
@@ -105,8 +106,47 @@ def codecarbon_check() -> Check:
     return Check(name="codecarbon", available=True, reason=reason)
 
 
+def bitsandbytes_check() -> Check:
+    """bitsandbytes: installed, importable, and which quantization types it offers here.
+
+    Not imported when it is not installed (``importlib.util.find_spec``)."""
+    import importlib.util
+
+    if importlib.util.find_spec("bitsandbytes") is None:
+        return Check(name="bitsandbytes", available=False, reason="unavailable: not installed",
+                     fix="pip install bitsandbytes (model.quantization bnb-8bit / bnb-4bit need it and a CUDA GPU)")
+    try:
+        import bitsandbytes as bnb
+    except Exception as exc:  # a broken native library raises at import
+        return Check(name="bitsandbytes", available=False,
+                     reason=f"unavailable: installed but cannot be imported: {type(exc).__name__}: {exc}",
+                     fix="reinstall bitsandbytes for this CUDA and torch version")
+    version = getattr(bnb, "__version__", "?")
+    ok, why = cuda_status()
+    if not ok:
+        return Check(name="bitsandbytes", available=False,
+                     reason=f"unavailable: bitsandbytes {version} installed, but no CUDA GPU ({why})",
+                     fix="run on a machine with an NVIDIA GPU")
+    types = ["8-bit (LLM.int8, bnb-8bit)"]
+    nn = getattr(bnb, "nn", None)
+    if nn is not None and hasattr(nn, "Linear4bit"):
+        types.append("4-bit nf4 and fp4 (bnb-4bit; compute dtype float32, float16 or bfloat16)")
+    return Check(name="bitsandbytes", available=True, reason=f"bitsandbytes {version}: " + "; ".join(types))
+
+
+def float8_check() -> Check:
+    """float8 e4m3 matmuls (``model.dtype: float8_e4m3fn``): on the GPU when there is one, else the CPU."""
+    from perfsdk.models.float8 import float8_status
+
+    ok, _ = cuda_status()
+    device = "cuda" if ok else "cpu"
+    ok, why = float8_status(device)
+    fix = None if ok else "float8 needs torch >= 2.1 with torch._scaled_mm and, on CUDA, compute capability 8.9+"
+    return Check(name="float8", available=ok, reason=why if ok else f"unavailable: {why}", fix=fix)
+
+
 def run_checks(rapl_root: str = DEFAULT_ROOT) -> list[Check]:
-    """Check every source: CUDA, NVML, RAPL, CodeCarbon."""
+    """Check every source: CUDA, NVML, RAPL, CodeCarbon, bitsandbytes, float8."""
     checks = []
     ok, why = cuda_status()
     checks.append(Check(name="cuda", available=ok, reason=why,
@@ -116,4 +156,6 @@ def run_checks(rapl_root: str = DEFAULT_ROOT) -> list[Check]:
     ok, why = rapl_status(rapl_root)
     checks.append(Check(name="rapl", available=ok, reason=why, fix=None if ok else _rapl_fix(rapl_root, why)))
     checks.append(codecarbon_check())
+    checks.append(bitsandbytes_check())
+    checks.append(float8_check())
     return checks

@@ -26,11 +26,16 @@ class LoadEvent:
 
 @dataclass
 class TokenizeEvent:
-    """Prompts were tokenized by ``s.tokenize()``."""
+    """Prompts were tokenized by ``s.tokenize()``.
+
+    ``labels`` holds each prompt's reference (a class name or an expected answer; ``None`` for
+    an unlabelled prompt) when ``s.tokenize(..., labels=...)`` was given them, else ``None``.
+    """
 
     encodings: Any
     token_counts: list[int]
     tokenize_s: float
+    labels: list[str | None] | None = None
 
 
 @dataclass
@@ -39,7 +44,9 @@ class Step:
 
     ``token_times_ns[k]`` is when the k-th generated position (for the whole batch) was ready on
     the host, on the session clock. ``output_tokens[i]`` counts request ``i``'s real tokens: it
-    stops at (and includes) the EOS token, padding is never counted.
+    stops at (and includes) the EOS token, padding is never counted. ``labels[i]`` is request
+    ``i``'s reference when its inputs were labelled (``s.tokenize(..., labels=...)`` or
+    ``s.label(inputs, labels)``), else ``labels`` is ``None``.
     """
 
     kind: StepKind
@@ -57,6 +64,7 @@ class Step:
     outputs: Any = None
     error: BaseException | None = None
     gen_kwargs: dict[str, Any] = field(default_factory=dict)
+    labels: list[str | None] | None = None
 
     @property
     def first_token_ns(self) -> int | None:

@@ -38,6 +38,7 @@ hookimpl = pluggy.HookimplMarker(PROJECT)
 DEFAULT_PLUGINS: list[str] = [
     "perfsdk.collectors.latency",
     "perfsdk.collectors.memory",
+    "perfsdk.collectors.quality",
     "perfsdk.energy.plugin",
     "perfsdk.exporters.builtin",
     "perfsdk.store_cli",

@@ -57,6 +57,9 @@ class ModelInfo(_Frozen):
     dtype: str | None = None
     device: str | None = None
     quantization: str = "none"
+    quant_type: str | None = None
+    quant_compute_dtype: str | None = None
+    quantized_modules: int | None = None
     attn_implementation: str | None = None
     num_layers: int | None = None
     hidden_size: int | None = None
@@ -85,6 +88,8 @@ class WorkloadInfo(_Frozen):
     input_tokens_mean: float | None = None
     input_tokens_max: int | None = None
     arrival_pattern: str | None = None
+    labelled_prompts: int = 0
+    label_map: list[str] | None = None
 
 
 class Record(_Frozen):

@@ -187,6 +187,8 @@ class Session:
         self._trace = _trace_enabled()
         self._impls: dict[str, list[Any]] = {}
         self._step_counter = 0
+        # id(input tensor) -> (the tensor, its labels): kept alive so that the id stays unique
+        self._labelled_inputs: dict[int, tuple[Any, list[str | None]]] = {}
         self.hook_times = HookTimes()
         self.rank_info = distributed.attach(self)  # same run id on all ranks; only rank 0 stores
 
@@ -356,11 +358,20 @@ class Session:
         self._dispatch("perfsdk_load", session=self, event=self.load_event)
         return model, tokenizer
 
-    def tokenize(self, tokenizer: Any, prompts: list[str] | str, **kwargs: Any) -> Any:
-        """Tokenize prompts (padded, left-padded for generation) onto the model's device."""
+    def tokenize(self, tokenizer: Any, prompts: list[str] | str, *, labels: list[Any] | Any = None,
+                 **kwargs: Any) -> Any:
+        """Tokenize prompts (padded, left-padded for generation) onto the model's device.
+
+        ``labels`` (one per prompt: a class name or index, or an expected answer; ``None`` for
+        an unlabelled prompt) travel with the returned encodings: every ``s.generate`` or
+        ``s.forward`` on them carries them as ``step.labels`` for the ``quality`` collector.
+        """
         self._ensure_started()
         if isinstance(prompts, str):
             prompts = [prompts]
+            if labels is not None and not isinstance(labels, list):
+                labels = [labels]
+        refs = self._check_labels(labels, len(prompts)) if labels is not None else None
         kwargs.setdefault("return_tensors", "pt")
         kwargs.setdefault("padding", True)
         if getattr(tokenizer, "pad_token", "x") is None:
@@ -378,10 +389,52 @@ class Session:
         else:
             ids = enc["input_ids"]
             counts = [int(ids.shape[-1])] * int(ids.shape[0])
-        ev = TokenizeEvent(encodings=enc, token_counts=counts, tokenize_s=(t1 - t0) / 1e9)
+        ev = TokenizeEvent(encodings=enc, token_counts=counts, tokenize_s=(t1 - t0) / 1e9, labels=refs)
+        if refs is not None:
+            self.label(enc, refs)
         self.tokenize_events.append(ev)
         self._dispatch("perfsdk_tokenize", session=self, event=ev)
         return enc
+
+    @staticmethod
+    def _check_labels(labels: Any, n: int) -> list[str | None]:
+        if not isinstance(labels, (list, tuple)):
+            raise TypeError(f"labels must be a list (one per request), got {type(labels).__name__}")
+        if len(labels) != n:
+            raise ValueError(f"{len(labels)} labels for {n} requests")
+        out: list[str | None] = []
+        for x in labels:
+            if x is not None and (isinstance(x, bool) or not isinstance(x, (str, int))):
+                raise TypeError(f"a label must be a string, an integer or None, got {type(x).__name__}")
+            out.append(None if x is None else str(x))
+        return out
+
+    def label(self, inputs: Any, labels: list[Any]) -> Any:
+        """Attach references (one per request) to ``inputs`` (a tensor, or a mapping such as
+        the encodings of ``s.tokenize``) and return ``inputs``. Steps run on them carry the
+        labels as ``step.labels``; this is how code that does not tokenize through the session
+        (a plain ``nn.Module`` on tensors) labels its requests."""
+        key = self._input_key(inputs)
+        if key is None:
+            raise TypeError(f"s.label: cannot label {type(inputs).__name__}; pass a tensor or a mapping with input_ids")
+        batch = int(key.shape[0]) if hasattr(key, "shape") and len(key.shape) > 0 else 1
+        self._labelled_inputs[id(key)] = (key, self._check_labels(labels, batch))
+        return inputs
+
+    @staticmethod
+    def _input_key(inputs: Any) -> Any:
+        """The tensor that identifies a batch: ``input_ids`` (or the first model input) of a
+        mapping, or the tensor itself."""
+        if hasattr(inputs, "shape"):
+            return inputs
+        getter = getattr(inputs, "get", None)
+        if getter is None:
+            return None
+        for key in ("input_ids", "inputs", "pixel_values", "input_values", "x"):
+            value = getter(key)
+            if value is not None:
+                return value
+        return None
 
     def _ensure_started(self) -> None:
         if not self._started:
@@ -424,6 +477,10 @@ class Session:
             in_tokens = [0] * batch
         step = Step(kind=kind, index=self._step_counter, batch_size=batch, input_tokens=in_tokens, model=model,  # type: ignore[arg-type]
                     inputs=inputs, args=tuple(args), warmup=self.in_warmup)
+        if ids is not None and self._labelled_inputs:
+            known = self._labelled_inputs.get(id(ids))
+            if known is not None and known[0] is ids:
+                step.labels = known[1]
         self._step_counter += 1
         return step
 

@@ -323,9 +323,11 @@ class LatencyCollector(Collector):
             groups: list[list[float]] = []
             for rs in steps.values():
                 if metric == "output_tokens_per_s":
-                    dur = max(r["e2e_s"] for r in rs)
+                    # rows without latency columns (another collector's per-request fields) are skipped
+                    timed = [r for r in rs if r.get("e2e_s") is not None]
+                    dur = max((r["e2e_s"] for r in timed), default=0.0)
                     if dur > 0:
-                        groups.append([sum(r["output_tokens"] for r in rs) / dur])
+                        groups.append([sum(r.get("output_tokens") or 0 for r in timed) / dur])
                 else:
                     vals = [float(r[metric]) for r in rs if r.get(metric) is not None]
                     if vals:

@@ -82,6 +82,8 @@ def print_sweep_summary(manifest: dict[str, Any], console: Console) -> None:
     for a in axes:
         t.add_column(a.rsplit(".", 1)[-1])
     t.add_column("status")
+    if manifest.get("objective"):
+        fields = fields + [f for f in manifest["objective"]["weights"] if f not in fields] + ["score"]
     for f in fields:
         t.add_column(".".join(f.split(".")[-2:]), justify="right")
     if manifest.get("constraints"):
@@ -99,12 +101,44 @@ def print_sweep_summary(manifest: dict[str, Any], console: Console) -> None:
         row.append(p["run_id"] or "-")
         t.add_row(*row)
     console.print(t)
+    if manifest.get("objective"):
+        w = manifest["objective"]
+        terms = " + ".join(f"{wt:g} × {f}" + (f" / {w['scale'][f]:g}" if f in (w.get("scale") or {}) else "")
+                           for f, wt in w["weights"].items())
+        console.print(f"score = {terms}")
     failed = [p for p in manifest["points"] if p["status"] == "failed"]
     for p in failed:
         console.print(f"[red]failed[/] {p['values']}: {p['error']}")
     n_ok = sum(1 for p in manifest["points"] if p["status"] in ("ok", "partial"))
     console.print(f"{n_ok}/{len(manifest['points'])} points finished, {len(failed)} failed; "
                   f"Pareto front: {len(manifest.get('pareto') or [])} point(s)")
+
+
+def print_efficiency(manifest: dict[str, Any], console: Console) -> None:
+    """Best-so-far objective per strategy against the trial count, and the trials each needed
+    to reach the grid's optimum (only when the sweep compared strategies)."""
+    eff = manifest.get("efficiency") or {}
+    if len(eff) < 2 or not manifest.get("primary"):
+        return
+    primary = manifest["primary"]
+    label = "score" if primary["field"] == "score" else ".".join(primary["field"].split(".")[-2:])
+    t = Table(title=f"sample efficiency: best {label} so far ({primary['direction']})", show_edge=False)
+    t.add_column("trial", justify="right")
+    names = list(eff)
+    for n in names:
+        t.add_column(n, justify="right")
+    longest = max(len(e["best_so_far"]) for e in eff.values())
+    for k in range(longest):
+        t.add_row(str(k + 1), *[_fmt(eff[n]["best_so_far"][k]) if k < len(eff[n]["best_so_far"]) else "" for n in names])
+    source = "the grid's optimum" if manifest.get("optimum_source") == "grid" else "the best point found"
+    t.add_section()
+    t.add_row(f"to reach {source} ({_fmt(manifest.get('optimum'))})",
+              *[str(eff[n]["trials_to_optimum"]) if eff[n]["trials_to_optimum"] is not None else "never" for n in names])
+    console.print(t)
+    measured = sum(1 for p in manifest["points"] if p["status"] in ("ok", "partial"))
+    trials = sum(e["trials"] for e in eff.values())
+    console.print(f"{trials} trials over {len(names)} strategies needed {measured} measured points "
+                  "(a configuration is measured once and shared)")
 
 
 def _sigterm_as_interrupt() -> Any:
@@ -127,16 +161,20 @@ def _sigterm_as_interrupt() -> Any:
               help="Where points run.")
 @click.option("--resume/--no-resume", default=True, show_default=True,
               help="Skip points that already have a finished run in the store.")
+@click.option("--compare-strategies", "compare", default=None, metavar="A,B",
+              help="Run these strategies over the same space (e.g. grid,tpe) and compare their sample efficiency.")
 @click.option("--json", "as_json", is_flag=True, help="Print the final manifest as JSON.")
 @click.option("--quiet", "-q", is_flag=True, help="No progress, only the sweep id.")
-def sweep_cmd(sweep_file: str, store_dir: str | None, executor: str, resume: bool, as_json: bool, quiet: bool) -> None:
+def sweep_cmd(sweep_file: str, store_dir: str | None, executor: str, resume: bool, compare: str | None,
+              as_json: bool, quiet: bool) -> None:
     """Run a sweep: every point of SWEEP_FILE's axes is a stored run tagged with the sweep id."""
     from perfsdk.experiments.executors import ExecutorUnavailable, get_executor
     from perfsdk.experiments.strategies import StrategyUnavailable
     from perfsdk.experiments.sweep import SweepError, SweepRunner, load_sweep
 
+    strategies = [x.strip() for x in compare.split(",") if x.strip()] if compare else None
     try:
-        sweep = load_sweep(sweep_file)
+        sweep = load_sweep(sweep_file, strategies=strategies)
     except SweepError as err:
         _usage(str(err))
         return
@@ -147,7 +185,7 @@ def sweep_cmd(sweep_file: str, store_dir: str | None, executor: str, resume: boo
         _usage(str(err))
         return
     if not quiet and not as_json:
-        click.echo(f"sweep {sweep.sweep_id}: {sweep.spec.strategy}, store {store}", err=True)
+        click.echo(f"sweep {sweep.sweep_id}: {', '.join(sweep.spec.strategy_list)}, store {store}", err=True)
     previous = _sigterm_as_interrupt()
     try:
         with _SweepProgress(not quiet and not as_json) as progress:
@@ -167,7 +205,9 @@ def sweep_cmd(sweep_file: str, store_dir: str | None, executor: str, resume: boo
     elif quiet:
         click.echo(sweep.sweep_id)
     else:
-        print_sweep_summary(manifest, Console())
+        console = Console()
+        print_sweep_summary(manifest, console)
+        print_efficiency(manifest, console)
     failed = any(p["status"] == "failed" for p in manifest["points"])
     sys.exit(EXIT_FAILED if failed else EXIT_OK)
 
@@ -231,15 +271,23 @@ def compare_cmd(ids: tuple[str, ...], store_dir: str, metrics: tuple[str, ...], 
 @click.option("--store", "store_dir", default="perfsdk-results", show_default=True, help="Result store folder.")
 @click.option("--output", "-o", default="report.html", show_default=True,
               help="HTML file; the PNGs go to a folder next to it (<name>_files/).")
-def report_cmd(ident: str, store_dir: str, output: str) -> None:
+@click.option("--heatmap", "heatmaps", multiple=True, metavar="x=AXIS,y=AXIS,metric=FIELD",
+              help="Sweeps: a heat map of FIELD over two axes (repeatable; axes by path or last part).")
+def report_cmd(ident: str, store_dir: str, output: str, heatmaps: tuple[str, ...]) -> None:
     """Write an HTML report (figures inline) for a run or a sweep, plus its PNGs."""
     from perfsdk.experiments.report import ReportError, write_report
+    from perfsdk.experiments.sweep import Heatmap
     from perfsdk.store import Store
 
     if not Path(store_dir).is_dir():
         _usage(f"--store {store_dir}: no such result store")
     try:
-        path, pngs = write_report(Store(store_dir), ident, output)
+        maps = [Heatmap.parse(h) for h in heatmaps]
+    except ValueError as err:
+        _usage(f"--heatmap {err}")
+        return
+    try:
+        path, pngs = write_report(Store(store_dir), ident, output, heatmaps=maps)
     except ReportError as err:
         _usage(str(err))
         return

@@ -1,9 +1,16 @@
-"""Quality metrics recorded with a run, so that sweeps can trade quality against speed.
+"""Quality metrics: one place for every score perfsdk computes.
 
-``exact_match``, ``accuracy`` and ``f1_macro`` score predictions against references;
-``perplexity`` scores a causal LM on a set of texts with the model's own loss, padding
-excluded. :func:`record_quality` computes one and stores it with ``session.record`` so it shows
-up as ``records.<name>`` in exports, DataFrames and sweep objectives.
+The ``quality`` collector (:mod:`perfsdk.collectors.quality`) scores the very steps a run
+timed with these functions; :func:`record_quality` stores one with ``session.record`` for code
+that scores its own outputs. The definitions:
+
+- ``exact_match``: share of predictions equal to their reference after :func:`normalize_text`.
+- ``accuracy``: share of predicted labels equal to the true labels.
+- ``f1_macro``: unweighted mean of the per-class F1 scores.
+- ``f1_weighted``: mean of the per-class F1 scores weighted by each class's number of true
+  instances (its support), so frequent classes count more.
+- ``loss``: mean cross-entropy (natural log) per predicted token (or per classified request).
+- ``perplexity``: ``exp(loss)``.
 """
 
 from __future__ import annotations
@@ -15,11 +22,35 @@ from collections.abc import Callable, Hashable, Sequence
 from typing import Any
 
 _PUNCT = re.compile(f"[{re.escape(string.punctuation)}]")
+_ARTICLES = frozenset({"a", "an", "the"})
 
 
 def normalize_text(text: str) -> str:
-    """Lower case, punctuation removed, whitespace collapsed."""
-    return " ".join(_PUNCT.sub(" ", text.lower()).split())
+    """Lower case, punctuation replaced by spaces, the articles *a*, *an*, *the* dropped,
+    whitespace collapsed: ``"  The Cat, sat! "`` -> ``"cat sat"``."""
+    words = _PUNCT.sub(" ", text.lower()).split()
+    return " ".join(w for w in words if w not in _ARTICLES)
+
+
+def extract_label(text: str, labels: Sequence[str]) -> str | None:
+    """The label a generated text names: the label whose normalized form first appears as
+    whole words in the normalized text (the earliest occurrence wins; at the same position the
+    longer label wins, so ``"very good"`` beats ``"very"``). ``None`` when no label appears."""
+    words = normalize_text(text).split()
+    best: tuple[int, int] | None = None
+    found: str | None = None
+    for label in labels:
+        target = normalize_text(str(label)).split()
+        if not target:
+            continue
+        n = len(target)
+        for pos in range(len(words) - n + 1):
+            if words[pos:pos + n] == target:
+                key = (pos, -n)
+                if best is None or key < best:
+                    best, found = key, label
+                break
+    return found
 
 
 def _check_lengths(a: Sequence[Any], b: Sequence[Any]) -> None:
@@ -42,29 +73,81 @@ def accuracy(predictions: Sequence[Hashable], labels: Sequence[Hashable]) -> flo
     return sum(p == t for p, t in zip(predictions, labels)) / len(predictions)
 
 
-def f1_macro(predictions: Sequence[Hashable], labels: Sequence[Hashable],
-             classes: Sequence[Hashable] | None = None) -> float:
-    """Unweighted mean of per-class F1 over ``classes`` (default: every class seen in either
-    list). A class never predicted and never true would be 0/0 and is left out."""
+def f1_per_class(predictions: Sequence[Hashable], labels: Sequence[Hashable],
+                 classes: Sequence[Hashable] | None = None) -> dict[Hashable, tuple[float, int]]:
+    """``class -> (F1, support)`` over ``classes`` (default: every class seen in either list,
+    ``None`` predictions excluded). F1 = 2·TP / (2·TP + FP + FN); support = true instances. A
+    class never predicted and never true would be 0/0 and is left out."""
     _check_lengths(predictions, labels)
-    classes = list(classes) if classes is not None else sorted(set(labels) | set(predictions), key=repr)
-    scores = []
+    if classes is None:
+        classes = sorted({c for c in (*labels, *predictions) if c is not None}, key=repr)
+    out: dict[Hashable, tuple[float, int]] = {}
     for c in classes:
         tp = sum(1 for p, t in zip(predictions, labels) if p == c and t == c)
         fp = sum(1 for p, t in zip(predictions, labels) if p == c and t != c)
         fn = sum(1 for p, t in zip(predictions, labels) if p != c and t == c)
         if tp + fp + fn == 0:
             continue
-        scores.append(2 * tp / (2 * tp + fp + fn))
-    return sum(scores) / len(scores) if scores else 0.0
+        out[c] = (2 * tp / (2 * tp + fp + fn), tp + fn)
+    return out
 
 
-def perplexity(model: Any, tokenizer: Any, texts: Sequence[str], *, batch_size: int = 8,
-               max_length: int | None = 256) -> float:
-    """exp(mean negative log-likelihood per predicted token) of a causal LM over ``texts``.
+def f1_macro(predictions: Sequence[Hashable], labels: Sequence[Hashable],
+             classes: Sequence[Hashable] | None = None) -> float:
+    """Unweighted mean of per-class F1 (:func:`f1_per_class`)."""
+    scores = f1_per_class(predictions, labels, classes)
+    return sum(f for f, _ in scores.values()) / len(scores) if scores else 0.0
 
-    Every token but the first of each text is predicted; padding positions are masked out of
-    the loss (labels ``-100``), so batching does not change the result beyond float rounding.
+
+def f1_weighted(predictions: Sequence[Hashable], labels: Sequence[Hashable],
+                classes: Sequence[Hashable] | None = None) -> float:
+    """Mean of per-class F1 weighted by support (true instances of each class); classes that
+    never occur as a true label weigh nothing."""
+    scores = f1_per_class(predictions, labels, classes)
+    total = sum(n for _, n in scores.values())
+    return sum(f * n for f, n in scores.values()) / total if total else 0.0
+
+
+def token_nll(logits: Any, targets: Any, ignore_index: int = -100) -> tuple[list[float], list[int]]:
+    """Per-row summed negative log-likelihood (natural log) and predicted-token count.
+
+    ``logits[b, t]`` predicts ``targets[b, t + 1]`` (the usual causal shift); target positions
+    equal to ``ignore_index`` (prompt or padding) are left out. Computed in float32.
+    """
+    import torch
+
+    shift_logits = logits[:, :-1, :].float()
+    shift_targets = targets[:, 1:]
+    nll = torch.nn.functional.cross_entropy(shift_logits.reshape(-1, shift_logits.shape[-1]),
+                                            shift_targets.reshape(-1), ignore_index=ignore_index, reduction="none")
+    nll = nll.reshape(shift_targets.shape)
+    keep = shift_targets != ignore_index
+    sums = (nll * keep).sum(dim=1)
+    return [float(x) for x in sums.tolist()], [int(x) for x in keep.sum(dim=1).tolist()]
+
+
+def class_nll(logits: Any, targets: Sequence[int]) -> list[float]:
+    """Negative log-likelihood (natural log) of each row's target class, from 2-D logits."""
+    import torch
+
+    t = torch.tensor(list(targets), dtype=torch.long, device=logits.device)
+    nll = torch.nn.functional.cross_entropy(logits.float(), t, reduction="none")
+    return [float(x) for x in nll.tolist()]
+
+
+def loss_from_nll(nll_total: float, count: int) -> float:
+    """Mean negative log-likelihood per predicted token (or per request)."""
+    if count <= 0:
+        raise ValueError("no predicted tokens to average")
+    return nll_total / count
+
+
+def text_nll(model: Any, tokenizer: Any, texts: Sequence[str], *, batch_size: int = 8,
+             max_length: int | None = 256) -> tuple[float, int]:
+    """Summed negative log-likelihood and predicted-token count of a causal LM over ``texts``.
+
+    Every token but the first of each text is predicted; padding positions are masked out
+    (right padding, labels ``-100``), so batching does not change the result beyond rounding.
     """
     import torch
 
@@ -85,20 +168,29 @@ def perplexity(model: Any, tokenizer: Any, texts: Sequence[str], *, batch_size: 
         enc = tokenizer(chunk, **kw).to(device)
         ids, mask = enc["input_ids"], enc["attention_mask"]
         with torch.inference_mode():
-            logits = model(input_ids=ids, attention_mask=mask).logits.float()
-        labels = ids.masked_fill(mask == 0, -100)
-        shift_logits = logits[:, :-1, :].reshape(-1, logits.shape[-1])
-        shift_labels = labels[:, 1:].reshape(-1)
-        nll = torch.nn.functional.cross_entropy(shift_logits, shift_labels, ignore_index=-100, reduction="sum")
-        n = int((shift_labels != -100).sum())
-        total_nll += float(nll)
-        total_tokens += n
+            logits = model(input_ids=ids, attention_mask=mask).logits
+        sums, counts = token_nll(logits, ids.masked_fill(mask == 0, -100))
+        total_nll += sum(sums)
+        total_tokens += sum(counts)
+    return total_nll, total_tokens
+
+
+def perplexity(model: Any, tokenizer: Any, texts: Sequence[str], *, batch_size: int = 8,
+               max_length: int | None = 256) -> float:
+    """exp(mean negative log-likelihood per predicted token) of a causal LM over ``texts``
+    (:func:`text_nll`)."""
+    total_nll, total_tokens = text_nll(model, tokenizer, texts, batch_size=batch_size, max_length=max_length)
     if total_tokens == 0:
         raise ValueError("perplexity: the texts have no predictable tokens (each needs at least two)")
     return math.exp(total_nll / total_tokens)
 
 
-METRICS = ("exact_match", "accuracy", "f1_macro", "perplexity")
+#: Every metric name, as the quality collector's ``metrics`` setting and ``record_quality`` accept them.
+METRICS = ("accuracy", "f1_macro", "f1_weighted", "exact_match", "perplexity", "loss")
+
+_LABEL_METRICS: dict[str, Callable[..., float]] = {
+    "exact_match": exact_match, "accuracy": accuracy, "f1_macro": f1_macro, "f1_weighted": f1_weighted,
+}
 
 
 def record_quality(session: Any, name: str, *, metric: str = "exact_match",
@@ -107,22 +199,23 @@ def record_quality(session: Any, name: str, *, metric: str = "exact_match",
                    **kwargs: Any) -> float:
     """Compute a quality metric and store it with the run as ``records.<name>``; returns it.
 
-    ``exact_match``/``accuracy``/``f1_macro`` need ``predictions`` and ``references``;
-    ``perplexity`` needs ``texts`` and uses ``model``/``tokenizer`` (default: the session's).
+    ``exact_match``/``accuracy``/``f1_macro``/``f1_weighted`` need ``predictions`` and
+    ``references``; ``perplexity`` and ``loss`` need ``texts`` and use ``model``/``tokenizer``
+    (default: the session's).
     """
-    if metric == "perplexity":
+    if metric in ("perplexity", "loss"):
         model = model if model is not None else session.model
         tokenizer = tokenizer if tokenizer is not None else session.tokenizer
         if model is None or tokenizer is None or texts is None:
-            raise ValueError("perplexity needs texts and a loaded model and tokenizer")
+            raise ValueError(f"{metric} needs texts and a loaded model and tokenizer")
         value = perplexity(model, tokenizer, texts, **kwargs)
-    elif metric in ("exact_match", "accuracy", "f1_macro"):
+        if metric == "loss":
+            value = math.log(value)
+    elif metric in _LABEL_METRICS:
         if predictions is None or references is None:
             raise ValueError(f"{metric} needs predictions and references")
-        fns: dict[str, Callable[..., float]] = {"exact_match": exact_match, "accuracy": accuracy, "f1_macro": f1_macro}
-        fn = fns[metric]
-        value = fn(predictions, references, **kwargs)
+        value = _LABEL_METRICS[metric](predictions, references, **kwargs)
     else:
         raise ValueError(f"unknown quality metric {metric!r}; valid: {', '.join(METRICS)}")
-    session.record(name, value, unit=None if metric == "perplexity" else "ratio")
+    session.record(name, value, unit="ratio" if metric in _LABEL_METRICS else None)
     return value

@@ -11,6 +11,7 @@ from __future__ import annotations
 import base64
 import html
 import io
+import re
 
 import math
 from collections import defaultdict
@@ -435,8 +436,110 @@ def default_objectives() -> list[dict[str, str]]:
     return []
 
 
-def sweep_sections(store: Store, sweep_id: str) -> tuple[str, list[Section]]:
-    """Title and sections of a sweep report."""
+def _resolve_axis(name: str, axes: list[str]) -> str:
+    """An axis by its full path or by a unique last part (``batch_size``)."""
+    if name in axes:
+        return name
+    hits = [a for a in axes if a.endswith("." + name) or a.rsplit(".", 1)[-1] == name]
+    if len(hits) == 1:
+        return hits[0]
+    why = "is ambiguous" if hits else "is not an axis of this sweep"
+    raise ReportError(f"heat map axis {name!r} {why} (axes: {', '.join(axes)})")
+
+
+def heatmap_figure(points: list[dict[str, Any]], rows: dict[str, dict[str, Any]], axes_values: dict[str, list[Any]],
+                   x: str, y: str, metric: str) -> bytes | None:
+    """``metric`` over the ``x`` and ``y`` axis values; each cell is the mean over the finished
+    points with those two values (the other axes vary inside a cell: the count is shown)."""
+    import numpy as np
+
+    xs, ys = axes_values[x], axes_values[y]
+    cells: dict[tuple[int, int], list[float]] = defaultdict(list)
+    for p in points:
+        if p["status"] not in ("ok", "partial"):
+            continue
+        v = _num((p.get("objectives") or {}).get(metric))
+        if v is None:
+            v = _lookup(rows.get(p.get("run_id") or "", {}), metric)
+        if v is None:
+            continue
+        try:
+            i, j = ys.index(p["values"][y]), xs.index(p["values"][x])
+        except (KeyError, ValueError):
+            continue
+        cells[(i, j)].append(v)
+    if not cells:
+        return None
+    grid = np.full((len(ys), len(xs)), np.nan)
+    for (i, j), vals in cells.items():
+        grid[i, j] = sum(vals) / len(vals)
+    fig, axes = _figure(1, 1, width=max(5.0, 1.3 * len(xs) + 2.5), height=max(3.2, 0.8 * len(ys) + 1.8))
+    ax = axes[0][0]
+    masked = np.ma.masked_invalid(grid)
+    from matplotlib import colormaps
+
+    cmap = colormaps["viridis"].with_extremes(bad="#dddddd")
+    im = ax.imshow(masked, cmap=cmap, aspect="auto", origin="lower")
+    lo, hi = float(np.nanmin(grid)), float(np.nanmax(grid))
+    for (i, j), vals in cells.items():
+        v = grid[i, j]
+        light = hi > lo and (v - lo) / (hi - lo) < 0.5
+        text = f"{v:.3g}" + (f"\n(n={len(vals)})" if len(vals) > 1 else "")
+        ax.text(j, i, text, ha="center", va="center", fontsize=8, color="white" if light else "black")
+    for i in range(len(ys)):
+        for j in range(len(xs)):
+            if (i, j) not in cells:
+                ax.text(j, i, "not measured", ha="center", va="center", fontsize=7, color="#777777")
+    ax.set_xticks(range(len(xs)), [str(v) for v in xs])
+    ax.set_yticks(range(len(ys)), [str(v) for v in ys])
+    ax.set_xlabel(x)
+    ax.set_ylabel(y)
+    fig.colorbar(im, ax=ax, label=metric.replace("collectors.", ""))
+    ax.set_title(f"{metric.replace('collectors.', '')} over {x.rsplit('.', 1)[-1]} x {y.rsplit('.', 1)[-1]}", fontsize=10)
+    return _png(fig)
+
+
+def efficiency_figure(manifest: dict[str, Any]) -> bytes | None:
+    """Best-so-far objective against the number of trials, one line per strategy, with the
+    optimum as a dashed line and each strategy's first trial at the optimum marked."""
+    eff = manifest.get("efficiency") or {}
+    primary = manifest.get("primary")
+    if len(eff) < 2 or not primary:
+        return None
+    fig, axes = _figure(1, 1, width=7.5, height=4.2)
+    ax = axes[0][0]
+    drawn = False
+    for i, (name, e) in enumerate(eff.items()):
+        pts = [(k + 1, v) for k, v in enumerate(e["best_so_far"]) if v is not None]
+        if not pts:
+            continue
+        drawn = True
+        color = PALETTE[i % len(PALETTE)]
+        ax.step([k for k, _ in pts], [v for _, v in pts], where="post", marker="o", ms=4, color=color,
+                label=f"{name} (optimum at trial {e['trials_to_optimum']})" if e["trials_to_optimum"] else f"{name} (never)")
+        if e["trials_to_optimum"]:
+            k = e["trials_to_optimum"]
+            ax.scatter([k], [e["best_so_far"][k - 1]], s=120, facecolors="none", edgecolors=color, zorder=4)
+    if not drawn:
+        return None
+    if manifest.get("optimum") is not None:
+        src = "grid optimum" if manifest.get("optimum_source") == "grid" else "best point found"
+        ax.axhline(manifest["optimum"], color="grey", ls="--", lw=1, label=src)
+    label = "weighted score" if primary["field"] == "score" else primary["field"].replace("collectors.", "")
+    from matplotlib.ticker import MaxNLocator
+
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.set_xlabel("trials (points evaluated by the strategy)")
+    ax.set_ylabel(f"best {label} so far ({primary['direction']})")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    ax.set_title("Sample efficiency of the search strategies")
+    return _png(fig)
+
+
+def sweep_sections(store: Store, sweep_id: str, heatmaps: list[Any] | None = None) -> tuple[str, list[Section]]:
+    """Title and sections of a sweep report; ``heatmaps`` are drawn besides those the sweep
+    file asks for (``report.heatmaps``)."""
     from perfsdk.experiments.sweep import read_manifest
 
     try:
@@ -471,6 +574,8 @@ def sweep_sections(store: Store, sweep_id: str) -> tuple[str, list[Section]]:
             ["constraints", "; ".join(constraints) or "-"]]
     s.html.append(_table(["field", "value"], info, "kv"))
     obj_fields = [o["field"] for o in objectives] or [o["field"] for o in default_objectives()]
+    if manifest is not None and manifest.get("objective"):
+        obj_fields = obj_fields + [f for f in manifest["objective"]["weights"] if f not in obj_fields] + ["score"]
     headers = [a.rsplit(".", 1)[-1] for a in axes] + ["status"] + [f.replace("collectors.", "") for f in obj_fields] + \
         ["feasible", "pareto", "run"]
     table_rows = []
@@ -521,6 +626,46 @@ def sweep_sections(store: Store, sweep_id: str) -> tuple[str, list[Section]]:
     else:
         s.notes.append("Not enough finished points with both objective values for a Pareto plot.")
     secs.append(s)
+
+    if manifest is not None:
+        s = Section("Search strategies")
+        fig = efficiency_figure(manifest)
+        if fig:
+            eff = manifest["efficiency"]
+            s.figures.append(Figure("sample-efficiency", "Sample efficiency", fig,
+                                    "Best objective found after each trial; circles: the first trial at the optimum. "
+                                    "Configurations measured for one strategy are reused by the others."))
+            s.html.append(_table(["strategy", "trials", "best", "trials to reach the optimum"],
+                                 [[n, e["trials"], e["best"], e["trials_to_optimum"] or "never"] for n, e in eff.items()]))
+            secs.append(s)
+
+    axes_values = manifest["axes"] if manifest is not None else {a: sorted({p["values"].get(a) for p in plist}, key=str)
+                                                                 for a in axes}
+    wanted = list(heatmaps or [])
+    if manifest is not None:
+        from perfsdk.experiments.sweep import Heatmap
+
+        wanted += [Heatmap.model_validate(h) for h in (manifest.get("report") or {}).get("heatmaps", [])]
+    varied = [a for a in axes if len(axes_values.get(a) or []) > 1]
+    if not wanted and len(varied) >= 2:
+        from perfsdk.experiments.sweep import Heatmap
+
+        primary = (manifest or {}).get("primary") or (objectives[0] if objectives else (default_objectives() or [{}])[0])
+        if primary.get("field"):
+            wanted = [Heatmap(x=varied[0], y=varied[1], metric=primary["field"])]
+    if wanted:
+        s = Section("Heat maps")
+        for hm in wanted:
+            x, y = _resolve_axis(hm.x, axes), _resolve_axis(hm.y, axes)
+            fig = heatmap_figure(plist, rows, axes_values, x, y, hm.metric)
+            short = f"{hm.metric.replace('collectors.', '')}-{x.rsplit('.', 1)[-1]}-{y.rsplit('.', 1)[-1]}"
+            slug = re.sub(r"[^A-Za-z0-9]+", "-", f"heatmap-{short}").strip("-")[:80]
+            if fig:
+                s.figures.append(Figure(slug, f"{hm.metric} over {x} and {y}", fig,
+                                        "Mean over the finished points sharing each cell; grey: not measured."))
+            else:
+                s.notes.append(f"No finished point has {hm.metric}: no heat map over {x} and {y}.")
+        secs.append(s)
 
     s = Section("Latency CDF per point")
     cdf_runs = [(",".join(str(p["values"].get(a)) for a in axes), runs[p["run_id"]]) for p in finished][:12]
@@ -590,26 +735,30 @@ def render_html(title: str, sections: list[Section], subtitle: str = "") -> str:
     return "\n".join(parts)
 
 
-def build_report(store: Store, ident: str) -> tuple[str, list[Section]]:
-    """(title, sections) for a run id or a sweep id."""
+def build_report(store: Store, ident: str, heatmaps: list[Any] | None = None) -> tuple[str, list[Section]]:
+    """(title, sections) for a run id or a sweep id (``heatmaps``: extra sweep heat maps)."""
     try:
         run = store.get(ident)
     except StoreError:
         run = None
     if run is not None:
         return f"Run {run.name} ({run.run_id})", run_sections(store, run)
-    name, secs = sweep_sections(store, ident)
+    name, secs = sweep_sections(store, ident, heatmaps)
     return f"Sweep {name} ({ident})" if name != ident else f"Sweep {ident}", secs
 
 
-def write_report(store: Store | str, ident: str, output: str | Path = "report.html") -> tuple[Path, list[Path]]:
-    """Write the HTML report and its PNGs (``<output stem>_files/NN-<slug>.png``)."""
+def write_report(store: Store | str, ident: str, output: str | Path = "report.html",
+                 heatmaps: list[Any] | None = None) -> tuple[Path, list[Path]]:
+    """Write the HTML report and its PNGs (``<output stem>_files/NN-<slug>.png``).
+
+    ``heatmaps`` (:class:`~perfsdk.experiments.sweep.Heatmap` items) add heat maps to a sweep
+    report; a run report ignores them."""
     st = store if isinstance(store, Store) else Store(store)
     try:
         import matplotlib  # noqa: F401
     except ImportError:
         raise ReportError("reports need matplotlib: pip install 'perfsdk[report]'") from None
-    title, sections = build_report(st, ident)
+    title, sections = build_report(st, ident, heatmaps)
     out = Path(output)
     folder = out.parent / f"{out.stem}_files"
     folder.mkdir(parents=True, exist_ok=True)

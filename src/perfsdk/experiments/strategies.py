@@ -1,4 +1,5 @@
-"""How a sweep picks its points: full grid, random, Latin hypercube, or Optuna TPE.
+"""How a sweep picks its points: full grid, random, Latin hypercube, or Optuna TPE (``tpe``,
+also called ``optuna``).
 
 Axes are discrete (each a list of values), so every strategy picks indices into those lists.
 Static strategies (grid, random, Latin hypercube) know all their points up front; the Optuna
@@ -10,6 +11,7 @@ from __future__ import annotations
 import itertools
 import math
 import random
+import warnings
 from typing import TYPE_CHECKING, Any
 
 from perfsdk.experiments.pareto import Objective
@@ -93,11 +95,13 @@ def static_points(strategy: str, axes: dict[str, list[Any]], budget: int | None,
 class OptunaStrategy:
     """Optuna's TPE sampler over categorical axes, driven by ask/tell.
 
-    Constraint violations are passed to the sampler through ``constraints_func`` so that it
+    The first ``n_startup_trials`` points are drawn at random (Optuna's default is 10); after
+    that TPE models which values give good objectives. Constraint violations are passed to the sampler through ``constraints_func`` so that it
     learns to avoid infeasible regions; failed points are told as failed trials.
     """
 
-    def __init__(self, axes: dict[str, list[Any]], objectives: list[Objective], seed: int = 0) -> None:
+    def __init__(self, axes: dict[str, list[Any]], objectives: list[Objective], seed: int = 0,
+                 n_startup_trials: int = 10) -> None:
         try:
             import optuna
         except ImportError:
@@ -112,7 +116,11 @@ class OptunaStrategy:
         self.objectives = objectives
         # Categorical choices must be primitives; map each axis's values to their positions.
         self.dists: dict[str, BaseDistribution] = {k: optuna.distributions.CategoricalDistribution(list(range(len(v)))) for k, v in axes.items()}
-        sampler = optuna.samplers.TPESampler(seed=seed, constraints_func=_constraints_of)
+        with warnings.catch_warnings():
+            # constraints_func is deprecated in newer Optuna but still the one API across 3.x-5.x
+            warnings.simplefilter("ignore", FutureWarning)
+            sampler = optuna.samplers.TPESampler(seed=seed, constraints_func=_constraints_of,
+                                                 n_startup_trials=n_startup_trials)
         self.study = optuna.create_study(directions=[o.direction for o in objectives], sampler=sampler)
         self._open: dict[int, Any] = {}
 

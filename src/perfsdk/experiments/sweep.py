@@ -1,9 +1,13 @@
 """Sweeps: many runs over a grid (or a sample) of config values, resumable, tracked in a manifest.
 
 A sweep file has the top-level keys ``name``, ``base`` (a config, inline or a path relative to
-the sweep file), ``axes`` (dotted config path -> list of values), ``strategy``, ``budget``,
-``seed``, ``objectives``, ``constraints`` and ``quality``. Every point is a normal stored run,
-tagged ``sweep_id``, ``sweep_point`` (a hash of the point's values) and one tag per axis.
+the sweep file), ``axes`` (dotted config path -> list of values), ``strategy`` (or
+``strategies`` to compare several), ``budget``, ``seed``, ``objectives``, ``objective`` (a
+weighted score), ``constraints``, ``quality``, ``workload`` (a function to run at each point)
+and ``report``. Every point is a normal stored run, tagged ``sweep_id``, ``sweep_point`` (a
+hash of the point's values), ``config_hash`` (a hash of its whole configuration) and one tag
+per axis. Strategies compared in one sweep share the measured points: a configuration measured
+for one is answered from its stored run for the others.
 The manifest ``<store>/sweeps/<sweep_id>.json`` (written atomically) tracks the points; the
 store's tags are the source of truth, so a sweep that was interrupted resumes by skipping points
 that already have a finished (``ok`` or ``partial``) run.
@@ -19,10 +23,12 @@ from __future__ import annotations
 import copy
 import hashlib
 import importlib
+import importlib.util
 import json
 import math
 import operator
 import re
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
@@ -34,7 +40,7 @@ import structlog
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from perfsdk.config import Config, ConfigError, parse_config, set_dotted
+from perfsdk.config import Config, ConfigError, parse_config, set_dotted, tag_text
 from perfsdk.experiments.pareto import Objective, pareto_indices
 from perfsdk.experiments.strategies import OptunaStrategy, grid_size, static_points
 from perfsdk.schemas import RunResult
@@ -116,6 +122,99 @@ class PerplexitySpec(BaseModel):
 QualitySpec.model_rebuild()
 
 
+StrategyName = Literal["grid", "random", "latin_hypercube", "optuna", "tpe"]
+ADAPTIVE = ("optuna", "tpe")
+SCORE = "score"
+
+
+class WeightedObjective(BaseModel):
+    """One score from several result fields: ``score = sum(weight * value / scale)``, maximized.
+
+    A positive weight rewards a larger value (accuracy), a negative one a smaller value
+    (latency). ``scale`` (default 1 for every field) puts fields of different units on one
+    footing: divide by a typical value or by the difference you consider equivalent (e.g.
+    ``tpot_s.p50: 0.01`` makes 10 ms of TPOT one unit). A point missing any field has no score.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    weights: dict[str, float]
+    scale: dict[str, float] = Field(default_factory=dict)
+
+    @field_validator("weights")
+    @classmethod
+    def _weights(cls, v: dict[str, float]) -> dict[str, float]:
+        if not v:
+            raise ValueError("name at least one field")
+        for f, w in v.items():
+            if not math.isfinite(w) or w == 0:
+                raise ValueError(f"{f}: a weight must be a non-zero number")
+        return v
+
+    @model_validator(mode="after")
+    def _scales(self) -> WeightedObjective:
+        for f, sc in self.scale.items():
+            if f not in self.weights:
+                raise ValueError(f"scale.{f}: not one of the weighted fields")
+            if not math.isfinite(sc) or sc <= 0:
+                raise ValueError(f"scale.{f}: must be a positive number")
+        return self
+
+    def score(self, row: dict[str, Any]) -> float | None:
+        """The weighted score of a flattened result row, or ``None`` when a field is missing."""
+        total = 0.0
+        for f, w in self.weights.items():
+            v = _num(row.get(f))
+            if v is None:
+                return None
+            total += w * v / self.scale.get(f, 1.0)
+        return total
+
+
+class StrategyOptions(BaseModel):
+    """Settings of the adaptive strategy."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    n_startup_trials: int = Field(default=10, ge=1, description="TPE: random trials before it models the objective")
+
+
+class Heatmap(BaseModel):
+    """A heat map of ``metric`` over two axes (the mean of the points sharing each cell)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    x: str
+    y: str
+    metric: str
+
+    @classmethod
+    def parse(cls, text: str) -> Heatmap:
+        """``x=AXIS,y=AXIS,metric=FIELD`` (the command-line form)."""
+        parts: dict[str, str] = {}
+        for item in text.split(","):
+            key, sep, value = item.partition("=")
+            if not sep or key.strip() not in ("x", "y", "metric") or not value.strip():
+                raise ValueError(f"{text!r}: expected x=AXIS,y=AXIS,metric=FIELD")
+            parts[key.strip()] = value.strip()
+        if set(parts) != {"x", "y", "metric"}:
+            raise ValueError(f"{text!r}: expected x=AXIS,y=AXIS,metric=FIELD")
+        return cls(**parts)
+
+
+class ReportSpec(BaseModel):
+    """What the sweep report draws beyond its defaults."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    heatmaps: list[Heatmap] = Field(default_factory=list)
+
+    @field_validator("heatmaps", mode="before")
+    @classmethod
+    def _heatmaps(cls, v: Any) -> Any:
+        return [Heatmap.parse(x) if isinstance(x, str) else x for x in (v or [])]
+
+
 class SweepSpec(BaseModel):
     """A validated sweep file."""
 
@@ -124,13 +223,46 @@ class SweepSpec(BaseModel):
     name: str | None = None
     base: dict[str, Any] | str = Field(default_factory=dict)
     axes: dict[str, list[Any]]
-    strategy: Literal["grid", "random", "latin_hypercube", "optuna"] = "grid"
+    strategy: StrategyName = "grid"
+    strategies: list[StrategyName] | None = None
     budget: int | None = Field(default=None, ge=1)
     seed: int = 0
     objectives: list[Objective] = Field(default_factory=list)
+    objective: WeightedObjective | None = None
     constraints: list[Constraint] = Field(default_factory=list)
     quality: QualitySpec | None = None
+    workload: str | None = None
+    strategy_options: StrategyOptions = Field(default_factory=StrategyOptions)
+    report: ReportSpec = Field(default_factory=ReportSpec)
     executor_options: dict[str, Any] = Field(default_factory=dict)
+
+    @property
+    def strategy_list(self) -> list[str]:
+        """The strategies this sweep runs, in order (one unless ``strategies`` compares several)."""
+        return list(self.strategies) if self.strategies else [self.strategy]
+
+    @property
+    def compare(self) -> bool:
+        return len(self.strategy_list) > 1
+
+    def primary(self) -> Objective | None:
+        """The objective strategies are judged on: the weighted score when there is one, else
+        the first of ``objectives``."""
+        if self.objective is not None:
+            return Objective(field=SCORE, direction="maximize")
+        return self.objectives[0] if self.objectives else None
+
+    def adaptive_objectives(self) -> list[Objective]:
+        """What the adaptive (TPE) strategy optimizes: the weighted score, else ``objectives``."""
+        if self.objective is not None:
+            return [Objective(field=SCORE, direction="maximize")]
+        return list(self.objectives)
+
+    def fields(self) -> list[str]:
+        """Every result field the sweep reads at each point."""
+        out = [o.field for o in self.objectives] + list(self.objective.weights if self.objective else [])
+        out += [c.field for c in self.constraints]
+        return list(dict.fromkeys(out))
 
     @field_validator("axes")
     @classmethod
@@ -176,10 +308,31 @@ class SweepSpec(BaseModel):
         items = v if isinstance(v, list) else [v]
         return [Constraint.parse(c) if isinstance(c, str) else c for c in items]
 
+    @field_validator("strategies")
+    @classmethod
+    def _strategies(cls, v: list[str] | None) -> list[str] | None:
+        if v is None:
+            return v
+        if not v:
+            raise ValueError("name at least one strategy")
+        if len(set(v)) != len(v):
+            raise ValueError("strategies repeat")
+        return v
+
+    @field_validator("workload")
+    @classmethod
+    def _workload(cls, v: str | None) -> str | None:
+        if v is not None and (":" not in v or not v.split(":")[-1].isidentifier()):
+            raise ValueError("expected 'package.module:function' or 'path/to/file.py:function'")
+        return v
+
     @model_validator(mode="after")
     def _budget(self) -> SweepSpec:
-        if self.strategy == "optuna" and not self.objectives:
-            raise ValueError("strategy optuna needs at least one objective")
+        for name in self.strategy_list:
+            if name in ADAPTIVE and not (self.objectives or self.objective):
+                raise ValueError(f"strategy {name} needs an objective (objectives or a weighted objective)")
+        if self.compare and self.primary() is None:
+            raise ValueError("comparing strategies needs an objective (objectives or a weighted objective)")
         return self
 
 
@@ -209,6 +362,20 @@ class Sweep:
     name: str
     sweep_id: str
     source: str = "sweep"
+    workload: str | None = None  # the spec's workload with a file path made absolute
+
+    def strategy_budget(self, strategy: str) -> int | None:
+        """Points a strategy may try. Comparing strategies, grid always covers the whole grid
+        (it defines the optimum the others are measured against)."""
+        if strategy in ADAPTIVE:
+            return self.spec.budget or min(grid_size(self.spec.axes), 20)
+        if strategy == "grid" and self.spec.compare:
+            return None
+        return self.spec.budget
+
+    def static_points(self, strategy: str) -> list[dict[str, Any]]:
+        """The points of a non-adaptive strategy."""
+        return static_points(strategy, self.spec.axes, self.strategy_budget(strategy), self.spec.seed)
 
     @property
     def axes(self) -> dict[str, list[Any]]:
@@ -249,14 +416,26 @@ def sweep_id_for(spec: SweepSpec, base: dict[str, Any], name: str) -> str:
         "name": name, "base": base, "axes": spec.axes, "strategy": spec.strategy, "budget": spec.budget,
         "seed": spec.seed, "quality": spec.quality.model_dump() if spec.quality else None,
     }
-    if spec.strategy == "optuna":
+    # keys added later only enter the hash when used, so older sweeps keep their ids
+    if spec.strategies:
+        content["strategies"] = spec.strategies
+    if spec.workload:
+        content["workload"] = spec.workload
+    if any(st in ADAPTIVE for st in spec.strategy_list):
         content["objectives"] = [o.model_dump() for o in spec.objectives]
+        if spec.objective is not None:
+            content["objective"] = spec.objective.model_dump()
+        if spec.strategy_options != StrategyOptions():
+            content["strategy_options"] = spec.strategy_options.model_dump()
     digest = hashlib.sha256(json.dumps(content, sort_keys=True, default=str).encode()).hexdigest()[:10]
     return f"{_slug(name)}-{digest}"
 
 
-def load_sweep(source: str | Path | dict[str, Any]) -> Sweep:
-    """Read and validate a sweep file (or dict); every point's config is validated too."""
+def load_sweep(source: str | Path | dict[str, Any], strategies: list[str] | None = None) -> Sweep:
+    """Read and validate a sweep file (or dict); every point's config is validated too.
+
+    ``strategies`` replaces the file's ``strategies`` (``perfsdk sweep --compare-strategies``).
+    """
     base_dir = Path.cwd()
     label = "sweep"
     default_name = "sweep"
@@ -275,6 +454,8 @@ def load_sweep(source: str | Path | dict[str, Any]) -> Sweep:
         raw = source
     if not isinstance(raw, dict):
         raise SweepError(f"{label}: expected a mapping at the top level")
+    if strategies:
+        raw = {**raw, "strategies": list(strategies)}
     try:
         spec = SweepSpec.model_validate(raw)
     except ValidationError as err:
@@ -303,18 +484,40 @@ def load_sweep(source: str | Path | dict[str, Any]) -> Sweep:
     prompts = base_cfg.workload.prompts
     if not prompts.startswith("builtin:") and not Path(prompts).is_absolute():
         set_path(base, "workload.prompts", str(cfg_dir / prompts))
+    ds = base_cfg.workload.dataset
+    if ds is not None and not Path(ds.path).expanduser().is_absolute() and (cfg_dir / ds.path).exists():
+        set_path(base, "workload.dataset.path", str(cfg_dir / ds.path))
     name = spec.name or (base.get("name") if isinstance(spec.base, dict) and spec.base.get("name") else None) or default_name
-    sweep = Sweep(spec=spec, base=base, name=name, sweep_id=sweep_id_for(spec, base, name), source=label)
-    if spec.strategy == "optuna":
-        # every value of every axis must be valid with the others at their first value
-        first = {k: v[0] for k, v in spec.axes.items()}
-        for k, values in spec.axes.items():
-            for v in values:
-                sweep.validate_point({**first, k: v})
-    else:
-        for pt in static_points(spec.strategy, spec.axes, spec.budget, spec.seed):
-            sweep.validate_point(pt)
+    workload = _absolute_workload(spec.workload, base_dir) if spec.workload else None
+    sweep = Sweep(spec=spec, base=base, name=name, sweep_id=sweep_id_for(spec, base, name), source=label,
+                  workload=workload)
+    if workload is not None:
+        try:
+            _resolve(workload)
+        except Exception as exc:
+            raise SweepError(f"{label}: workload: cannot load {spec.workload!r}: {type(exc).__name__}: {exc}") from None
+    checked: set[str] = set()
+    for strategy in spec.strategy_list:
+        if strategy in ADAPTIVE:
+            # every value of every axis must be valid with the others at their first value
+            first = {k: v[0] for k, v in spec.axes.items()}
+            points = [{**first, k: v} for k, values in spec.axes.items() for v in values]
+        else:
+            points = sweep.static_points(strategy)
+        for pt in points:
+            pid = point_id(pt)
+            if pid not in checked:
+                checked.add(pid)
+                sweep.validate_point(pt)
     return sweep
+
+
+def _absolute_workload(spec: str, base_dir: Path) -> str:
+    """``file.py:function`` relative to the sweep file becomes an absolute path."""
+    target, _, attr = spec.rpartition(":")
+    if target.endswith(".py") and not Path(target).is_absolute():
+        return f"{base_dir / target}:{attr}"
+    return spec
 
 
 # -- running one point (module level: executors pickle it to other processes) -----------------
@@ -335,6 +538,7 @@ class PointTask:
     quality: dict[str, Any] | None = None
     workload: str | Callable[[Any], Any] = DEFAULT_WORKLOAD
     ship: bool = False
+    config_hash: str | None = None
 
 
 @dataclass
@@ -383,19 +587,51 @@ class PointOutcome:
     bundle: RunBundle | None = None
 
 
-def point_tags(sweep_id: str, pid: str, values: dict[str, Any]) -> dict[str, str]:
-    """The tags a point's run carries: sweep id, point hash, and one per axis value."""
+def point_tags(sweep_id: str, pid: str, values: dict[str, Any], chash: str | None = None) -> dict[str, str]:
+    """The tags a point's run carries: sweep id, point hash, configuration hash, and one per
+    axis value (numbers as JSON text, like numeric ``tags.*`` values)."""
     tags = {"sweep_id": sweep_id, "sweep_point": pid}
+    if chash is not None:
+        tags["config_hash"] = chash
     for k, v in values.items():
-        tags[k] = v if isinstance(v, str) else json.dumps(v, default=str)
+        text = tag_text(v)
+        tags[k] = text if isinstance(text, str) else json.dumps(v, default=str)
     return tags
 
 
 def _resolve(fn: str | Callable[[Any], Any]) -> Callable[[Any], Any]:
+    """A workload function from ``module:function`` or ``path/to/file.py:function``."""
     if callable(fn):
         return fn
-    mod, _, attr = fn.partition(":")
-    return getattr(importlib.import_module(mod), attr)  # type: ignore[no-any-return]
+    target, _, attr = fn.rpartition(":")
+    if target.endswith(".py"):
+        path = Path(target)
+        if not path.is_file():
+            raise FileNotFoundError(f"{target} not found")
+        name = "perfsdk_workload_" + hashlib.sha256(str(path.resolve()).encode()).hexdigest()[:12]
+        module = sys.modules.get(name)
+        if module is None:
+            spec = importlib.util.spec_from_file_location(name, path)
+            if spec is None or spec.loader is None:
+                raise ImportError(f"cannot import {target}")
+            module = importlib.util.module_from_spec(spec)
+            sys.modules[name] = module
+            spec.loader.exec_module(module)
+    else:
+        module = importlib.import_module(target)
+    func = getattr(module, attr)
+    if not callable(func):
+        raise TypeError(f"{fn} is not callable")
+    return func  # type: ignore[no-any-return]
+
+
+def config_hash(config: dict[str, Any]) -> str:
+    """A 12-hex-digit hash of a point's whole validated configuration, without the fields that
+    do not change what is measured (name, tags, store, exporters). Strategies that reach the
+    same configuration share its run."""
+    cfg = parse_config(config, "point").model_dump(mode="json", exclude={"name", "tags", "store", "exporters"})
+    canon = json.dumps(cfg, sort_keys=True, separators=(",", ":"), default=str)
+    return hashlib.sha256(canon.encode()).hexdigest()[:12]
 
 
 def execute_point(task: PointTask) -> PointOutcome:
@@ -408,7 +644,8 @@ def execute_point(task: PointTask) -> PointOutcome:
 
     try:
         cfg = parse_config(task.config, f"point {task.point_id}")
-        cfg = cfg.model_copy(update={"tags": {**cfg.tags, **point_tags(task.sweep_id, task.point_id, task.values)},
+        tags = point_tags(task.sweep_id, task.point_id, task.values, task.config_hash)
+        cfg = cfg.model_copy(update={"tags": {**cfg.tags, **tags},
                                      "store": task.store})
         sess = Session(cfg, store=None if task.ship else task.store)
     except Exception as exc:  # invalid point or a plugin that cannot start: nothing was stored
@@ -456,6 +693,8 @@ class PointState:
     objectives: dict[str, float | None] = field(default_factory=dict)
     feasible: bool | None = None
     pareto: bool = False
+    config_hash: str | None = None
+    strategies: list[str] = field(default_factory=list)
 
 
 def manifest_path(store: Store, sweep_id: str) -> Path:
@@ -483,7 +722,14 @@ ProgressFn = Callable[[int, int, PointState | None], None]
 
 
 class SweepRunner:
-    """Runs a :class:`Sweep` through an executor, keeping the manifest up to date."""
+    """Runs a :class:`Sweep` through an executor, keeping the manifest up to date.
+
+    With several strategies (``strategies: [grid, tpe]``) each runs in turn over the same space;
+    a point whose configuration already has a finished run (measured for an earlier strategy,
+    or stored by an earlier invocation) is answered from that run, so comparing strategies
+    costs only the points no strategy tried before. Each strategy's trials, in order, are kept
+    in the manifest (``trials``) with their best-so-far objective (``efficiency``).
+    """
 
     def __init__(self, sweep: Sweep, store: str | Path, executor: Any = None, *, resume: bool = True,
                  progress: ProgressFn | None = None,
@@ -496,35 +742,46 @@ class SweepRunner:
         self.resume = resume
         self.progress = progress
         # resolved now, not at import, so that tests can swap the module-level default
-        self.workload = workload if workload is not None else DEFAULT_WORKLOAD
+        self.workload = workload if workload is not None else (sweep.workload or DEFAULT_WORKLOAD)
         self.points: dict[str, PointState] = {}
         self._exporters: dict[str, type] | None = None
+        self.trials: dict[str, list[str]] = {}
         self.status = "running"
         self.created_at = datetime.now(timezone.utc).isoformat()
         self.started = time.time()
+        self._total = 0
+        self._hashes: dict[str, str] = {}
 
     # manifest --------------------------------------------------------------------------------
 
     def manifest(self) -> dict[str, Any]:
         spec = self.sweep.spec
-        return {
+        primary = spec.primary()
+        out = {
             "sweep_id": self.sweep.sweep_id,
             "name": self.sweep.name,
             "status": self.status,
             "created_at": self.created_at,
             "updated_at": datetime.now(timezone.utc).isoformat(),
             "source": self.sweep.source,
-            "strategy": spec.strategy,
+            "strategy": spec.strategy if not spec.compare else ",".join(spec.strategy_list),
+            "strategies": spec.strategy_list,
             "budget": spec.budget,
             "seed": spec.seed,
             "executor": getattr(self.executor, "name", type(self.executor).__name__),
             "axes": spec.axes,
             "objectives": [o.model_dump() for o in spec.objectives],
+            "objective": spec.objective.model_dump() if spec.objective else None,
+            "primary": primary.model_dump() if primary else None,
             "constraints": [str(c) for c in spec.constraints],
+            "report": spec.report.model_dump(),
             "base": self.sweep.base,
             "points": [asdict(p) for p in self.points.values()],
             "pareto": [p.point_id for p in self.points.values() if p.pareto],
+            "trials": self.trials,
         }
+        out.update(sample_efficiency(out))
+        return out
 
     def save_manifest(self) -> Path:
         path = manifest_path(self.store, self.sweep.sweep_id)
@@ -534,27 +791,36 @@ class SweepRunner:
     # state from the store --------------------------------------------------------------------
 
     def _finished_in_store(self) -> dict[str, tuple[str, str]]:
-        """point id -> (run id, status) of the latest run of each point already stored."""
+        """point id (and ``config:<hash>``) -> (run id, status) of the best run of each point
+        already stored for this sweep."""
         out: dict[str, tuple[str, str]] = {}
         if not self.store.runs_dir.is_dir():
             return out
         for run in self.store.list_runs(tags={"sweep_id": self.sweep.sweep_id}):
-            pid = run.tags.get("sweep_point")
-            if pid is None:
-                continue
-            prev = out.get(pid)
-            # a finished run wins over a failed one; among equals the latest (ids sort by time)
-            rank = (run.status in FINISHED, run.run_id)
-            if prev is None or rank > (prev[1] in FINISHED, prev[0]):
-                out[pid] = (run.run_id, run.status)
+            for key in (run.tags.get("sweep_point"), "config:" + run.tags["config_hash"] if run.tags.get("config_hash") else None):
+                if key is None:
+                    continue
+                prev = out.get(key)
+                # a finished run wins over a failed one; among equals the latest (ids sort by time)
+                rank = (run.status in FINISHED, run.run_id)
+                if prev is None or rank > (prev[1] in FINISHED, prev[0]):
+                    out[key] = (run.run_id, run.status)
         return out
+
+    def _config_hash(self, values: dict[str, Any]) -> str:
+        pid = point_id(values)
+        h = self._hashes.get(pid)
+        if h is None:
+            h = config_hash(self.sweep.point_config(values))
+            self._hashes[pid] = h
+        return h
 
     def _task(self, st: PointState) -> PointTask:
         spec = self.sweep.spec
         return PointTask(sweep_id=self.sweep.sweep_id, point_id=st.point_id, values=st.values,
                          config=self.sweep.point_config(st.values), store=str(self.store.root),
                          quality=spec.quality.model_dump() if spec.quality else None, workload=self.workload,
-                         ship=bool(getattr(self.executor, "remote", False)))
+                         ship=bool(getattr(self.executor, "remote", False)), config_hash=st.config_hash)
 
     def _store_bundle(self, outcome: PointOutcome) -> PointOutcome:
         """Save a run that a worker sent back; a run the driver cannot store fails its point."""
@@ -589,9 +855,11 @@ class SweepRunner:
         except Exception as exc:
             log.warning("could not read point run", run_id=st.run_id, error=repr(exc))
             return
-        fields = [o.field for o in self.sweep.spec.objectives] + [c.field for c in self.sweep.spec.constraints]
-        st.objectives = {f: _num(row.get(f)) for f in dict.fromkeys(fields)}
-        checks = [c.check(row)[0] for c in self.sweep.spec.constraints]
+        spec = self.sweep.spec
+        st.objectives = {f: _num(row.get(f)) for f in spec.fields()}
+        if spec.objective is not None:
+            st.objectives[SCORE] = spec.objective.score(row)
+        checks = [c.check(row)[0] for c in spec.constraints]
         st.feasible = None if any(c is None for c in checks) else all(checks)
 
     def _violation(self, st: PointState) -> float:
@@ -601,18 +869,22 @@ class SweepRunner:
     def _tick(self, st: PointState | None) -> None:
         if self.progress is not None:
             done = sum(1 for p in self.points.values() if p.status != "pending" and p.status != "running")
-            self.progress(done, self._total, st)
+            self.progress(done, max(self._total, done), st)
 
     # run -------------------------------------------------------------------------------------
 
     def run(self) -> dict[str, Any]:
         """Run (or resume) the sweep; returns the final manifest."""
         known = self._finished_in_store() if self.resume else {}
+        spec = self.sweep.spec
+        self._total = self._estimate_total()
         try:
-            if self.sweep.spec.strategy == "optuna":
-                self._run_optuna(known)
-            else:
-                self._run_static(known)
+            for strategy in spec.strategy_list:
+                self.trials[strategy] = []
+                if strategy in ADAPTIVE:
+                    self._run_adaptive(strategy, known)
+                else:
+                    self._run_static(strategy, known)
         except BaseException:
             self.status = "interrupted"
             for p in self.points.values():
@@ -626,20 +898,39 @@ class SweepRunner:
         self.save_manifest()
         return self.manifest()
 
-    def _run_static(self, known: dict[str, tuple[str, str]]) -> None:
-        spec = self.sweep.spec
-        for values in static_points(spec.strategy, spec.axes, spec.budget, spec.seed):
-            pid = point_id(values)
-            st = PointState(pid, values)
-            if pid in known:
-                st.run_id, st.status = known[pid]
+    def _estimate_total(self) -> int:
+        """Distinct points the sweep will need at most (for the progress bar)."""
+        seen: set[str] = set()
+        adaptive = 0
+        for strategy in self.sweep.spec.strategy_list:
+            if strategy in ADAPTIVE:
+                adaptive = max(adaptive, self.sweep.strategy_budget(strategy) or 0)
+            else:
+                seen.update(point_id(v) for v in self.sweep.static_points(strategy))
+        return min(grid_size(self.sweep.spec.axes), max(len(seen), adaptive))
+
+    def _state(self, values: dict[str, Any], known: dict[str, tuple[str, str]], strategy: str) -> PointState:
+        """The point's state: shared across strategies; known from the store when it ran before."""
+        pid = point_id(values)
+        st = self.points.get(pid)
+        if st is None:
+            st = PointState(pid, values, config_hash=self._config_hash(values))
+            hit = known.get(pid) or known.get("config:" + (st.config_hash or ""))
+            if hit is not None:
+                st.run_id, st.status = hit
                 if st.status in FINISHED:
                     self._evaluate(st)
                 else:
                     st.status = "pending"  # a failed or interrupted point runs again
             self.points[pid] = st
-        self._total = len(self.points)
-        todo = [p for p in self.points.values() if p.status == "pending"]
+        if strategy not in st.strategies:
+            st.strategies.append(strategy)
+        return st
+
+    def _run_static(self, strategy: str, known: dict[str, tuple[str, str]]) -> None:
+        states = [self._state(values, known, strategy) for values in self.sweep.static_points(strategy)]
+        self.trials[strategy] = [st.point_id for st in states]
+        todo = list({p.point_id: p for p in states if p.status == "pending"}.values())
         self.save_manifest()
         self._tick(None)
         for p in todo:
@@ -647,48 +938,49 @@ class SweepRunner:
         for outcome in self.executor.run(execute_point, [self._task(p) for p in todo]):
             self._tick(self._record(outcome))
 
-    def _run_optuna(self, known: dict[str, tuple[str, str]]) -> None:
+    def _run_adaptive(self, strategy: str, known: dict[str, tuple[str, str]]) -> None:
         spec = self.sweep.spec
-        strategy = OptunaStrategy(spec.axes, spec.objectives, seed=spec.seed)
-        budget = spec.budget or min(grid_size(spec.axes), 20)
-        self._total = budget
-        # points that already ran (this sweep, earlier invocation) seed the study
-        by_values: dict[str, PointState] = {}
-        for pid, (run_id, status) in known.items():
-            if status not in FINISHED:
-                continue
-            try:
-                run = self.store.get(run_id)
-            except Exception:
-                continue
-            values = {k: _axis_value(spec.axes[k], run.tags.get(k)) for k in spec.axes}
-            if any(v is _MISSING for v in values.values()):
-                continue
-            st = PointState(pid, values, status=status, run_id=run_id)
-            self._evaluate(st)
-            self.points[pid] = st
-            strategy.add_known(values, self._objective_values(st), self._violation(st))
-            by_values[pid] = st
+        tpe = OptunaStrategy(spec.axes, spec.adaptive_objectives(), seed=spec.seed,
+                             n_startup_trials=spec.strategy_options.n_startup_trials)
+        budget = self.sweep.strategy_budget(strategy) or 1
+        trials = self.trials[strategy]
+        if not spec.compare:
+            # resuming a single adaptive sweep: the points that already ran seed the study
+            for key, (run_id, status) in known.items():
+                if key.startswith("config:") or status not in FINISHED:
+                    continue
+                try:
+                    run = self.store.get(run_id)
+                except Exception:
+                    continue
+                values = {k: _axis_value(spec.axes[k], run.tags.get(k)) for k in spec.axes}
+                if any(v is _MISSING for v in values.values()):
+                    continue
+                st = self._state(values, known, strategy)
+                tpe.add_known(values, self._objective_values(st), self._violation(st))
+                trials.append(st.point_id)
         self.save_manifest()
         self._tick(None)
         attempts = 0
-        while len(self.points) < budget and attempts < budget * 20:
+        while len(trials) < budget and attempts < budget * 20:
             attempts += 1
-            number, values = strategy.ask()
-            pid = point_id(values)
-            if pid in self.points:  # the sampler proposed a point we have: answer from the store
-                st = self.points[pid]
-                strategy.tell(number, self._objective_values(st) if st.status in FINISHED else None, self._violation(st))
+            number, values = tpe.ask()
+            st = self._state(values, known, strategy)
+            if st.point_id in trials:  # proposed again: answer from what it gave, not a new trial
+                tpe.tell(number, self._objective_values(st) if st.status in FINISHED else None, self._violation(st))
                 continue
-            st = PointState(pid, values, status="running")
-            self.points[pid] = st
-            for outcome in self.executor.run(execute_point, [self._task(st)]):
-                self._record(outcome)
-            strategy.tell(number, self._objective_values(st) if st.status in FINISHED else None, self._violation(st))
-            self._tick(st)
+            trials.append(st.point_id)
+            if st.status not in FINISHED:
+                st.status = "running"
+                for outcome in self.executor.run(execute_point, [self._task(st)]):
+                    self._record(outcome)
+                self._tick(st)
+            else:  # measured before (another strategy, an earlier invocation): its run answers
+                self.save_manifest()
+            tpe.tell(number, self._objective_values(st) if st.status in FINISHED else None, self._violation(st))
 
     def _objective_values(self, st: PointState) -> list[float] | None:
-        vals = [st.objectives.get(o.field) for o in self.sweep.spec.objectives]
+        vals = [st.objectives.get(o.field) for o in self.sweep.spec.adaptive_objectives()]
         if any(v is None for v in vals):
             return None
         return [float(v) for v in vals]  # type: ignore[arg-type]
@@ -703,6 +995,57 @@ class SweepRunner:
         cands = [p for p in pts if p.status in FINISHED and p.feasible is not False]
         for i in pareto_indices([p.objectives for p in cands], objs):
             cands[i].pareto = True
+
+
+def sample_efficiency(manifest: dict[str, Any]) -> dict[str, Any]:
+    """How fast each strategy of a sweep reached its best point.
+
+    For every strategy, ``best_so_far[k]`` is the best primary-objective value among its first
+    ``k + 1`` trials (failed points, points without the value and points that violate a
+    constraint do not count; ``None`` until one does). ``optimum`` is the best value over the
+    whole grid when the grid strategy ran (``optimum_source: grid``), else over every finished
+    point (``all points``); ``trials_to_optimum`` is the first trial count at which a strategy's
+    best-so-far equals it (``None``: never). Identical configurations share one stored run, so
+    equal means the very same measurement.
+    """
+    primary = manifest.get("primary")
+    trials = manifest.get("trials") or {}
+    if not primary or not trials:
+        return {"efficiency": {}, "optimum": None, "optimum_source": None}
+    field_, sign = primary["field"], (1.0 if primary["direction"] == "maximize" else -1.0)
+    by_id = {p["point_id"]: p for p in manifest["points"]}
+
+    def value(pid: str) -> float | None:
+        p = by_id.get(pid)
+        if p is None or p["status"] not in FINISHED or p.get("feasible") is False:
+            return None
+        return _num((p.get("objectives") or {}).get(field_))
+
+    def better(a: float | None, b: float | None) -> float | None:
+        if a is None:
+            return b
+        if b is None:
+            return a
+        return a if sign * a >= sign * b else b
+
+    curves: dict[str, list[float | None]] = {}
+    for name, pids in trials.items():
+        best: float | None = None
+        curve = []
+        for pid in pids:
+            best = better(best, value(pid))
+            curve.append(best)
+        curves[name] = curve
+    pool = trials["grid"] if "grid" in trials else [p["point_id"] for p in manifest["points"]]
+    optimum: float | None = None
+    for pid in pool:
+        optimum = better(optimum, value(pid))
+    eff = {}
+    for name, curve in curves.items():
+        reach = next((k + 1 for k, v in enumerate(curve) if v is not None and optimum is not None and v == optimum), None)
+        eff[name] = {"trials": len(curve), "best": curve[-1] if curve else None, "best_so_far": curve,
+                     "trials_to_optimum": reach}
+    return {"efficiency": eff, "optimum": optimum, "optimum_source": "grid" if "grid" in trials else "all points"}
 
 
 _MISSING = object()

@@ -95,13 +95,77 @@ def arch_fields(config: Any) -> dict[str, Any]:
     }
 
 
+def _as_dict(qc: Any) -> dict[str, Any]:
+    if qc is None:
+        return {}
+    if isinstance(qc, dict):
+        return qc
+    to_dict = getattr(qc, "to_dict", None)
+    return dict(to_dict()) if callable(to_dict) else dict(vars(qc))
+
+
+def _dtype_name(v: Any) -> str | None:
+    return None if v is None else str(v).replace("torch.", "")
+
+
+def detect_quantization(model: Any) -> dict[str, Any]:
+    """How a model is really quantized, from what it holds (not from what a config asked for).
+
+    Returns ``quantization`` (``none``, ``dynamic-int8``, ``bnb-8bit``, ``bnb-4bit``,
+    ``float8-e4m3fn`` or another library's ``quant_method``), ``quant_type`` (``nf4``/``fp4``
+    for 4-bit bitsandbytes, ``qint8``, ``e4m3fn``), ``quant_compute_dtype`` and
+    ``quantized_modules`` (layers found quantized). Looked at: torch dynamic-quantized linears
+    (packed parameters), bitsandbytes ``Linear8bitLt``/``Linear4bit`` modules (by class name, so
+    bitsandbytes need not be importable), perfsdk's float8 linears, and
+    ``model.config.quantization_config``.
+    """
+    counts: dict[str, int] = {}
+    quant_type = compute = None
+    for m in model.modules():
+        name = type(m).__name__
+        if name == "Linear8bitLt":
+            counts["bnb-8bit"] = counts.get("bnb-8bit", 0) + 1
+        elif name == "Linear4bit":
+            counts["bnb-4bit"] = counts.get("bnb-4bit", 0) + 1
+            w = getattr(m, "weight", None)
+            state = getattr(w, "quant_state", None)
+            quant_type = getattr(w, "quant_type", None) or getattr(state, "quant_type", None) or quant_type
+            compute = _dtype_name(getattr(m, "compute_dtype", None)) or compute
+        elif name == "Float8Linear":
+            counts["float8-e4m3fn"] = counts.get("float8-e4m3fn", 0) + 1
+            quant_type = "e4m3fn"
+        elif getattr(m, "_packed_params", None) is not None and not name.endswith("PackedParams"):
+            counts["dynamic-int8"] = counts.get("dynamic-int8", 0) + 1
+            quant_type = "qint8"
+    qc = _as_dict(getattr(getattr(model, "config", None), "quantization_config", None))
+    kind = max(counts, key=lambda k: counts[k]) if counts else "none"
+    if qc:
+        raw = qc.get("quant_method", "")
+        method = str(getattr(raw, "value", raw)).lower()  # an enum in transformers' own configs
+        if "bitsandbytes" in method or qc.get("load_in_4bit") or qc.get("load_in_8bit"):
+            if kind == "none":
+                kind = "bnb-4bit" if qc.get("load_in_4bit") else "bnb-8bit"
+            if kind == "bnb-4bit":
+                quant_type = quant_type or qc.get("bnb_4bit_quant_type")
+                compute = compute or _dtype_name(qc.get("bnb_4bit_compute_dtype"))
+        elif method and kind == "none":
+            kind = method
+    return {"quantization": kind, "quant_type": quant_type, "quant_compute_dtype": compute,
+            "quantized_modules": sum(counts.values()) or None}
+
+
 def describe_model(model: Any, model_id: str | None = None, load_s: float | None = None,
                    quantization: str = "none") -> ModelInfo:
-    """A :class:`ModelInfo` for any ``nn.Module`` (architecture fields for transformers models)."""
+    """A :class:`ModelInfo` for any ``nn.Module`` (architecture fields for transformers models).
+
+    The quantization is what :func:`detect_quantization` finds in the model; ``quantization``
+    (what the config asked for) is used only when nothing is found.
+    """
     dev = model_device(model)
     fields = arch_fields(getattr(model, "config", None))
-    if quantization == "none" and any(getattr(m, "_packed_params", None) is not None for m in model.modules()):
-        quantization = "dynamic-int8"
+    quant = detect_quantization(model)
+    if quant["quantization"] == "none":
+        quant["quantization"] = quantization
     return ModelInfo(
         model_id=model_id,
         model_class=type(model).__name__,
@@ -109,8 +173,8 @@ def describe_model(model: Any, model_id: str | None = None, load_s: float | None
         weights_bytes=weight_bytes(model),
         dtype=_dtype_of(model),
         device=str(dev) if dev is not None else None,
-        quantization=quantization,
         load_s=load_s,
+        **quant,
         **fields,
     )
 

@@ -8,6 +8,10 @@
 - a Hugging Face Hub id (``org/name``), passed through to ``from_pretrained`` (needs network the
   first time; offline, a clear error names the field).
 
+``model.config_overrides`` are set on the model's configuration before the model is built
+(``AutoConfig.from_pretrained(..., **overrides)``): fewer layers than the checkpoint keep the
+first ones, more get freshly initialized ones. An unknown field is an error naming it.
+
 Every problem the user can fix is raised as :class:`~perfsdk.config.ConfigError` naming the
 field (``model.id: folder ./x not found``), which the CLI turns into exit code 2.
 """
@@ -55,13 +59,51 @@ def resolve_device(device: str) -> str:
     return device
 
 
-def resolve_dtype(dtype: str) -> Any:
-    """``auto`` passes through (checkpoint's own dtype); other names become ``torch.dtype``."""
+def resolve_dtype(dtype: str, device: str = "cpu") -> Any:
+    """``auto`` passes through (checkpoint's own dtype); other names become ``torch.dtype``.
+
+    ``float8_e4m3fn`` loads in its compute dtype (bfloat16 on CUDA, float32 elsewhere); the
+    linear layers are converted to float8 after loading (:mod:`perfsdk.models.float8`).
+    """
     if dtype == "auto":
         return "auto"
+    if dtype == "float8_e4m3fn":
+        from perfsdk.models.float8 import compute_dtype
+
+        return compute_dtype(device)
     import torch
 
     return getattr(torch, dtype)
+
+
+def _check_dtype(cfg: ModelConfig, device: str) -> None:
+    if cfg.dtype != "float8_e4m3fn":
+        return
+    if cfg.quantization != "none":
+        raise ConfigError(f"model.dtype: float8_e4m3fn already quantizes the linear layers; "
+                          f"set model.quantization: none (not {cfg.quantization})")
+    from perfsdk.models.float8 import float8_status
+
+    ok, why = float8_status(device)
+    if not ok:
+        raise ConfigError(f"model.dtype: float8_e4m3fn is not supported here: {why}")
+
+
+def bnb_config(cfg: ModelConfig) -> Any:
+    """The ``transformers.BitsAndBytesConfig`` for ``model.quantization: bnb-8bit | bnb-4bit``.
+
+    4-bit uses ``bnb_4bit_quant_type`` (nf4 or fp4), ``bnb_4bit_compute_dtype`` (default: the
+    model's dtype, float32 for ``auto``) and ``bnb_4bit_use_double_quant``.
+    """
+    import torch
+    from transformers import BitsAndBytesConfig
+
+    if cfg.quantization == "bnb-8bit":
+        return BitsAndBytesConfig(load_in_8bit=True)
+    compute = cfg.bnb_4bit_compute_dtype or (cfg.dtype if cfg.dtype in ("float32", "float16", "bfloat16") else "float32")
+    return BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type=cfg.bnb_4bit_quant_type,
+                              bnb_4bit_compute_dtype=getattr(torch, compute),
+                              bnb_4bit_use_double_quant=cfg.bnb_4bit_use_double_quant)
 
 
 def _check_quantization(cfg: ModelConfig, device: str) -> None:
@@ -199,6 +241,7 @@ def check_model_config(cfg: ModelConfig) -> None:
     """
     device = resolve_device(cfg.device)
     _check_quantization(cfg, device)
+    _check_dtype(cfg, device)
     _resolve_source(cfg, build=False)
 
 
@@ -213,32 +256,35 @@ def load_model(cfg: ModelConfig) -> tuple[Any, Any]:
 
     device = resolve_device(cfg.device)
     _check_quantization(cfg, device)
+    _check_dtype(cfg, device)
     kind, location = _resolve_source(cfg)
 
     from transformers import AutoConfig
 
     try:
         with quiet_transformers():
-            hf_config = AutoConfig.from_pretrained(
-                location, trust_remote_code=cfg.trust_remote_code, revision=cfg.revision
+            hf_config, unused = AutoConfig.from_pretrained(
+                location, trust_remote_code=cfg.trust_remote_code, revision=cfg.revision,
+                return_unused_kwargs=True, **cfg.config_overrides,
             )
-    except (OSError, ValueError) as err:
-        if kind == "hub":
+    except (OSError, ValueError, TypeError) as err:
+        if kind == "hub" and not isinstance(err, TypeError):
             raise _hub_error(cfg.id, err) from None
-        raise ConfigError(f"model.id: {cfg.id}: cannot read the model configuration: {err}") from None
+        where = "model.config_overrides" if cfg.config_overrides else "model.id"
+        raise ConfigError(f"{where}: {cfg.id}: cannot read the model configuration: {err}") from None
+    if unused:
+        name = next(iter(unused))
+        raise ConfigError(f"model.config_overrides.{name}: not a field of {type(hf_config).__name__}")
 
-    kwargs: dict[str, Any] = {"dtype": resolve_dtype(cfg.dtype), "trust_remote_code": cfg.trust_remote_code}
+    kwargs: dict[str, Any] = {"dtype": resolve_dtype(cfg.dtype, device), "trust_remote_code": cfg.trust_remote_code}
+    if cfg.config_overrides:
+        kwargs["config"] = hf_config
     if cfg.revision is not None:
         kwargs["revision"] = cfg.revision
     if cfg.attn_implementation != "auto":
         kwargs["attn_implementation"] = cfg.attn_implementation
     if cfg.quantization in ("bnb-8bit", "bnb-4bit"):
-        from transformers import BitsAndBytesConfig
-
-        if cfg.quantization == "bnb-8bit":
-            kwargs["quantization_config"] = BitsAndBytesConfig(load_in_8bit=True)
-        else:
-            kwargs["quantization_config"] = BitsAndBytesConfig(load_in_4bit=True)
+        kwargs["quantization_config"] = bnb_config(cfg)
         kwargs["device_map"] = {"": device}
 
     cls = _model_class(hf_config)
@@ -249,16 +295,23 @@ def load_model(cfg: ModelConfig) -> tuple[Any, Any]:
         if kind == "hub":
             raise _hub_error(cfg.id, err) from None
         raise ConfigError(f"model.id: {cfg.id}: cannot load the weights: {err}") from None
-    except (ValueError, ImportError) as err:
+    except (ValueError, ImportError, TypeError, RuntimeError) as err:
         text = str(err).lower()
         if "attn" in text or "attention" in text or "flash" in text:
             raise ConfigError(f"model.attn_implementation: {cfg.attn_implementation}: {err}") from None
+        if cfg.config_overrides:
+            shown = ", ".join(f"{k}={v!r}" for k, v in cfg.config_overrides.items())
+            raise ConfigError(f"model.config_overrides: the model cannot be built with {shown}: {err}") from None
         raise
 
     if "device_map" not in kwargs:
         model = model.to(device)
     if cfg.quantization == "dynamic-int8":
         model = _quantize_dynamic_int8(model)
+    if cfg.dtype == "float8_e4m3fn":
+        from perfsdk.models.float8 import quantize_float8
+
+        model = quantize_float8(model)
     if kind == "builtin":
         model.config.name_or_path = cfg.id
     model.eval()

@@ -3,11 +3,12 @@
 :func:`run_workload` is what ``perfsdk run`` executes inside a session:
 
 1. ``s.load()`` the configured model (unless the session already holds one);
-2. load the prompts, count each one's tokens, drop those longer than ``max_input_tokens``
-   (counted), optionally sort by length;
+2. load the prompts (and their labels, if any), count each one's tokens, drop those longer
+   than ``max_input_tokens`` (counted), optionally sort by length;
 3. group them into batches: a fixed ``batch_size``, or adaptively under ``max_batch_tokens``
    (``batch_size x (longest input + max_new_tokens) <= budget``);
-4. tokenize every batch once with ``s.tokenize``;
+4. tokenize every batch once with ``s.tokenize`` (with the batch's labels, so that the
+   ``quality`` collector can score the timed steps themselves);
 5. run ``warmup_runs`` batches inside ``s.warmup()``;
 6. seed torch, then run timed passes over all batches until both ``min_iterations`` passes and
    ``min_duration_s`` are reached, waiting between batch submissions as the arrival pattern says.
@@ -26,6 +27,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from perfsdk.config import ArrivalConfig, Config, ConfigError, GenerateConfig, WorkloadConfig
+from perfsdk.models.prompts import Example
 from perfsdk.schemas import WorkloadInfo
 
 ProgressFn = Callable[[int, int], None]
@@ -132,16 +134,35 @@ class WorkloadPlan:
     batch_lengths: list[list[int]]
     filtered: int
     extra: dict[str, Any] = field(default_factory=dict)
+    labels: list[str | None] = field(default_factory=list)
+    sources: list[str] = field(default_factory=list)
+    batch_labels: list[list[str | None]] = field(default_factory=list)
+    label_map: list[str] | None = None
+
+    @property
+    def labelled(self) -> bool:
+        """Whether any kept prompt has a label."""
+        return any(label is not None for label in self.labels)
 
 
-def plan_workload(workload: WorkloadConfig, tokenizer: Any, prompts: list[str] | None = None) -> WorkloadPlan:
-    """Load (or take) the prompts, filter by length, sort and batch them as ``workload`` says."""
+def plan_workload(workload: WorkloadConfig, tokenizer: Any, prompts: list[str] | list[Example] | None = None,
+                  label_map: list[str] | None = None) -> WorkloadPlan:
+    """Load (or take) the prompts, filter by length, sort and batch them as ``workload`` says.
+
+    ``prompts`` may be strings or :class:`~perfsdk.models.prompts.Example` items (with labels);
+    by default they are read as ``workload`` says (:func:`~perfsdk.models.prompts.load_workload_examples`).
+    """
     from perfsdk.distributed import current_shard
-    from perfsdk.models.prompts import load_prompts
+    from perfsdk.models.prompts import load_workload_examples
 
     if prompts is None:
+        loaded, label_map = load_workload_examples(workload)
         # data-parallel under torchrun/Accelerate: this rank's strided share (all prompts when single)
-        prompts = current_shard(load_prompts(workload.prompts, workload.num_prompts, workload.seed))
+        examples: list[Example] = current_shard(loaded)
+    else:
+        examples = [p if isinstance(p, Example) else Example(p) for p in prompts]
+    prompts = [e.prompt for e in examples]
+    labels = [e.label for e in examples]
     lengths = count_tokens(tokenizer, prompts)
     keep, filtered = filter_by_length(lengths, workload.max_input_tokens)
     if not keep:
@@ -159,12 +180,17 @@ def plan_workload(workload: WorkloadConfig, tokenizer: Any, prompts: list[str] |
         max_new_tokens=new_tokens,
     )
     kept = [prompts[i] for i in keep]
+    kept_labels = [labels[i] for i in keep]
     return WorkloadPlan(
+        sources=[examples[i].where for i in keep],
         prompts=kept,
         lengths=kept_lengths,
         batches=[[kept[j] for j in g] for g in groups],
         batch_lengths=[[kept_lengths[j] for j in g] for g in groups],
         filtered=filtered,
+        labels=kept_labels,
+        batch_labels=[[kept_labels[j] for j in g] for g in groups],
+        label_map=label_map,
     )
 
 
@@ -172,13 +198,55 @@ def check_workload(config: Config) -> None:
     """Validate what a run would use before any session starts (nothing is loaded or built).
 
     Checks the model settings (:func:`~perfsdk.models.loader.check_model_config`) and reads the
-    prompts (file present, every line valid). Raises :class:`~perfsdk.config.ConfigError`.
+    prompts or dataset (present, every line valid, labels within ``workload.label_map``).
+    Raises :class:`~perfsdk.config.ConfigError`.
     """
     from perfsdk.models.loader import check_model_config
-    from perfsdk.models.prompts import load_prompts
+    from perfsdk.models.prompts import load_workload_examples
 
     check_model_config(config.model)
-    load_prompts(config.workload.prompts, config.workload.num_prompts, config.workload.seed)
+    load_workload_examples(config.workload)
+
+
+def model_label_map(model: Any) -> list[str] | None:
+    """Class names by index from a sequence classifier's ``config.id2label``; ``None`` for other
+    models and for the placeholder names ``LABEL_0``, ``LABEL_1``, ... that ``transformers``
+    gives a classifier nobody named."""
+    config = getattr(model, "config", None)
+    archs = list(getattr(config, "architectures", None) or []) + [type(model).__name__]
+    if not any(a.endswith("ForSequenceClassification") for a in archs):
+        return None
+    id2label = getattr(config, "id2label", None) or {}
+    try:
+        names = [str(id2label[i]) for i in range(len(id2label))]
+    except KeyError:
+        return None
+    if not names or names == [f"LABEL_{i}" for i in range(len(names))]:
+        return None
+    return names
+
+
+def _resolve_label_map(workload: WorkloadConfig, plan: WorkloadPlan, model: Any) -> WorkloadPlan:
+    """A classifier's own class names become the label map when the workload names none; the
+    labels must then be among them (else the error names the prompt and the model)."""
+    from perfsdk.models.prompts import apply_label_map
+
+    if plan.label_map is not None or not plan.labelled or workload.task != "forward":
+        return plan
+    names = model_label_map(model)
+    if names is None:
+        return plan
+    field_name = "workload.dataset" if workload.dataset is not None else "workload.prompts"
+    examples = apply_label_map([Example(p, label, where) for p, label, where in zip(plan.prompts, plan.labels, plan.sources)],
+                               names, field_name, "the model's config.id2label (set workload.label_map to map them)")
+    labels = [e.label for e in examples]
+    sizes = [len(b) for b in plan.batches]
+    batch_labels, start = [], 0
+    for n in sizes:
+        batch_labels.append(labels[start:start + n])
+        start += n
+    plan.labels, plan.batch_labels, plan.label_map = labels, batch_labels, names
+    return plan
 
 
 def _workload_info(workload: WorkloadConfig, plan: WorkloadPlan, warmup: int, timed: int, iterations: int) -> WorkloadInfo:
@@ -196,6 +264,8 @@ def _workload_info(workload: WorkloadConfig, plan: WorkloadPlan, warmup: int, ti
         input_tokens_mean=sum(plan.lengths) / len(plan.lengths),
         input_tokens_max=max(plan.lengths),
         arrival_pattern=workload.arrival.pattern,
+        labelled_prompts=sum(1 for label in plan.labels if label is not None),
+        label_map=plan.label_map,
     )
 
 
@@ -226,9 +296,10 @@ def run_workload(
         raise ConfigError(f"workload.task: generate needs a model that can generate text; {type(model).__name__} "
                           "cannot (use task: forward)")
 
-    plan = plan_workload(workload, tokenizer)
+    plan = _resolve_label_map(workload, plan_workload(workload, tokenizer), model)
     session.set_workload_info(_workload_info(workload, plan, 0, 0, 0))
-    encodings = [session.tokenize(tokenizer, batch) for batch in plan.batches]
+    encodings = [session.tokenize(tokenizer, batch, labels=labels if plan.labelled else None)
+                 for batch, labels in zip(plan.batches, plan.batch_labels)]
     gen_kw = generate_kwargs(workload.generate)
 
     def run_batch(index: int) -> None:

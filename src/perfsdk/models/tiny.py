@@ -49,14 +49,19 @@ _BUILD_LOCK = threading.Lock()
 
 @contextmanager
 def quiet_transformers() -> Iterator[None]:
-    """Silence ``transformers`` progress bars while saving or loading (library code stays quiet)."""
+    """Silence ``transformers`` progress bars and warnings while saving or loading (library code
+    stays quiet)."""
     from transformers.utils import logging as hf_logging
 
     was_enabled = hf_logging.is_progress_bar_enabled()
+    verbosity = hf_logging.get_verbosity()
     hf_logging.disable_progress_bar()
+    # loading reports (weights missing or unused, e.g. with model.config_overrides) are not errors
+    hf_logging.set_verbosity_error()
     try:
         yield
     finally:
+        hf_logging.set_verbosity(verbosity)
         if was_enabled:
             hf_logging.enable_progress_bar()
 
