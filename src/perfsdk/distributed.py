@@ -61,7 +61,8 @@ _POOLED_LATENCY = {
     "tpot_s": "tpot_s",
     "itl_s": "itl_s",
     "e2e_s": "e2e_s",
-    "prefill_s": "ttft_s",
+    "encode_s": "encode_s",
+    "prefill_s": "prefill_s",
     "decode_s": "decode_s",
     "forward_s": "forward_s",
     "tokenize_s": "tokenize_s",
@@ -277,7 +278,8 @@ def rank_payload(session: Any, result: RunResult) -> dict[str, Any]:
     """What one rank sends to rank 0: its results plus the raw samples needed to pool."""
     from perfsdk.collectors.latency import request_latencies
 
-    samples: dict[str, list[float]] = {k: [] for k in ("ttft_s", "tpot_s", "itl_s", "e2e_s", "decode_s", "forward_s")}
+    samples: dict[str, list[float]] = {k: [] for k in ("ttft_s", "tpot_s", "itl_s", "e2e_s", "encode_s", "prefill_s",
+                                                       "decode_s", "forward_s")}
     steps: dict[int, float] = {}
     ordinal = 0
     for st in session.measured_steps:
@@ -289,6 +291,9 @@ def rank_payload(session: Any, result: RunResult) -> dict[str, Any]:
             continue
         for r in request_latencies(st):
             samples["ttft_s"].append(r["ttft_s"])
+            samples["prefill_s"].append(r["prefill_s"])
+            if r["encode_s"] is not None:
+                samples["encode_s"].append(r["encode_s"])
             samples["e2e_s"].append(r["e2e_s"])
             samples["decode_s"].append(r["e2e_s"] - r["ttft_s"])
             if r["tpot_s"] is not None:
@@ -325,6 +330,8 @@ def aggregate_latency(payloads: list[dict[str, Any]]) -> dict[str, Any] | None:
         for key, vals in p["samples"].items():
             pooled.setdefault(key, []).extend(vals)
     for fld, key in _POOLED_LATENCY.items():
+        if key not in pooled and fld == "prefill_s":  # payloads without the split: prefill was TTFT
+            key = "ttft_s"
         base[fld] = summarize(pooled.get(key, [])).model_dump(mode="json")
     for fld in _SUMMED_LATENCY:
         base[fld] = sum(int((r or {}).get(fld) or 0) for r in per_rank)

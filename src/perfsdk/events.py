@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 StepKind = Literal["generate", "forward"]
-WindowKind = Literal["session", "step", "prefill", "decode", "stage", "load", "tokenize"]
+WindowKind = Literal["session", "step", "encode", "prefill", "decode", "stage", "load", "tokenize"]
 
 
 @dataclass
@@ -40,6 +40,11 @@ class Step:
     ``token_times_ns[k]`` is when the k-th generated position (for the whole batch) was ready on
     the host, on the session clock. ``output_tokens[i]`` counts request ``i``'s real tokens: it
     stops at (and includes) the EOS token, padding is never counted.
+
+    For models that encode their inputs first (an encoder-decoder's encoder, a multimodal
+    model's vision or audio tower and projector), ``encode_end_ns`` is when that ``encode``
+    phase ended and ``prefill`` began; ``vision_tokens[i]`` is the real number of vision (or
+    audio) tokens request ``i`` got, read from the features the tower produced.
     """
 
     kind: StepKind
@@ -56,6 +61,8 @@ class Step:
     outputs: Any = None
     error: BaseException | None = None
     gen_kwargs: dict[str, Any] = field(default_factory=dict)
+    encode_end_ns: int | None = None
+    vision_tokens: list[int] | None = None
 
     @property
     def first_token_ns(self) -> int | None:
@@ -66,6 +73,13 @@ class Step:
         if self.end_ns is None:
             return None
         return (self.end_ns - self.start_ns) / 1e9
+
+    @property
+    def encode_s(self) -> float | None:
+        """Length of the ``encode`` phase (``None`` when the step had none)."""
+        if self.encode_end_ns is None:
+            return None
+        return (self.encode_end_ns - self.start_ns) / 1e9
 
     def request_last_token_ns(self, i: int) -> int | None:
         """When request ``i``'s last real token was ready."""
@@ -79,8 +93,9 @@ class Step:
 class Window:
     """A measurement window: counters are read at its edges.
 
-    ``name`` is ``session``, ``step:N``, ``prefill``, ``decode`` or ``stage:<name>``; ``kind`` is
-    the part before the colon; ``step_index`` is set for step, prefill and decode windows.
+    ``name`` is ``session``, ``step:N``, ``encode``, ``prefill``, ``decode`` or ``stage:<name>``;
+    ``kind`` is the part before the colon; ``step_index`` is set for step, encode, prefill and
+    decode windows.
     """
 
     name: str

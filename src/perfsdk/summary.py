@@ -48,7 +48,7 @@ def latency_table(lat: dict[str, Any]) -> Table:
     for col in ("metric", "count", "mean", "p50", "p90", "p95", "p99", "max"):
         t.add_column(col, justify="right" if col != "metric" else "left")
     for key, label in (("ttft_s", "TTFT"), ("tpot_s", "TPOT"), ("itl_s", "ITL"), ("e2e_s", "e2e"),
-                       ("prefill_s", "prefill"), ("decode_s", "decode"), ("forward_s", "forward")):
+                       ("encode_s", "encode"), ("prefill_s", "prefill"), ("decode_s", "decode"), ("forward_s", "forward")):
         st = lat.get(key) or {}
         if not st.get("count"):
             continue
@@ -71,6 +71,10 @@ def headline_rows(run: RunResult) -> list[tuple[str, str]]:
             ("total tokens/s", fmt_num(lat.get("total_tokens_per_s"))),
             ("requests/s", fmt_num(lat.get("requests_per_s"))),
             ("tokens in / out", f"{lat.get('input_tokens', 0)} / {lat.get('output_tokens', 0)}"),
+        ]
+        if lat.get("vision_tokens"):
+            rows.append(("vision tokens / request", fmt_num((lat.get("vision_tokens_per_request") or {}).get("mean"), 1)))
+        rows += [
             ("steps (warm-up)", f"{lat.get('steps', 0)} ({lat.get('warmup_steps', 0)})"),
             ("load time", fmt_s(lat.get("load_s"))),
         ]
@@ -86,7 +90,7 @@ def headline_rows(run: RunResult) -> list[tuple[str, str]]:
         if isinstance(jpt, (int, float)):
             rows.append(("energy J/token (measured)", f"{jpt:.4g}"))
             for phase, v in (en.get("j_per_output_token_per_phase") or {}).items():
-                if phase in ("prefill", "decode") and isinstance(v, (int, float)):
+                if phase in ("encode", "prefill", "decode") and isinstance(v, (int, float)):
                     rows.append((f"  {phase} J/token", f"{v:.4g}"))
         else:
             missing = [r.split(":", 1)[0] for r in en.get("reasons") or []]
@@ -97,6 +101,8 @@ def headline_rows(run: RunResult) -> list[tuple[str, str]]:
                          f"{cc['energy_j']:.4g} J, {cc.get('co2_kg', 0) * 1e3:.3g} g CO2 ({cc.get('country_iso_code') or '?'})"))
     fl = c.get("flops") or {}
     if fl:
+        if fl.get("flops_encode"):
+            rows.append(("FLOPs encode", fmt_num(fl.get("flops_encode"))))
         rows.append(("FLOPs prefill / decode", f"{fmt_num(fl.get('flops_prefill'))} / {fmt_num(fl.get('flops_decode'))}"))
         if fl.get("mfu_pct") is not None:
             rows.append(("MFU", f"{fl['mfu_pct']:.2f} %"))

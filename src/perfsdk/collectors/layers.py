@@ -1,4 +1,4 @@
-"""Per-module timing through forward hooks, split into prefill and decode.
+"""Per-module timing through forward hooks, split into encode, prefill and decode.
 
 The ``layers`` collector answers "which layers take the time". On the selected measured steps it
 puts a forward pre-hook and a forward hook on the model's modules, timestamps each call on the
@@ -8,13 +8,19 @@ ends, whether it succeeded or raised.
 
 Phases: inside ``generate`` the first call of the top module is the prefill, every later call is
 one decode step; each module call is attributed to the phase of the top-module call that
-contains it. The context length of each top-level call is read from the KV cache it receives
-(cached positions + new positions). ``s.forward`` steps have a single phase, ``forward``.
+contains it. Calls inside the model's encode modules (an encoder-decoder's encoder, a vision or
+audio tower and its projector: :mod:`perfsdk.models.encode`) are ``encode``, whether
+``transformers`` runs them before the first top-module call (as ``generate`` does) or inside it;
+the encode phase's time is that of the outermost encode-module calls, and an encode call that
+ran inside a top-module call is taken out of that call's phase time. The context length of each
+top-level call is read from the KV cache it receives (cached positions + new positions).
+``s.forward`` steps have a single phase, ``forward``.
 
 Coverage: the time spent in the *coverage modules* — the top module's children, where a child
 that holds a block stack (an ``nn.ModuleList``/``nn.ModuleDict``) is replaced by its own
 children, so for a decoder LM these are the embedding, each decoder layer, the final norm, the
-rotary embedding and the LM head — divided by the step time. What is missing is the code between
+rotary embedding and the LM head; the encode modules are coverage modules too (a call nested in
+another coverage module's call counts once) — divided by the step time. What is missing is the code between
 modules (masks, cache updates, sampling, ``generate`` bookkeeping).
 
 Overhead: hooks slow the model down. ``overhead_pct`` compares the instrumented steps with the
@@ -47,8 +53,8 @@ log = structlog.get_logger("perfsdk.collectors.layers")
 #: How the top module is named in paths (``named_modules`` gives it the empty string).
 ROOT_PATH = "(root)"
 
-LayerPhase = Literal["prefill", "decode", "forward"]
-_PHASES: tuple[LayerPhase, ...] = ("prefill", "decode", "forward")
+LayerPhase = Literal["encode", "prefill", "decode", "forward"]
+_PHASES: tuple[LayerPhase, ...] = ("encode", "prefill", "decode", "forward")
 
 
 class StepSelection(BaseModel):
@@ -146,7 +152,9 @@ class ModuleTypeRow(CollectorResult):
 
 
 class PhaseRow(CollectorResult):
-    """Top-module calls of one phase, summed over the instrumented steps."""
+    """Top-module calls of one phase, summed over the instrumented steps (for ``encode``: the
+    outermost encode-module calls; an encode pass inside a top-module call is taken out of that
+    call's phase)."""
 
     phase: LayerPhase
     forwards: int
@@ -268,6 +276,7 @@ class _Target:
     depth: int
     is_root: bool
     in_coverage: bool
+    is_encode: bool = False
 
 
 @dataclass
@@ -277,8 +286,12 @@ class _StepRecord:
     index: int
     kind: str
     start_ns: int = 0
-    # (target index, forward index, start_ns, duration_ns, input shapes or None)
-    calls: list[tuple[int, int, int, int, list[list[int]] | None]] = field(default_factory=list)
+    # (target index, forward index, start_ns, duration_ns, input shapes or None, phase)
+    calls: list[tuple[int, int, int, int, list[list[int]] | None, str]] = field(default_factory=list)
+    # outermost coverage calls: (duration_ns); outermost encode calls: (duration_ns, phase of the
+    # top-module call they ran in, or None when they ran outside it)
+    coverage_ns: int = 0
+    encode_calls: list[tuple[int, str | None]] = field(default_factory=list)
     context_lens: list[int | None] = field(default_factory=list)
     first_shapes: dict[tuple[int, str], list[list[int]]] = field(default_factory=dict)
     hook_ns: int = 0
@@ -313,9 +326,11 @@ def _context_len(args: tuple[Any, ...], kwargs: dict[str, Any]) -> int | None:
 
 
 def _phase_of(kind: str, forward_index: int) -> LayerPhase:
+    """Phase of a call outside the encode modules: calls before the first top-module call
+    (index -1) prepare the prompt, so they count as prefill."""
     if kind != "generate":
         return "forward"
-    return "prefill" if forward_index == 0 else "decode"
+    return "prefill" if forward_index <= 0 else "decode"
 
 
 def _step_shape_key(step: Step) -> tuple[Any, ...]:
@@ -333,13 +348,13 @@ def _step_shape_key(step: Step) -> tuple[Any, ...]:
 
 
 class LayersCollector(Collector):
-    """Per-module forward times (hooks) for prefill and decode, with coverage and overhead."""
+    """Per-module forward times (hooks) for encode, prefill and decode, with coverage and overhead."""
 
     name: ClassVar[str] = "layers"
     Config: ClassVar[type[BaseModel]] = LayersConfig
     Result: ClassVar[type[BaseModel]] = LayersResult
     default_enabled: ClassVar[bool] = False
-    description: ClassVar[str] = "per-layer forward times (hooks), by module and type, prefill vs decode"
+    description: ClassVar[str] = "per-layer forward times (hooks), by module and type, encode / prefill / decode"
 
     def __init__(self, config: BaseModel | None = None) -> None:
         super().__init__(config)
@@ -351,6 +366,9 @@ class LayersCollector(Collector):
         self._stacks: list[list[tuple[int, int]]] = []
         self._current: _StepRecord | None = None
         self._forward_index = -1
+        self._encode_depth = 0
+        self._coverage_depth = 0
+        self._root_stack: list[Any] = []
         self._now: Any = time.perf_counter_ns
         self._synchronized = False
         self._records: list[_StepRecord] = []
@@ -368,7 +386,12 @@ class LayersCollector(Collector):
     # -- hooks on the model ---------------------------------------------------------------
 
     def _select_targets(self, root: Any) -> list[tuple[_Target, Any]]:
+        from perfsdk.models.encode import encode_paths
+
         cover = set(coverage_paths(root))
+        encode = encode_paths(root)
+        # an encode module counts for coverage unless coverage modules already sit inside it
+        cover |= {e for e in encode if not any(c == e or c.startswith(e + ".") for c in cover)}
         wanted_types = set(self.cfg.module_types) if self.cfg.module_types is not None else None
         out: list[tuple[_Target, Any]] = []
         for path, module in root.named_modules():
@@ -377,13 +400,15 @@ class LayersCollector(Collector):
             depth = 0 if path == "" else path.count(".") + 1
             is_root = path == ""
             in_cov = path in cover
-            keep = is_root or in_cov
+            is_encode = path in encode
+            keep = is_root or in_cov or is_encode
             if not keep:
                 type_ok = wanted_types is None or type(module).__name__ in wanted_types
                 depth_ok = self.cfg.max_depth is None or depth <= self.cfg.max_depth
                 keep = type_ok and depth_ok
             if keep:
-                out.append((_Target(path or ROOT_PATH, type(module).__name__, depth, is_root, in_cov), module))
+                out.append((_Target(path or ROOT_PATH, type(module).__name__, depth, is_root, in_cov, is_encode),
+                            module))
         return out
 
     def _attach(self, root: Any, rec: _StepRecord) -> None:
@@ -393,11 +418,13 @@ class LayersCollector(Collector):
         self._pending_shapes = [[] for _ in selected]
         self._current = rec
         self._forward_index = -1
+        self._encode_depth = 0
+        self._coverage_depth = 0
+        self._root_stack = next(self._stacks[i] for i, t in enumerate(self._targets) if t.is_root)
         try:
             for i, (target, module) in enumerate(selected):
-                self._handles.append(module.register_forward_pre_hook(self._make_pre(i, target.is_root),
-                                                                      with_kwargs=True))
-                self._handles.append(module.register_forward_hook(self._make_post(i), always_call=True))
+                self._handles.append(module.register_forward_pre_hook(self._make_pre(i, target), with_kwargs=True))
+                self._handles.append(module.register_forward_hook(self._make_post(i, target), always_call=True))
         except BaseException:
             self._detach()
             raise
@@ -410,10 +437,12 @@ class LayersCollector(Collector):
             except Exception as exc:  # a handle whose module is gone: nothing left to remove
                 log.warning("could not remove a hook", error=repr(exc))
 
-    def _make_pre(self, i: int, is_root: bool) -> Any:
+    def _make_pre(self, i: int, target: _Target) -> Any:
         stack = self._stacks[i]
         kind = self._current.kind if self._current is not None else "forward"
         log_events = self.cfg.log_events
+        is_root, in_cov = target.is_root, target.in_coverage
+        is_encode = target.is_encode and kind == "generate"
 
         def pre(module: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
             h0 = time.perf_counter_ns()
@@ -423,14 +452,23 @@ class LayersCollector(Collector):
             if is_root:
                 self._forward_index += 1
                 rec.context_lens.append(_context_len(args, kwargs))
-            phase = _phase_of(kind, self._forward_index)
+            encode_start = is_encode and self._encode_depth == 0
+            if is_encode:
+                self._encode_depth += 1
+            outer_phase = _phase_of(kind, self._forward_index)
+            phase = "encode" if self._encode_depth > 0 else outer_phase
+            cov_outer = in_cov and self._coverage_depth == 0
+            if in_cov:
+                self._coverage_depth += 1
+            # an encode pass inside a top-module call is taken out of that call's phase
+            nested_in = outer_phase if encode_start and self._root_stack else None
             key = (i, phase)
             shapes = None
             if log_events or key not in rec.first_shapes:
                 shapes = _tensor_shapes(args, kwargs)
                 rec.first_shapes.setdefault(key, shapes)
             t0 = self._now()
-            stack.append((t0, self._forward_index))
+            stack.append((t0, self._forward_index, phase, cov_outer, encode_start, nested_in))
             rec.hook_calls += 1
             rec.hook_ns += time.perf_counter_ns() - h0
             if log_events:
@@ -438,9 +476,11 @@ class LayersCollector(Collector):
 
         return pre
 
-    def _make_post(self, i: int) -> Any:
+    def _make_post(self, i: int, target: _Target) -> Any:
         stack = self._stacks[i]
         log_events = self.cfg.log_events
+        in_cov = target.in_coverage
+        is_encode = target.is_encode and (self._current.kind if self._current is not None else "") == "generate"
 
         def post(module: Any, args: tuple[Any, ...], output: Any) -> None:
             t1 = self._now()
@@ -448,9 +488,17 @@ class LayersCollector(Collector):
             rec = self._current
             if rec is None or not stack:
                 return
-            t0, fwd = stack.pop()
+            t0, fwd, phase, cov_outer, encode_start, nested_in = stack.pop()
+            if in_cov:
+                self._coverage_depth = max(0, self._coverage_depth - 1)
+            if is_encode:
+                self._encode_depth = max(0, self._encode_depth - 1)
+            if cov_outer:
+                rec.coverage_ns += t1 - t0
+            if encode_start:
+                rec.encode_calls.append((t1 - t0, nested_in))
             shapes = self._pending_shapes[i].pop() if log_events and self._pending_shapes[i] else None
-            rec.calls.append((i, fwd, t0, t1 - t0, shapes))
+            rec.calls.append((i, fwd, t0, t1 - t0, shapes, phase))
             rec.hook_calls += 1
             rec.hook_ns += time.perf_counter_ns() - h0
 
@@ -588,8 +636,7 @@ class LayersCollector(Collector):
             for fwd, ctx in enumerate(rec.context_lens):
                 if ctx is not None:
                     phase_ctx.setdefault(_phase_of(rec.kind, fwd), []).append(ctx)
-            for i, fwd, t0, dur, shp in rec.calls:
-                phase = _phase_of(rec.kind, fwd)
+            for i, fwd, t0, dur, shp, phase in rec.calls:
                 a = agg.setdefault((i, phase), [0, 0])
                 a[0] += 1
                 a[1] += dur
@@ -603,7 +650,16 @@ class LayersCollector(Collector):
                         "context_len": rec.context_lens[fwd] if 0 <= fwd < len(rec.context_lens) else None,
                     })
         root_i = next(i for i, t in enumerate(targets) if t.is_root)
-        phase_time: dict[str, float] = {ph: agg[(root_i, ph)][1] / 1e9 for ph in _PHASES if (root_i, ph) in agg}
+        # per phase: [calls, total_ns] of the top module, with the encode passes as a phase of their own
+        phase_tot: dict[str, list[int]] = {ph: list(agg[(root_i, ph)]) for ph in _PHASES if (root_i, ph) in agg}
+        for rec in self._records:
+            for dur, nested_in in rec.encode_calls:
+                enc = phase_tot.setdefault("encode", [0, 0])
+                enc[0] += 1
+                enc[1] += dur
+                if nested_in is not None and nested_in in phase_tot:
+                    phase_tot[nested_in][1] -= dur
+        phase_time: dict[str, float] = {ph: v[1] / 1e9 for ph, v in phase_tot.items()}
 
         def share(x: float) -> float:
             return x / step_time * 100.0 if step_time > 0 else 0.0
@@ -638,15 +694,15 @@ class LayersCollector(Collector):
             rows = kept
         phases = []
         for ph in _PHASES:
-            if (root_i, ph) not in agg:
+            if ph not in phase_tot:
                 continue
-            calls, tot_ns = agg[(root_i, ph)]
+            calls, tot_ns = phase_tot[ph]
             ctxs = phase_ctx.get(ph) or []
             phases.append(PhaseRow(phase=ph, forwards=calls, total_s=tot_ns / 1e9, mean_s=tot_ns / 1e9 / calls,
                                    share_pct=share(tot_ns / 1e9), context_len_min=min(ctxs) if ctxs else None,
                                    context_len_max=max(ctxs) if ctxs else None))
         cov_idx = [i for i, t in enumerate(targets) if t.in_coverage]
-        cov_s = sum(c[1] for (i, _), c in agg.items() if i in set(cov_idx)) / 1e9
+        cov_s = sum(rec.coverage_ns for rec in self._records) / 1e9
         root_s = sum(phase_time.values())
         if self.cfg.log_events:
             events.sort(key=lambda e: (e["step"], e["start_s"], e["depth"]))

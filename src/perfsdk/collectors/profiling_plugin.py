@@ -34,7 +34,7 @@ def profiling_tables(collectors: dict[str, Any], max_rows: int = 15) -> list[Any
     tables: list[Any] = []
     lay = collectors.get("layers")
     if lay and lay.get("status") == "ok":
-        for phase in ("prefill", "decode", "forward"):
+        for phase in ("encode", "prefill", "decode", "forward"):
             rows = [r for r in lay.get("modules", []) if r["phase"] == phase and r["depth"] > 0]
             if not rows:
                 continue
