@@ -483,7 +483,7 @@ class Session:
             self._step_window = None
             step.outputs = out
             if tracker is not None:
-                step.vision_tokens = tracker.vision_tokens(step.batch_size)
+                step.vision_tokens = tracker.vision_tokens(step.batch_size, kwargs)
             self._finish_generate_counts(step, timer, model, kwargs, out)
             self.steps.append(step)
             self._dispatch("perfsdk_after_generate", session=self, step=step)

@@ -363,7 +363,9 @@ class LayersCollector(Collector):
         self._handles: list[Any] = []
         self._targets: list[_Target] = []
         self._targets_model_id: int | None = None
-        self._stacks: list[list[tuple[int, int]]] = []
+        # per target: open calls as (start_ns, forward index, phase, outermost coverage call,
+        # outermost encode call, phase of the top-module call an encode call runs in)
+        self._stacks: list[list[tuple[int, int, str, bool, bool, str | None]]] = []
         self._current: _StepRecord | None = None
         self._forward_index = -1
         self._encode_depth = 0

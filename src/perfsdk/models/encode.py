@@ -18,7 +18,8 @@ of the last encode module before the language model starts is where ``encode`` h
 the language model; a model that runs them inside its first forward is handled too, the switch
 then happens when its language model or decoder starts). The tracker also reads the real number
 of vision tokens from the features the projector (else the tower) returns — not from the
-placeholder tokens in the prompt.
+placeholder tokens in the prompt (those only say how to share the total among the requests of
+a batch).
 """
 
 from __future__ import annotations
@@ -169,19 +170,42 @@ def feature_tokens(output: Any) -> tuple[int, int] | None:
     return int(shape[0]), tokens
 
 
-def split_per_request(items: int, tokens: int, batch_size: int) -> list[int]:
-    """Vision tokens per request: ``items`` feature items of ``tokens`` tokens over a batch.
+def split_per_request(total: int, batch_size: int, weights: list[int] | None = None) -> list[int]:
+    """Split ``total`` vision tokens over the requests of a batch, in whole tokens.
 
-    Items divide evenly over the requests when they can (one image, or the same number of
-    crops, per request); otherwise the total is spread as evenly as whole tokens allow.
+    With ``weights`` (e.g. each request's image placeholders) the split is proportional to them
+    (largest remainders get the leftover tokens, so the parts add up to ``total``); without, or
+    when they are all zero, it is as even as whole tokens allow.
     """
     if batch_size < 1:
         return []
-    if items % batch_size == 0:
-        return [items // batch_size * tokens] * batch_size
-    total = items * tokens
-    base, extra = divmod(total, batch_size)
-    return [base + (1 if i < extra else 0) for i in range(batch_size)]
+    if weights is None or len(weights) != batch_size or sum(weights) <= 0:
+        weights = [1] * batch_size
+    wsum = sum(weights)
+    exact = [total * w / wsum for w in weights]
+    parts = [int(x) for x in exact]
+    order = sorted(range(batch_size), key=lambda i: (-(exact[i] - parts[i]), i))
+    for i in order[: total - sum(parts)]:
+        parts[i] += 1
+    return parts
+
+
+def placeholder_counts(model: Any, kwargs: dict[str, Any]) -> list[int] | None:
+    """Image (or audio) placeholder tokens per request in ``input_ids``, when the config names
+    the placeholder id; used only to split the real feature count over the requests."""
+    cfg = getattr(model, "config", None)
+    ids = kwargs.get("input_ids")
+    token = None
+    for name in ("image_token_id", "image_token_index", "audio_token_id", "audio_token_index"):
+        token = getattr(cfg, name, None)
+        if isinstance(token, int):
+            break
+    if not isinstance(token, int) or ids is None or not hasattr(ids, "shape") or len(ids.shape) != 2:
+        return None
+    try:
+        return [int(x) for x in (ids == token).sum(dim=1).tolist()]
+    except Exception:
+        return None
 
 
 class EncodeTracker:
@@ -189,8 +213,8 @@ class EncodeTracker:
 
     ``on_end(t_ns)`` is called once, when the first follower (the language model or decoder, or
     the top module) starts after the encode modules ran; ``t_ns`` is when the last encode module
-    finished. ``vision_tokens`` sums the feature tokens of every encode pass (``items``, tokens
-    per item), to be split over the requests by :func:`split_per_request`.
+    finished. :meth:`vision_tokens` sums the feature tokens of every encode pass and splits them
+    over the requests.
     """
 
     def __init__(self, model: Any, parts: EncodeParts, now: Callable[[], int], on_end: Callable[[int], None]) -> None:
@@ -251,12 +275,14 @@ class EncodeTracker:
         self._start_handles.clear()
         self.on_end(self.last_end_ns)
 
-    def vision_tokens(self, batch_size: int) -> list[int] | None:
-        """Real vision (or audio) tokens per request, from the features; ``None`` for encoders."""
+    def vision_tokens(self, batch_size: int, kwargs: dict[str, Any] | None = None) -> list[int] | None:
+        """Real vision (or audio) tokens per request, from the features; ``None`` for encoders.
+
+        The total is what the projector (else the tower) returned; it is split over the
+        requests by their placeholder counts when the config names the placeholder token
+        (requests with more images get more), else evenly.
+        """
         if self.parts.kind == "encoder-decoder" or not self.feature_items:
             return None
-        per = [0] * batch_size
-        for items, tokens in self.feature_items:
-            for i, n in enumerate(split_per_request(items, tokens, batch_size)):
-                per[i] += n
-        return per
+        total = sum(items * tokens for items, tokens in self.feature_items)
+        return split_per_request(total, batch_size, placeholder_counts(self.model, kwargs or {}))

@@ -7,7 +7,8 @@
    (counted), optionally sort by length;
 3. group them into batches: a fixed ``batch_size``, or adaptively under ``max_batch_tokens``
    (``batch_size x (longest input + max_new_tokens) <= budget``);
-4. tokenize every batch once with ``s.tokenize``;
+4. tokenize every batch once with ``s.tokenize`` (for a vision-language model, with its images
+   through the processor: :mod:`perfsdk.models.images`);
 5. run ``warmup_runs`` batches inside ``s.warmup()``;
 6. seed torch, then run timed passes over all batches until both ``min_iterations`` passes and
    ``min_duration_s`` are reached, waiting between batch submissions as the arrival pattern says.
@@ -33,9 +34,16 @@ SleepFn = Callable[[float], None]
 
 
 def count_tokens(tokenizer: Any, prompts: list[str]) -> list[int]:
-    """Real token count of each prompt (special tokens included, no padding)."""
+    """Real token count of each prompt (special tokens included, no padding).
+
+    For a multimodal processor its tokenizer counts the text; image tokens come on top.
+    """
     if not prompts:
         return []
+    from perfsdk.session import _is_processor
+
+    if _is_processor(tokenizer):
+        tokenizer = tokenizer.tokenizer
     enc = tokenizer(list(prompts), padding=False, truncation=False)
     return [len(ids) for ids in enc["input_ids"]]
 
@@ -165,6 +173,7 @@ def plan_workload(workload: WorkloadConfig, tokenizer: Any, prompts: list[str] |
         batches=[[kept[j] for j in g] for g in groups],
         batch_lengths=[[kept_lengths[j] for j in g] for g in groups],
         filtered=filtered,
+        extra={"indices": keep, "groups": groups},
     )
 
 
@@ -177,12 +186,24 @@ def check_workload(config: Config) -> None:
     from perfsdk.models.loader import check_model_config
     from perfsdk.models.prompts import load_prompts
 
+    from perfsdk.models.images import check_images
+
     check_model_config(config.model)
     load_prompts(config.workload.prompts, config.workload.num_prompts, config.workload.seed)
+    check_images(config.workload)
 
 
-def _workload_info(workload: WorkloadConfig, plan: WorkloadPlan, warmup: int, timed: int, iterations: int) -> WorkloadInfo:
+def _workload_info(workload: WorkloadConfig, plan: WorkloadPlan, warmup: int, timed: int, iterations: int,
+                   images: Any = None, vision_tokens: list[int] | None = None) -> WorkloadInfo:
+    vision: dict[str, Any] = {}
+    if images is not None:
+        vision = {"images_source": images.source, "image_size": workload.image_size,
+                  "num_crops": workload.num_crops, "image_views_mean": images.views_mean}
+    if vision_tokens:
+        vision["vision_tokens_mean"] = sum(vision_tokens) / len(vision_tokens)
+        vision["vision_tokens_max"] = max(vision_tokens)
     return WorkloadInfo(
+        **vision,
         prompts_source=workload.prompts,
         num_prompts=len(plan.prompts),
         prompts_filtered=plan.filtered,
@@ -227,8 +248,15 @@ def run_workload(
                           "cannot (use task: forward)")
 
     plan = plan_workload(workload, tokenizer)
-    session.set_workload_info(_workload_info(workload, plan, 0, 0, 0))
-    encodings = [session.tokenize(tokenizer, batch) for batch in plan.batches]
+    from perfsdk.models.images import workload_images
+
+    images = workload_images(workload, model, tokenizer, plan, session.config.model.id)
+    session.set_workload_info(_workload_info(workload, plan, 0, 0, 0, images))
+    if images is None:
+        encodings = [session.tokenize(tokenizer, batch) for batch in plan.batches]
+    else:
+        encodings = [session.tokenize(tokenizer, texts, images=views or None)
+                     for texts, views in zip(images.texts, images.views)]
     gen_kw = generate_kwargs(workload.generate)
 
     def run_batch(index: int) -> None:
@@ -268,6 +296,7 @@ def run_workload(
         iterations += 1
         total = max(total, done + n_batches) if clock() - start < workload.min_duration_s else total
 
-    info = _workload_info(workload, plan, workload.warmup_runs, timed, iterations)
+    vision = [n for st in session.measured_steps for n in (st.vision_tokens or [])]
+    info = _workload_info(workload, plan, workload.warmup_runs, timed, iterations, images, vision)
     session.set_workload_info(info)
     return info
