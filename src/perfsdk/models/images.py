@@ -162,13 +162,18 @@ def native_size(processor: Any) -> tuple[int, int] | None:
     ip = getattr(processor, "image_processor", None)
     if ip is None or getattr(ip, "image_grid_pinpoints", None) or getattr(ip, "max_pixels", None):
         return None
-    crop = getattr(ip, "crop_size", None)
-    if getattr(ip, "do_center_crop", False) and isinstance(crop, dict) and "height" in crop and "width" in crop:
-        return int(crop["width"]), int(crop["height"])
-    size = getattr(ip, "size", None)
-    if isinstance(size, dict) and "height" in size and "width" in size:
-        return int(size["width"]), int(size["height"])
-    return None
+    if getattr(ip, "do_center_crop", False):
+        fixed = _height_width(getattr(ip, "crop_size", None))
+        if fixed is not None:
+            return fixed
+    return _height_width(getattr(ip, "size", None))
+
+
+def _height_width(size: Any) -> tuple[int, int] | None:
+    """``(width, height)`` of a size setting (a dict or ``transformers``' ``SizeDict``)."""
+    get = size.get if isinstance(size, dict) else (lambda k: getattr(size, k, None))
+    h, w = get("height"), get("width")
+    return (int(w), int(h)) if h and w else None
 
 
 def select_grid(width: int, height: int, crops: int) -> tuple[int, int]:
