@@ -106,12 +106,6 @@ def _eos_ids(model: Any, kwargs: dict[str, Any]) -> set[int]:
         return set()
 
 
-def _is_processor(obj: Any) -> bool:
-    """A ``transformers`` processor (tokenizer plus image/audio processor), not a bare tokenizer."""
-    return hasattr(obj, "tokenizer") and any(
-        hasattr(obj, a) for a in ("image_processor", "feature_extractor", "video_processor"))
-
-
 def count_output_tokens(token_rows: list[list[int]], batch_size: int, eos: set[int]) -> list[int]:
     """Real output tokens per request: up to and including the first EOS, padding excluded.
 
@@ -377,9 +371,11 @@ class Session:
             tokenizer.pad_token = tokenizer.eos_token
         if "padding_side" not in kwargs and hasattr(tokenizer, "padding_side"):
             kwargs["padding_side"] = "left"
+        from perfsdk.models.encode import is_processor
+
         t0 = self.clock.now_ns()
         # a multimodal processor takes images first: the prompts must go in by name
-        enc = tokenizer(text=prompts, **kwargs) if _is_processor(tokenizer) else tokenizer(prompts, **kwargs)
+        enc = tokenizer(text=prompts, **kwargs) if is_processor(tokenizer) else tokenizer(prompts, **kwargs)
         if self.device is not None and hasattr(enc, "to"):
             enc = enc.to(self.device)
         t1 = self.clock.now_ns()

@@ -49,6 +49,12 @@ MEDIA_INPUTS: dict[str, tuple[str, ...]] = {
 }
 
 
+def is_processor(obj: Any) -> bool:
+    """A ``transformers`` processor (tokenizer plus image/audio processor), not a bare tokenizer."""
+    return hasattr(obj, "tokenizer") and any(
+        hasattr(obj, a) for a in ("image_processor", "feature_extractor", "video_processor"))
+
+
 @dataclass
 class EncodeParts:
     """The encode modules of one model and what follows them."""

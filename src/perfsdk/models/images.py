@@ -269,7 +269,7 @@ def workload_images(workload: WorkloadConfig, model: Any, processor: Any, plan: 
     Raises :class:`ConfigError` when images are asked for but the model or its processor cannot
     take them.
     """
-    from perfsdk.session import _is_processor
+    from perfsdk.models.encode import is_processor
 
     per_prompt = prompt_file_images(workload.prompts, workload.num_prompts, workload.seed)
     spec = workload.images
@@ -288,7 +288,7 @@ def workload_images(workload: WorkloadConfig, model: Any, processor: Any, plan: 
     if not takes:
         raise ConfigError(f"{where}: images given ({source}) but {model_id} takes no images "
                           "(its config has no vision_config)")
-    if not _is_processor(processor):
+    if not is_processor(processor):
         raise ConfigError(f"{where}: images given ({source}) but {model_id} has no processor to prepare them "
                           "(no preprocessor/processor config next to the model)")
     native = native_size(processor)

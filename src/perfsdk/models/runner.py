@@ -40,9 +40,9 @@ def count_tokens(tokenizer: Any, prompts: list[str]) -> list[int]:
     """
     if not prompts:
         return []
-    from perfsdk.session import _is_processor
+    from perfsdk.models.encode import is_processor
 
-    if _is_processor(tokenizer):
+    if is_processor(tokenizer):
         tokenizer = tokenizer.tokenizer
     enc = tokenizer(list(prompts), padding=False, truncation=False)
     return [len(ids) for ids in enc["input_ids"]]
