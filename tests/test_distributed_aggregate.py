@@ -7,15 +7,12 @@ from datetime import datetime, timezone
 import pytest
 
 from perfsdk import distributed
-from perfsdk.distributed import (
-    RankInfo,
-    aggregate,
-    aggregate_energy,
-    aggregate_latency,
-    detect_rank,
-    shard_prompts,
-)
+from perfsdk.collector import Collector, CollectorResult, RankShare
+from perfsdk.collectors.energy import EnergyCollector, EnergyResult
+from perfsdk.collectors.latency import LatencyCollector, LatencyResult
+from perfsdk.distributed import RankInfo, detect_rank, shard_prompts
 from perfsdk.schemas import ErrorRecord, RunResult, WorkloadInfo
+from perfsdk.stats import Stats
 
 
 def test_detect_rank_torchrun_env() -> None:
@@ -58,84 +55,140 @@ def test_current_shard_reads_env(monkeypatch: pytest.MonkeyPatch) -> None:
     assert distributed.current_shard(list(range(5))) == [0, 1, 2, 3, 4]
 
 
-def _lat(requests: int, out: int, inp: int, wall: float) -> dict:
-    return {"requests": requests, "output_tokens": out, "input_tokens": inp, "wall_s": wall, "steps": 1,
-            "warmup_steps": 1, "failed_steps": 0, "eos_stopped_requests": 0}
+def _lat(requests: int, out: int, inp: int, wall: float) -> LatencyResult:
+    empty = Stats()
+    return LatencyResult(ttft_s=empty, tpot_s=empty, itl_s=empty, e2e_s=empty, prefill_s=empty, decode_s=empty,
+                         forward_s=empty, step_s=empty, tokenize_s=empty, requests=requests, output_tokens=out,
+                         input_tokens=inp, wall_s=wall, steps=1, warmup_steps=1)
 
 
-def _payload(rank: int, host: str, samples: dict, steps: dict, collectors: dict, status: str = "ok",
+def _samples(**given: list[float]) -> dict:
+    base: dict = {k: [] for k in ("ttft_s", "tpot_s", "itl_s", "e2e_s", "decode_s", "forward_s", "tokenize_s")}
+    base.update(given)
+    return base
+
+
+def _payload(rank: int, host: str, collectors: dict, payloads: dict | None = None, status: str = "ok",
              errors: list | None = None) -> dict:
-    base = {k: [] for k in ("ttft_s", "tpot_s", "itl_s", "e2e_s", "decode_s", "forward_s", "tokenize_s")}
-    base.update(samples)
-    return {"rank": rank, "world_size": 2, "hostname": host, "status": status, "collectors": collectors,
-            "errors": errors or [], "workload": {"num_prompts": 3, "prompts_filtered": 1}, "records": [],
-            "samples": base, "step_s": steps, "series": {"token_times": [{"t_s": rank}]}}
+    """What distributed.rank_payload ships, with results in their stored (JSON) form."""
+    return {"rank": rank, "world_size": 2, "hostname": host, "status": status,
+            "collectors": {k: (v.model_dump(mode="json") if hasattr(v, "model_dump") else v) for k, v in collectors.items()},
+            "payloads": payloads or {}, "errors": errors or [], "workload": {"num_prompts": 3, "prompts_filtered": 1},
+            "records": [], "series": {"token_times": [{"t_s": rank}]}}
 
 
 def test_latency_pools_samples_and_takes_slowest_step() -> None:
-    p0 = _payload(0, "a", {"ttft_s": [1.0, 2.0], "itl_s": [0.1, 0.3]}, {0: 1.0, 1: 2.0},
-                  {"latency": _lat(2, 10, 6, 4.0)})
-    p1 = _payload(1, "a", {"ttft_s": [3.0], "itl_s": [0.2]}, {0: 1.5}, {"latency": _lat(1, 6, 4, 5.0)})
-    lat = aggregate_latency([p0, p1])
-    assert lat is not None
+    s0 = RankShare(0, 2, "a", _lat(2, 10, 6, 4.0), {"samples": _samples(ttft_s=[1.0, 2.0], itl_s=[0.1, 0.3]),
+                                                     "step_s": [1.0, 2.0]})
+    s1 = RankShare(1, 2, "a", _lat(1, 6, 4, 5.0), {"samples": _samples(ttft_s=[3.0], itl_s=[0.2]), "step_s": [1.5]})
+    lat = LatencyCollector.merge_ranks([s0, s1])
     # pooled [1, 2, 3]: the median of the pool, not the mean of per-rank medians (1.5 and 3)
-    assert lat["ttft_s"]["count"] == 3 and lat["ttft_s"]["p50"] == 2.0 and lat["ttft_s"]["max"] == 3.0
-    assert lat["prefill_s"]["p50"] == 2.0
-    assert lat["itl_s"]["count"] == 3 and lat["itl_s"]["p50"] == pytest.approx(0.2)
+    assert lat.ttft_s.count == 3 and lat.ttft_s.p50 == 2.0 and lat.ttft_s.max == 3.0
+    assert lat.prefill_s.p50 == 2.0
+    assert lat.itl_s.count == 3 and lat.itl_s.p50 == pytest.approx(0.2)
     # step 0: slowest of 1.0 and 1.5; step 1: only rank 0 had it
-    assert lat["step_s"]["count"] == 2 and lat["step_s"]["min"] == 1.5 and lat["step_s"]["max"] == 2.0
-    assert lat["busy_s"] == 3.5 and lat["steps"] == 2
-    assert (lat["requests"], lat["output_tokens"], lat["input_tokens"], lat["warmup_steps"]) == (3, 16, 10, 2)
-    assert lat["wall_s"] == 5.0
-    assert lat["output_tokens_per_s"] == pytest.approx(16 / 5.0)
-    assert lat["total_tokens_per_s"] == pytest.approx(26 / 5.0)
+    assert lat.step_s.count == 2 and lat.step_s.min == 1.5 and lat.step_s.max == 2.0
+    assert lat.busy_s == 3.5 and lat.steps == 2
+    assert (lat.requests, lat.output_tokens, lat.input_tokens, lat.warmup_steps) == (3, 16, 10, 2)
+    assert lat.wall_s == 5.0
+    assert lat.output_tokens_per_s == pytest.approx(16 / 5.0)
+    assert lat.total_tokens_per_s == pytest.approx(26 / 5.0)
+
+
+def _energy(**fields: object) -> EnergyResult:
+    return EnergyResult.model_validate({"status": "ok", "sources": [], **fields})
 
 
 def test_energy_counts_host_wide_counters_once() -> None:
-    e0 = {"status": "ok", "energy_j": {"rapl:package": 10.0, "nvml:gpu:0": 5.0, "codecarbon:process": 1.0},
-          "steps_energy_j": {"rapl:package": 8.0, "nvml:gpu:0": 4.0, "codecarbon:process": 1.0},
-          "measured_keys": ["nvml:gpu:0", "rapl:package"], "output_tokens": 8}
-    e1 = {"status": "ok", "energy_j": {"rapl:package": 12.0, "nvml:gpu:1": 7.0, "codecarbon:process": 2.0},
-          "steps_energy_j": {"rapl:package": 10.0, "nvml:gpu:1": 6.0, "codecarbon:process": 2.0},
-          "measured_keys": ["nvml:gpu:1", "rapl:package"], "output_tokens": 12}
-    e2 = {"status": "ok", "energy_j": {"rapl:package": 20.0}, "steps_energy_j": {"rapl:package": 18.0},
-          "measured_keys": ["rapl:package"], "output_tokens": 0}
-    p = [_payload(0, "a", {}, {}, {"energy": e0}), _payload(1, "a", {}, {}, {"energy": e1}),
-         _payload(2, "b", {}, {}, {"energy": e2})]
-    en = aggregate_energy(p, 20)
-    assert en is not None
+    e0 = _energy(energy_j={"rapl:package": 10.0, "nvml:gpu:0": 5.0, "codecarbon:process": 1.0},
+                 steps_energy_j={"rapl:package": 8.0, "nvml:gpu:0": 4.0, "codecarbon:process": 1.0},
+                 measured_keys=["nvml:gpu:0", "rapl:package"], output_tokens=8)
+    e1 = _energy(energy_j={"rapl:package": 12.0, "nvml:gpu:1": 7.0, "codecarbon:process": 2.0},
+                 steps_energy_j={"rapl:package": 10.0, "nvml:gpu:1": 6.0, "codecarbon:process": 2.0},
+                 measured_keys=["nvml:gpu:1", "rapl:package"], output_tokens=12)
+    e2 = _energy(energy_j={"rapl:package": 20.0}, steps_energy_j={"rapl:package": 18.0},
+                 measured_keys=["rapl:package"], output_tokens=0)
+    en = EnergyCollector.merge_ranks([RankShare(0, 3, "a", e0), RankShare(1, 3, "a", e1), RankShare(2, 3, "b", e2)])
     # same host "a": the package counter is read twice -> max 12; host "b" adds 20
-    assert en["energy_j"] == {"rapl:package": 32.0, "nvml:gpu:0": 5.0, "nvml:gpu:1": 7.0, "codecarbon:process": 3.0}
-    assert en["output_tokens"] == 20
+    assert en.energy_j == {"rapl:package": 32.0, "nvml:gpu:0": 5.0, "nvml:gpu:1": 7.0, "codecarbon:process": 3.0}
+    assert en.output_tokens == 20
     # steps: package max(8, 10) on host a + 18 on host b = 28; GPUs 4 + 6; codecarbon is not measuring
-    assert en["steps_energy_j"]["rapl:package"] == 28.0
-    assert en["j_per_output_token_by_source"]["rapl:package"] == pytest.approx(28.0 / 20)
-    assert en["output_tokens_per_j_by_source"]["nvml:gpu:1"] == pytest.approx(20 / 6.0)
-    assert en["measured_keys"] == ["nvml:gpu:0", "nvml:gpu:1", "rapl:package"]
-    assert en["j_per_output_token"] == pytest.approx((28.0 + 4.0 + 6.0) / 20)
-    assert en["output_tokens_per_j"] == pytest.approx(20 / 38.0)
+    assert en.steps_energy_j["rapl:package"] == 28.0
+    assert en.j_per_output_token_by_source["rapl:package"] == pytest.approx(28.0 / 20)
+    assert en.output_tokens_per_j_by_source["nvml:gpu:1"] == pytest.approx(20 / 6.0)
+    assert en.measured_keys == ["nvml:gpu:0", "nvml:gpu:1", "rapl:package"]
+    assert en.j_per_output_token == pytest.approx((28.0 + 4.0 + 6.0) / 20)
+    assert en.output_tokens_per_j == pytest.approx(20 / 38.0)
 
 
-def test_aggregate_builds_ranks_section_and_merges_errors() -> None:
+class _Calls(CollectorResult):
+    calls: int = 0
+
+
+class _SummingCounter(Collector):
+    name = "calls_summed"
+    Result = _Calls
+
+    @classmethod
+    def merge_ranks(cls, shares: list[RankShare]) -> _Calls:
+        return _Calls(calls=sum(s.result.calls for s in shares))
+
+
+class _PlainCounter(Collector):
+    name = "calls_plain"
+    Result = _Calls
+
+
+def test_aggregate_merges_through_each_collector_and_marks_the_rest_rank0_only() -> None:
     now = datetime.now(timezone.utc)
     result = RunResult(run_id="r1", name="x", status="ok", started_at=now, perfsdk_version="0",
-                       collectors={"latency": _lat(2, 10, 6, 4.0), "memory": {"rss_peak_bytes": 5}},
+                       collectors={"latency": _lat(2, 10, 6, 4.0).model_dump(mode="json"),
+                                   "calls_summed": {"calls": 2}, "calls_plain": {"calls": 2}},
                        workload=WorkloadInfo(num_prompts=3, prompts_filtered=1))
     err = ErrorRecord(source="memory", hook="perfsdk_finalize", type="ValueError", message="boom").model_dump()
-    p0 = _payload(0, "a", {"ttft_s": [1.0]}, {0: 1.0}, dict(result.collectors))
-    p1 = _payload(1, "b", {"ttft_s": [3.0]}, {0: 2.0}, {"latency": _lat(1, 6, 4, 5.0)}, status="partial",
-                  errors=[err])
-    out, series = aggregate(result, [p0, p1])
+    lat_pay = {"samples": _samples(ttft_s=[1.0]), "step_s": [1.0]}
+    p0 = _payload(0, "a", {"latency": _lat(2, 10, 6, 4.0), "calls_summed": {"calls": 2}, "calls_plain": {"calls": 2}},
+                  {"latency": lat_pay})
+    p1 = _payload(1, "b", {"latency": _lat(1, 6, 4, 5.0), "calls_summed": {"calls": 3}, "calls_plain": {"calls": 3}},
+                  {"latency": {"samples": _samples(ttft_s=[3.0]), "step_s": [2.0]}}, status="partial", errors=[err])
+    classes = {"latency": LatencyCollector, "calls_summed": _SummingCounter, "calls_plain": _PlainCounter}
+    out, series = distributed.aggregate(result, [p0, p1], classes)
     assert out.status == "partial"
     assert [r.rank for r in out.ranks or []] == [0, 1]
     assert out.ranks is not None and out.ranks[1].hostname == "b" and out.ranks[1].errors[0].message == "boom"
     assert [e.source for e in out.errors] == ["rank1:memory"]
     assert out.collectors["latency"]["requests"] == 3
-    assert out.collectors["memory"] == {"rss_peak_bytes": 5}
+    assert out.collectors["latency"]["ttft_s"]["count"] == 2
+    # a counter with a merge sums; one without keeps rank 0's value, marked, and both ranks' values
+    assert out.collectors["calls_summed"] == {"calls": 5}
+    assert out.collector_meta["calls_summed"].scope == "merged"
+    assert out.collectors["calls_plain"] == {"calls": 2}
+    assert out.collector_meta["calls_plain"].scope == "rank0-only"
+    assert [r.collectors["calls_plain"]["calls"] for r in out.ranks] == [2, 3]
     assert out.workload is not None and (out.workload.num_prompts, out.workload.prompts_filtered) == (6, 2)
     assert out.environment.extra["distributed"]["world_size"] == 2
     assert out.environment.extra["distributed"]["hosts"] == ["a", "b"]
+    assert out.environment.extra["distributed"]["rank0_only"] == ["calls_plain"]
     assert series == {"rank1.token_times": [{"t_s": 1}]}
+
+
+def test_a_failing_merge_keeps_rank0_value_and_names_the_collector() -> None:
+    class Broken(_SummingCounter):
+        name = "broken"
+
+        @classmethod
+        def merge_ranks(cls, shares: list[RankShare]) -> _Calls:
+            raise RuntimeError("cannot merge")
+
+    now = datetime.now(timezone.utc)
+    result = RunResult(run_id="r1", name="x", status="ok", started_at=now, perfsdk_version="0")
+    p0 = _payload(0, "a", {"broken": {"calls": 1}})
+    p1 = _payload(1, "a", {"broken": {"calls": 4}})
+    out, _ = distributed.aggregate(result, [p0, p1], {"broken": Broken})
+    assert out.collectors["broken"] == {"calls": 1}
+    assert out.collector_meta["broken"].scope == "rank0-only"
+    assert out.status == "partial"
+    assert [(e.source, e.hook) for e in out.errors] == [("broken", "merge_ranks")]
 
 
 def test_single_process_session_is_untouched(tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -27,6 +27,20 @@ def test_every_hook_is_documented():
         assert hookspecs.__dict__[name].__doc__, f"{name} has no docstring"
 
 
+CONTRACT = ["result_of", "key_columns", "title", "summary_rows", "summary_tables", "report_section",
+            "compare_metrics", "metric_samples", "metric_value", "rank_payload", "merge_ranks"]
+
+
+def test_every_contract_point_is_documented():
+    import perfsdk
+
+    text = DOCS.read_text()
+    for name in CONTRACT:
+        assert hasattr(perfsdk.Collector, name), name
+        assert re.search(rf"^### `Collector\.{name}\b", text, re.M), f"Collector.{name} is not documented in docs/hooks.md"
+    assert re.search(r"^### `perfsdk\.register_plugin\(", text, re.M)
+
+
 def test_every_hook_has_a_test():
     tests = {n for n in globals() if n.startswith("test_hook_")}
     missing = [h for h in HOOKS if f"test_hook_{h}" not in tests]

@@ -178,15 +178,37 @@ def test_measurement_tpot() -> None:
     assert m.tpot_s == pytest.approx(0.1)
 
 
-def test_measurements_from_latency_summary_without_requests() -> None:
-    class Workload:
-        batch_size = 2
+def test_calibrate_from_runs_perfsdk_run_stored_without_their_requests_series(tmp_path: Path) -> None:
+    """Runs stored by ``perfsdk run`` whose requests series is gone (older or trimmed runs): the
+    latency summary (typed: p50, never a made-up key) still yields measurements and a fit."""
+    import json
 
-    class Run:
-        run_id, name, model, workload = "r", "n", None, Workload()
-        collectors = {"latency": {"ttft_s": {"median": 0.02}, "tpot_s": {"median": 0.004}, "requests": 4,
-                                  "output_tokens": 20, "input_tokens": 64, "steps": 2}}
+    from perfsdk.cli import cli
+    from perfsdk.store import Store
 
-    (m,) = measurements_of_run(Run(), None)
-    assert (m.batch_size, m.input_tokens, m.output_tokens) == (2, 16, 5)
-    assert m.ttft_s == pytest.approx(0.02) and m.tpot_s == pytest.approx(0.004)
+    store = tmp_path / "st"
+    for batch in (1, 2):
+        r = CliRunner().invoke(cli, ["run", "--store", str(store), "--quiet", "--set", "workload.num_prompts=4",
+                                     "--set", f"workload.batching.batch_size={batch}",
+                                     "--set", "workload.generate.max_new_tokens=4",
+                                     "--set", "workload.generate.min_new_tokens=4", "--set", "workload.warmup_runs=1",
+                                     "--set", "workload.min_iterations=1", "--set", "collectors.energy=false",
+                                     "--set", "collectors.utilization=false", "--set", "exporters=[]"])
+        assert r.exit_code == 0, r.output
+        rid = r.output.strip().splitlines()[-1]
+        run = Store(str(store)).get(rid)
+        with_series = measurements_of_run(run)
+        assert with_series and {m.batch_size for m in with_series} == {batch}
+        # drop the requests series the way an older run would lack it
+        path = store / "runs" / rid / "result.json"
+        data = json.loads(path.read_text(encoding="utf-8"))
+        (store / "runs" / rid / data["series"].pop("requests")).unlink()
+        path.write_text(json.dumps(data), encoding="utf-8")
+        run = Store(str(store)).get(rid)
+        lat = run.collector_result("latency")
+        (m,) = measurements_of_run(run)
+        assert (m.batch_size, m.output_tokens) == (batch, 4)
+        assert m.input_tokens == round(lat.input_tokens / lat.requests)
+        assert m.ttft_s == pytest.approx(lat.ttft_s.p50) and m.tpot_s == pytest.approx(lat.tpot_s.p50)
+    result, used, skipped = calibrate_from_store(str(store))
+    assert sorted((u.batch_size, u.output_tokens) for u in used) == [(1, 4), (2, 4)] and not skipped

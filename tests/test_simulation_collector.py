@@ -51,6 +51,21 @@ def test_collector_predicts_targets_and_compares(tiny_model) -> None:  # type: i
     pre = res["comparison"]["prefill"]
     assert pre["error_pct"] == pytest.approx(100 * (pre["predicted_s"] - pre["measured_s"]) / pre["measured_s"])
     assert "simulation.json" in s.artifacts
+    # the collector's own summary tables, from its typed result
+    from rich.console import Console
+
+    from perfsdk.simulation.plugin import SimulationCollector
+
+    typed = SimulationCollector.result_of(s.result)
+    assert typed is not None and typed.predictions["h100-sxm"].ttft_s == h100["ttft_s"]
+    tables = SimulationCollector.summary_tables(typed)
+    assert len(tables) == 2
+    con = Console(record=True, width=200)
+    for t in tables:
+        con.print(t)
+    text = con.export_text()
+    assert "host-cpu (measured here)" in text and "pim-ai-dimm" in text
+    assert f"{pre['error_pct']:+.1f}%" in text
 
 
 def test_collector_without_generate_is_unavailable(tiny_model) -> None:  # type: ignore[no-untyped-def]
@@ -59,24 +74,3 @@ def test_collector_without_generate_is_unavailable(tiny_model) -> None:  # type:
         s.forward(tiny_model, input_ids=torch.randint(4, 256, (1, 4)))
     res = s.result.collectors["simulation"]
     assert res["status"] == "unavailable" and "no measured generate step" in res["reason"]
-
-
-def test_summary_tables() -> None:
-    from rich.console import Console
-
-    from perfsdk.simulation.plugin import simulation_tables
-
-    pred = {"ttft_s": 0.01, "tpot_s": 0.002, "output_tokens_per_s": 500.0, "energy_j_per_output_token": 0.1,
-            "fits_in_memory": True}
-    res = {"status": "ok", "captured_step": 1, "batch_size": 2, "input_tokens": 12, "output_tokens": 5,
-           "measured_profile": "host-cpu", "predictions": {"h100-sxm": pred, "host-cpu": pred},
-           "comparison": {"prefill": {"measured_s": 0.008, "predicted_s": 0.01, "error_pct": 25.0}}}
-    tables = simulation_tables({"simulation": res})
-    assert len(tables) == 2
-    con = Console(record=True, width=200)
-    for t in tables:
-        con.print(t)
-    text = con.export_text()
-    assert "host-cpu (measured here)" in text and "+25.0%" in text
-    assert simulation_tables({}) == []
-    [t] = simulation_tables({"simulation": {"status": "unavailable", "reason": "no step"}})

@@ -18,10 +18,18 @@ from perfsdk.logs import configure_default as _configure_logging  # noqa: E402
 
 _configure_logging()
 
-from perfsdk.collector import Collector, CollectorConfig, CollectorResult, Exporter  # noqa: E402
+from perfsdk.collector import (  # noqa: E402
+    Collector,
+    CollectorConfig,
+    CollectorResult,
+    Exporter,
+    RankShare,
+    ReportFigure,
+    ReportSection,
+)
 from perfsdk.config import Config, ConfigError, load_config  # noqa: E402
 from perfsdk.events import LoadEvent, Step, TokenizeEvent, Window  # noqa: E402
-from perfsdk.plugins import DEFAULT_PLUGINS, hookimpl  # noqa: E402
+from perfsdk.plugins import DEFAULT_PLUGINS, hookimpl, register_plugin, unregister_plugin  # noqa: E402
 from perfsdk.hookspecs import hookspec  # noqa: E402
 from perfsdk.schemas import RunResult  # noqa: E402
 from perfsdk.session import Session, session  # noqa: E402
@@ -45,6 +53,9 @@ __all__ = [
     "DEFAULT_PLUGINS",
     "Exporter",
     "LoadEvent",
+    "RankShare",
+    "ReportFigure",
+    "ReportSection",
     "RunResult",
     "Session",
     "Stats",
@@ -57,6 +68,8 @@ __all__ = [
     "hookspec",
     "load_config",
     "load_runs",
+    "register_plugin",
     "session",
     "summarize",
+    "unregister_plugin",
 ]

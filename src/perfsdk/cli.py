@@ -177,7 +177,7 @@ def execute_run(sess: Any, quiet: bool = False, as_json: bool = False) -> int:
     elif quiet:
         click.echo(result.run_id)
     else:
-        print_summary(result, console, sess.run_dir)
+        print_summary(result, console, sess.run_dir, registry=sess.registry)
     if code == EXIT_OK and result.status != "ok":
         code = EXIT_FAILED
     return code

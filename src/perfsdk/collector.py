@@ -1,7 +1,24 @@
-"""Base classes for collectors (measure) and exporters (write results out)."""
+"""Base classes for collectors (measure, and own their results) and exporters (write results out).
+
+A collector owns its result from measurement to every place it appears:
+
+- **measurement**: lifecycle hooks (``perfsdk_*`` methods) on the instance the session makes;
+- **result**: ``Result`` (pydantic), returned by ``perfsdk_finalize``, re-validated whenever a
+  stored run is read back while the collector is installed (:meth:`Collector.result_of`);
+- **presentation**: :meth:`Collector.summary_rows` / :meth:`Collector.summary_tables` for the
+  terminal, :meth:`Collector.report_section` for the HTML report, :attr:`Collector.key_columns`
+  for the columns that lead CSV / markdown exports;
+- **distributed runs**: :meth:`Collector.rank_payload` (what each rank ships to rank 0 besides
+  its result) and :meth:`Collector.merge_ranks` (how the ranks' results combine).
+
+Every presentation method has a generic default (scalar fields as rows, a key/value table), so a
+collector that supplies none still shows up everywhere.
+"""
 
 from __future__ import annotations
 
+import html as _html
+from dataclasses import dataclass, field
 from typing import IO, TYPE_CHECKING, Any, ClassVar
 
 from pydantic import BaseModel, ConfigDict
@@ -22,8 +39,83 @@ class CollectorResult(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
 
+@dataclass
+class ReportFigure:
+    """A PNG figure of an HTML report section."""
+
+    slug: str
+    title: str
+    png: bytes
+    caption: str = ""
+
+
+class ReportSection:
+    """One section of the HTML report: a heading, HTML fragments (tables), figures and notes.
+
+    ``html`` may be given as one string or a list of fragments; it is kept as a list.
+    """
+
+    def __init__(self, title: str, html: str | list[str] | None = None, figures: list[ReportFigure] | None = None,
+                 notes: list[str] | None = None, slug: str = "") -> None:
+        self.title = title
+        self.html: list[str] = [html] if isinstance(html, str) else list(html or [])
+        self.figures: list[ReportFigure] = list(figures or [])
+        self.notes: list[str] = list(notes or [])
+        self.slug = slug
+
+    def __repr__(self) -> str:
+        return f"ReportSection({self.title!r}, {len(self.html)} fragments, {len(self.figures)} figures)"
+
+
+@dataclass
+class RankShare:
+    """One rank's share of a distributed run, as :meth:`Collector.merge_ranks` receives it.
+
+    ``result`` is the rank's typed ``Result``; ``payload`` is what the collector's
+    :meth:`Collector.rank_payload` returned on that rank (``None`` if it defines none).
+    """
+
+    rank: int
+    world_size: int
+    hostname: str | None
+    result: Any
+    payload: Any = None
+
+
+def scalar_items(data: Any, prefix: str = "", limit: int = 40) -> list[tuple[str, Any]]:
+    """The scalar leaves of a result (numbers, short strings, bools), as dotted (path, value)."""
+    if isinstance(data, BaseModel):
+        data = data.model_dump(mode="json")
+    out: list[tuple[str, Any]] = []
+
+    def walk(v: Any, path: str) -> None:
+        if len(out) >= limit:
+            return
+        if isinstance(v, dict):
+            for k, sub in v.items():
+                walk(sub, f"{path}.{k}" if path else str(k))
+        elif isinstance(v, (int, float, bool)) or (isinstance(v, str) and len(v) <= 80):
+            out.append((path, v))
+
+    walk(data, prefix)
+    return out
+
+
+def html_table(headers: list[str], rows: list[list[Any]], cls: str = "") -> str:
+    """An escaped HTML table; floats shown with 4 significant digits, ``None`` as ``-``."""
+
+    def cell(v: Any) -> str:
+        if isinstance(v, float):
+            v = f"{v:.4g}"
+        return _html.escape("-" if v is None else str(v))
+
+    head = "".join(f"<th>{_html.escape(h)}</th>" for h in headers)
+    body = "".join("<tr>" + "".join(f"<td>{cell(v)}</td>" for v in r) + "</tr>" for r in rows)
+    return f'<table class="{cls}"><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>'
+
+
 class Collector:
-    """A measurement plugin.
+    """A measurement plugin that owns its result end to end.
 
     Subclasses set ``name``, ``Config`` (settings, ``extra="forbid"``), ``Result`` (what
     ``perfsdk_finalize`` returns) and ``default_enabled``, and implement lifecycle hooks as
@@ -32,6 +124,9 @@ class Collector:
     all state lives on the instance.
 
     Raw time series go through ``session.add_series(name, rows)``; collectors never write files.
+
+    Presentation and merging are class methods that receive the typed ``Result``; override the
+    ones you need (see ``docs/hooks.md``, "The collector contract").
     """
 
     name: ClassVar[str] = ""
@@ -39,12 +134,94 @@ class Collector:
     Result: ClassVar[type[BaseModel]] = CollectorResult
     default_enabled: ClassVar[bool] = False
     description: ClassVar[str] = ""
+    #: Dotted paths inside ``Result`` that lead CSV / markdown exports, in this order, as
+    #: ``collectors.<name>.<path>`` columns (absent ones are skipped).
+    key_columns: ClassVar[tuple[str, ...]] = ()
+    #: Title of this collector's summary block and report section (defaults to ``name``).
+    title: ClassVar[str] = ""
 
     def __init__(self, config: BaseModel | None = None) -> None:
         self.config = config if config is not None else self.Config()
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.name!r}>"
+
+    # -- results ------------------------------------------------------------------------------
+
+    @classmethod
+    def result_of(cls, run: RunResult) -> Any:
+        """This collector's typed ``Result`` in ``run``, or ``None`` when the run has none (or
+        it does not validate against ``Result``)."""
+        return run.collector_result(cls.name, cls)
+
+    # -- presentation ---------------------------------------------------------------------------
+
+    @classmethod
+    def summary_rows(cls, result: Any) -> list[tuple[str, str]]:
+        """(label, value) rows for the terminal summary. Default: the result's scalar fields."""
+        return [(k, _fmt_scalar(v, k)) for k, v in scalar_items(result, limit=12)]
+
+    @classmethod
+    def summary_tables(cls, result: Any) -> list[Any]:
+        """Extra ``rich`` tables for the terminal summary (default: none)."""
+        return []
+
+    @classmethod
+    def report_section(cls, result: Any, run: RunResult) -> ReportSection | None:
+        """This collector's section of the HTML report. Default: a table of scalar fields.
+
+        ``run`` gives context: ``run.read_series(name)`` reads a stored series of the run.
+        """
+        rows = [[k, v] for k, v in scalar_items(result)]
+        if not rows:
+            return None
+        return ReportSection(cls.title or cls.name, html_table(["field", "value"], rows, "kv"))
+
+    # -- comparisons between runs -------------------------------------------------------------
+
+    @classmethod
+    def compare_metrics(cls) -> dict[str, bool]:
+        """Metrics this collector gives per-step samples for (``perfsdk compare`` bootstraps
+        them): name -> whether lower is better. Default: none."""
+        return {}
+
+    @classmethod
+    def metric_samples(cls, run: RunResult, metric: str) -> list[list[float]] | None:
+        """Samples of one of :meth:`compare_metrics`, grouped by step (the requests of a batch
+        are not independent), read from ``run`` and its stored series; ``None`` if absent."""
+        return None
+
+    @classmethod
+    def metric_value(cls, result: Any, metric: str, stat: str) -> float | None:
+        """The headline value of one of :meth:`compare_metrics` (``stat``: mean, p50, ...)."""
+        return None
+
+    # -- distributed runs -------------------------------------------------------------------------
+
+    def rank_payload(self, session: Any) -> Any:
+        """Extra data this rank sends to rank 0 for :meth:`merge_ranks` (picklable; default
+        ``None``). Called on every rank after ``perfsdk_finalize``."""
+        return None
+
+    @classmethod
+    def merge_ranks(cls, shares: list[RankShare]) -> Any:
+        """Combine the ranks' results into the run's top-level result.
+
+        Return ``NotImplemented`` (the default) when results cannot be combined: the run then
+        keeps every rank's result in its ``ranks`` entries, and the top-level entry is rank 0's,
+        marked ``rank0-only`` in ``collector_meta``.
+        """
+        return NotImplemented
+
+    @classmethod
+    def has_merge(cls) -> bool:
+        return getattr(cls.merge_ranks, "__func__", None) is not Collector.merge_ranks.__func__  # type: ignore[attr-defined]
+
+
+def _fmt_scalar(v: Any, key: str = "") -> str:
+    from perfsdk.fmt import fmt_value
+
+    return fmt_value(v, key)
 
 
 class Exporter:

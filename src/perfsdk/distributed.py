@@ -7,19 +7,13 @@ This module makes those sessions one run:
    first, then the launcher's environment), joins a process group if none is initialized
    (``gloo``, from the ``env://`` variables the launcher sets) and broadcasts rank 0's run id,
    so every rank carries the same id. Ranks other than 0 never write to the store.
-2. At finalize :func:`post_process` sends each rank's share (collector results, errors, the raw
-   per-request latency samples and per-step wall times, time series) to rank 0 with
-   ``gather_object`` over a gloo group, and rank 0 stores one run with a ``ranks`` section and an
-   aggregate:
-
-   - tokens and requests are summed;
-   - latency percentiles are recomputed from the pooled per-request samples of all ranks
-     (never averaged percentiles);
-   - the wall time of step ``k`` is the slowest rank's step ``k``; throughput is total tokens over
-     the slowest rank's wall time;
-   - energy is summed over hosts; a host-wide counter (``rapl:package``, ``codecarbon:machine``)
-     read by several ranks on the same host is counted once (the largest reading), per-process
-     sources (``...:process``) are summed.
+2. At finalize :func:`post_process` sends each rank's share (collector results, each
+   collector's ``rank_payload``, errors, time series) to rank 0 with ``gather_object`` over a
+   gloo group, and rank 0 stores one run with a ``ranks`` section. Each collector's top-level
+   result is combined by its own ``merge_ranks`` (latency pools samples, energy counts host-wide
+   counters once, ...); a collector without a merge keeps rank 0's result at the top level,
+   marked ``rank0-only`` in ``collector_meta``, and every rank's result in ``ranks``. This module
+   only moves data between processes; it knows no collector's fields.
 
 3. ``perfsdk run`` gives each rank ``shard_prompts(prompts, rank, world_size)``.
 
@@ -39,8 +33,8 @@ from typing import Any, TypeVar
 
 import structlog
 
-from perfsdk.schemas import ErrorRecord, RankResult, RunResult, WorkloadInfo
-from perfsdk.stats import summarize
+from perfsdk.collector import RankShare
+from perfsdk.schemas import CollectorMeta, ErrorRecord, RankResult, RunResult, WorkloadInfo
 
 log = structlog.get_logger("perfsdk.distributed")
 
@@ -54,21 +48,6 @@ _ENV_SETS: tuple[tuple[str, str, str, str], ...] = (
 )
 
 _STATUS_ORDER = {"ok": 0, "partial": 1, "failed": 2}
-
-#: Latency fields recomputed from pooled samples (field -> key of the per-rank sample lists).
-_POOLED_LATENCY = {
-    "ttft_s": "ttft_s",
-    "tpot_s": "tpot_s",
-    "itl_s": "itl_s",
-    "e2e_s": "e2e_s",
-    "encode_s": "encode_s",
-    "prefill_s": "prefill_s",
-    "decode_s": "decode_s",
-    "forward_s": "forward_s",
-    "tokenize_s": "tokenize_s",
-}
-_SUMMED_LATENCY = ("input_tokens", "output_tokens", "requests", "warmup_steps", "failed_steps", "eos_stopped_requests")
-
 
 @dataclass
 class RankInfo:
@@ -141,16 +120,17 @@ def _torch_dist() -> Any:
 
 
 def _timeout() -> _dt.timedelta:
-    try:
-        secs = float(os.environ.get("PERFSDK_DIST_TIMEOUT_S", "600"))
-    except ValueError:
-        secs = 600.0
+    from perfsdk.envflags import number
+
+    secs = number("PERFSDK_DIST_TIMEOUT_S", 600.0)
     return _dt.timedelta(seconds=max(secs, 1.0))
 
 
 def disabled() -> bool:
     """``PERFSDK_DISTRIBUTED=0`` turns rank awareness off (every process is its own run)."""
-    return os.environ.get("PERFSDK_DISTRIBUTED", "").strip().lower() in ("0", "false", "no", "off")
+    from perfsdk.envflags import flag_off
+
+    return flag_off("PERFSDK_DISTRIBUTED")
 
 
 def init_group(info: RankInfo) -> RankInfo:
@@ -275,42 +255,23 @@ def attach(session: Any) -> RankInfo:
 
 
 def rank_payload(session: Any, result: RunResult) -> dict[str, Any]:
-    """What one rank sends to rank 0: its results plus the raw samples needed to pool."""
-    from perfsdk.collectors.latency import request_latencies
-
-    samples: dict[str, list[float]] = {k: [] for k in ("ttft_s", "tpot_s", "itl_s", "e2e_s", "encode_s", "prefill_s",
-                                                       "decode_s", "forward_s")}
-    steps: dict[int, float] = {}
-    ordinal = 0
-    for st in session.measured_steps:
-        # steps are matched across ranks by their order among measured steps
-        steps[ordinal] = st.duration_s or 0.0
-        ordinal += 1
-        if st.kind == "forward":
-            samples["forward_s"].append(st.duration_s or 0.0)
-            continue
-        for r in request_latencies(st):
-            samples["ttft_s"].append(r["ttft_s"])
-            samples["prefill_s"].append(r["prefill_s"])
-            if r["encode_s"] is not None:
-                samples["encode_s"].append(r["encode_s"])
-            samples["e2e_s"].append(r["e2e_s"])
-            samples["decode_s"].append(r["e2e_s"] - r["ttft_s"])
-            if r["tpot_s"] is not None:
-                samples["tpot_s"].append(r["tpot_s"])
-            samples["itl_s"].extend(r["itl_s"])
-    samples["tokenize_s"] = [ev.tokenize_s for ev in session.tokenize_events]
+    """What one rank sends to rank 0: its results, and each collector's ``rank_payload``."""
+    extra: dict[str, Any] = {}
+    for name, inst in session.collectors.items():
+        try:
+            extra[name] = inst.rank_payload(session)
+        except Exception as exc:  # one collector's payload never stops the gathering
+            session.record_error(name, "rank_payload", exc)
     return {
         "rank": session.rank_info.rank,
         "world_size": session.rank_info.world_size,
         "hostname": session.rank_info.hostname,
         "status": result.status,
         "collectors": result.collectors,
+        "payloads": extra,
         "errors": [e.model_dump(mode="json") for e in result.errors],
         "workload": result.workload.model_dump(mode="json") if result.workload else None,
         "records": [r.model_dump(mode="json") for r in result.records],
-        "samples": samples,
-        "step_s": steps,
         "series": dict(session.series),
     }
 
@@ -319,119 +280,63 @@ def _worst(statuses: list[str]) -> str:
     return max(statuses, key=lambda s: _STATUS_ORDER.get(s, 2))
 
 
-def aggregate_latency(payloads: list[dict[str, Any]]) -> dict[str, Any] | None:
-    """The latency section of the aggregate from every rank's payload (see module docs)."""
-    per_rank = [p["collectors"].get("latency") for p in payloads]
-    if not any(per_rank):
-        return None
-    base = dict(next(x for x in per_rank if x))
-    pooled: dict[str, list[float]] = {}
+def merge_collectors(payloads: list[dict[str, Any]], classes: Mapping[str, Any]
+                     ) -> tuple[dict[str, dict[str, Any]], dict[str, CollectorMeta], list[ErrorRecord]]:
+    """Each collector's top-level result, combined by its own ``merge_ranks``.
+
+    A collector without a merge (or not known here) keeps rank 0's result at the top level,
+    marked ``rank0-only``; every rank's own result stays in the run's ``ranks`` entries.
+    """
+    names: list[str] = []
     for p in payloads:
-        for key, vals in p["samples"].items():
-            pooled.setdefault(key, []).extend(vals)
-    for fld, key in _POOLED_LATENCY.items():
-        if key not in pooled and fld == "prefill_s":  # payloads without the split: prefill was TTFT
-            key = "ttft_s"
-        base[fld] = summarize(pooled.get(key, [])).model_dump(mode="json")
-    for fld in _SUMMED_LATENCY:
-        base[fld] = sum(int((r or {}).get(fld) or 0) for r in per_rank)
-    n_steps = max((len(p["step_s"]) for p in payloads), default=0)
-    slowest = [max(float(p["step_s"][k]) for p in payloads if k in p["step_s"]) for k in range(n_steps)]
-    base["step_s"] = summarize(slowest).model_dump(mode="json")
-    base["steps"] = n_steps
-    base["busy_s"] = sum(slowest) if slowest else None
-    walls = [float(r["wall_s"]) for r in per_rank if r and r.get("wall_s") is not None]
-    wall = max(walls) if walls else None
-    base["wall_s"] = wall
-    in_tok, out_tok, reqs = base["input_tokens"], base["output_tokens"], base["requests"]
-
-    def per_s(n: int) -> float | None:
-        return n / wall if wall and wall > 0 else None
-
-    base["output_tokens_per_s"] = per_s(out_tok) if out_tok else None
-    base["input_tokens_per_s"] = per_s(in_tok)
-    base["total_tokens_per_s"] = per_s(in_tok + out_tok)
-    base["requests_per_s"] = per_s(reqs)
-    stages: dict[str, Any] = {}
-    for r in per_rank:
-        for name in (r or {}).get("stages", {}):
-            stages.setdefault(name, None)
-    if stages:
-        # stage samples are not shipped: keep the slowest rank's summary per stage
-        for name in stages:
-            cands = [r["stages"][name] for r in per_rank if r and name in r.get("stages", {})]
-            stages[name] = max(cands, key=lambda s: s.get("max") or 0.0)
-        base["stages"] = stages
-    return base
+        names += [n for n in p["collectors"] if n not in names]
+    merged: dict[str, dict[str, Any]] = {}
+    meta: dict[str, CollectorMeta] = {}
+    errors: list[ErrorRecord] = []
+    n = len(payloads)
+    for name in names:
+        cls = classes.get(name)
+        present = [p for p in payloads if name in p["collectors"]]
+        rank0 = payloads[0]["collectors"].get(name)
+        if cls is not None and cls.has_merge():
+            try:
+                shares = [RankShare(rank=p["rank"], world_size=p["world_size"], hostname=p["hostname"],
+                                    result=cls.Result.model_validate(p["collectors"][name]),
+                                    payload=(p.get("payloads") or {}).get(name)) for p in present]
+                out = cls.merge_ranks(shares)
+                if out is not NotImplemented and out is not None:
+                    merged[name] = cls.Result.model_validate(
+                        out.model_dump() if hasattr(out, "model_dump") else out).model_dump(mode="json")
+                    meta[name] = CollectorMeta(scope="merged", ranks=len(present))
+                    continue
+            except Exception as exc:  # a merge bug keeps rank 0's value, named as such
+                log.error("merging ranks failed", collector=name, error=repr(exc))
+                errors.append(ErrorRecord(source=name, hook="merge_ranks", type=type(exc).__name__,
+                                          message=f"merging {len(present)} ranks failed: {exc}"))
+        if rank0 is not None:
+            merged[name] = rank0
+        meta[name] = CollectorMeta(scope="rank0-only", ranks=n)
+    return merged, meta, errors
 
 
-def _energy_total(key: str, per_rank: list[tuple[str, float]]) -> float:
-    """Sum over hosts; a host-wide counter read by several ranks of one host counts once."""
-    if key.endswith(":process"):
-        return sum(v for _, v in per_rank)
-    by_host: dict[str, float] = {}
-    for host, v in per_rank:
-        by_host[host] = max(by_host.get(host, v), v)
-    return sum(by_host.values())
+def aggregate(result: RunResult, payloads: list[dict[str, Any]], classes: Mapping[str, Any] | None = None
+              ) -> tuple[RunResult, dict[str, list[dict[str, Any]]]]:
+    """Rank 0's stored run: merged collectors, ``ranks`` section, merged errors and series."""
+    if classes is None:
+        from perfsdk.plugins import installed_registry
 
-
-def aggregate_energy(payloads: list[dict[str, Any]], output_tokens: int | None) -> dict[str, Any] | None:
-    """The energy section of the aggregate (see module docs for the summing rules)."""
-    per_rank = [(p["hostname"], p["collectors"].get("energy")) for p in payloads]
-    present = [(h, e) for h, e in per_rank if e]
-    if not present:
-        return None
-    base = dict(present[0][1])
-    for fld in ("energy_j", "steps_energy_j"):
-        keys: dict[str, list[tuple[str, float]]] = {}
-        for host, e in present:
-            for k, v in (e.get(fld) or {}).items():
-                if v is not None:
-                    keys.setdefault(k, []).append((host, float(v)))
-        if keys:
-            base[fld] = {k: _energy_total(k, vals) for k, vals in keys.items()}
-    tokens = output_tokens if output_tokens is not None else sum(int(e.get("output_tokens") or 0) for _, e in present)
-    base["output_tokens"] = tokens
-    if isinstance(base.get("steps_energy_j"), dict):
-        by_source = {k: v for k, v in base["steps_energy_j"].items() if v}
-        base["j_per_output_token_by_source"] = {k: v / tokens for k, v in by_source.items() if tokens}
-        base["output_tokens_per_j_by_source"] = {k: tokens / v for k, v in by_source.items() if tokens}
-    # the headline adds up only the non-overlapping measuring channels (as the collector does)
-    mkeys = sorted({k for _, e in present for k in (e.get("measured_keys") or [])})
-    steps = base.get("steps_energy_j") or {}
-    measured = [steps.get(k) for k in mkeys]
-    if mkeys and all(v is not None for v in measured):
-        m_steps = float(sum(measured))  # type: ignore[arg-type]
-        base["measured_keys"] = mkeys
-        base["measured_steps_energy_j"] = m_steps
-        base["j_per_output_token"] = m_steps / tokens if tokens else None
-        base["output_tokens_per_j"] = tokens / m_steps if m_steps and tokens else None
-    else:
-        base["j_per_output_token"] = None
-        base["output_tokens_per_j"] = None
-    base["status"] = "ok" if any(e.get("status") == "ok" for _, e in present) else base.get("status", "unavailable")
-    return base
-
-
-def aggregate(result: RunResult, payloads: list[dict[str, Any]]) -> tuple[RunResult, dict[str, list[dict[str, Any]]]]:
-    """Rank 0's stored run: aggregate collectors, ``ranks`` section, merged errors and series."""
-    collectors = dict(result.collectors)
-    lat = aggregate_latency(payloads)
-    if lat is not None:
-        collectors["latency"] = lat
-    en = aggregate_energy(payloads, lat.get("output_tokens") if lat else None)
-    if en is not None:
-        collectors["energy"] = en
+        classes = installed_registry().collectors
+    collectors, meta, merge_errors = merge_collectors(payloads, classes)
     ranks = [
         RankResult(rank=p["rank"], world_size=p["world_size"], hostname=p["hostname"], status=p["status"],  # type: ignore[arg-type]
                    collectors=p["collectors"], errors=[ErrorRecord.model_validate(e) for e in p["errors"]])
         for p in payloads
     ]
-    errors = list(result.errors)
+    errors = list(result.errors) + merge_errors
     for p in payloads[1:]:
         for e in p["errors"]:
             errors.append(ErrorRecord.model_validate({**e, "source": f"rank{p['rank']}:{e['source']}"}))
-    status = _worst([p["status"] for p in payloads])
+    status = _worst([p["status"] for p in payloads] + (["partial"] if merge_errors else []))
     workload = result.workload
     wls = [p["workload"] for p in payloads if p.get("workload")]
     if workload is not None and wls:
@@ -445,16 +350,18 @@ def aggregate(result: RunResult, payloads: list[dict[str, Any]]) -> tuple[RunRes
     extra["distributed"] = {
         "world_size": len(payloads),
         "hosts": sorted({p["hostname"] for p in payloads}),
-        "aggregation": "tokens summed; latency percentiles from pooled samples; step wall time = slowest rank; "
-                       "energy summed over hosts",
+        "merged": sorted(k for k, m in meta.items() if m.scope == "merged"),
+        "rank0_only": sorted(k for k, m in meta.items() if m.scope == "rank0-only"),
     }
     series: dict[str, list[dict[str, Any]]] = {}
     for p in payloads[1:]:
         for name, rows in p["series"].items():
             series[f"rank{p['rank']}.{name}"] = rows
+    full_meta = {**result.collector_meta, **{k: (result.collector_meta[k].model_copy(update={"scope": m.scope, "ranks": m.ranks})
+                                               if k in result.collector_meta else m) for k, m in meta.items()}}
     out = result.model_copy(update={
         "collectors": collectors, "ranks": ranks, "errors": errors, "status": status, "workload": workload,
-        "environment": env.model_copy(update={"extra": extra}),
+        "environment": env.model_copy(update={"extra": extra}), "collector_meta": full_meta,
     })
     return RunResult.model_validate(out.model_dump()), series
 
@@ -494,7 +401,8 @@ def post_process(session: Any, result: RunResult) -> RunResult:
         shutdown(info)
         return result
     try:
-        out, extra_series = aggregate(result, payloads)
+        classes = {**session.registry.collectors, **{n: type(c) for n, c in session.collectors.items()}}
+        out, extra_series = aggregate(result, payloads, classes)
         session.series.update(extra_series)
     except Exception as exc:  # a bug in aggregation must not lose rank 0's run
         log.error("aggregating ranks failed", error=repr(exc))

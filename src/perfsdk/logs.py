@@ -15,10 +15,12 @@ import structlog
 
 
 def default_level() -> int:
-    name = os.environ.get("PERFSDK_LOG_LEVEL", "").strip().upper()
+    from perfsdk.envflags import flag, text
+
+    name = (text("PERFSDK_LOG_LEVEL") or "").upper()
     if name and hasattr(logging, name):
         return int(getattr(logging, name))
-    if os.environ.get("PERFSDK_TRACE_HOOKS", "").strip().lower() in ("1", "true", "yes", "on"):
+    if flag("PERFSDK_TRACE_HOOKS"):
         return logging.INFO
     return logging.WARNING
 

@@ -28,10 +28,9 @@ DEFAULT_BUDGET_S = 0.05
 
 def budget_s() -> float:
     """Per-call budget for measured-path hooks (``PERFSDK_HOOK_BUDGET_S``)."""
-    try:
-        return float(os.environ.get("PERFSDK_HOOK_BUDGET_S", DEFAULT_BUDGET_S))
-    except ValueError:
-        return DEFAULT_BUDGET_S
+    from perfsdk.envflags import number
+
+    return number("PERFSDK_HOOK_BUDGET_S", DEFAULT_BUDGET_S)
 
 
 @dataclass

@@ -12,16 +12,20 @@ Environment switches:
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
+import functools
 import importlib
 import importlib.metadata
 import os
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
 import pluggy
 import structlog
 
-from perfsdk import hookspecs
+from perfsdk import envflags, hookspecs
 from perfsdk.collector import Collector, Exporter
 
 log = structlog.get_logger("perfsdk.plugins")
@@ -59,16 +63,15 @@ class PluginRegistry:
     load_errors: list[tuple[str, str]] = field(default_factory=list)
 
 
-def _env_flag(name: str) -> bool:
-    return os.environ.get(name, "").strip().lower() in ("1", "true", "yes", "on")
+from perfsdk.envflags import flag as _env_flag  # noqa: E402
 
 
 def allowed_plugins(explicit: list[str] | None = None) -> set[str] | None:
     """The allow-list from ``PERFSDK_PLUGINS`` (or an explicit list), or ``None`` for all."""
     if explicit is not None:
         return {p.strip() for p in explicit if p.strip()}
-    raw = os.environ.get("PERFSDK_PLUGINS")
-    if raw is None or not raw.strip():
+    raw = envflags.text("PERFSDK_PLUGINS")
+    if raw is None:
         return None
     return {p.strip() for p in raw.split(",") if p.strip()}
 
@@ -94,12 +97,23 @@ def get_plugin_manager(*, load_entry_points: bool | None = None, allow: list[str
         load_entry_points = not autoload_disabled()
     if load_entry_points:
         _load_entry_points(pm, allowed_plugins(allow))
-    for plugin in extra_plugins or []:
-        pm.register(plugin)
+    for plugin in [*_PROCESS_PLUGINS, *(extra_plugins or [])]:
+        if not pm.is_registered(plugin):
+            pm.register(plugin, name=_unique_name(pm, plugin))
     pm.check_pending()
     if _env_flag("PERFSDK_TRACE_HOOKS"):
         enable_tracing(pm)
     return pm
+
+
+def _unique_name(pm: pluggy.PluginManager, plugin: Any) -> str:
+    """A readable plugin name: the module's name, or the class of a plugin object."""
+    base = getattr(plugin, "__name__", None) or f"{type(plugin).__module__}.{type(plugin).__qualname__}"
+    name, n = base, 1
+    while pm.get_plugin(name) is not None:
+        n += 1
+        name = f"{base}#{n}"
+    return name
 
 
 def _load_entry_points(pm: pluggy.PluginManager, allow: set[str] | None) -> None:
@@ -230,3 +244,68 @@ def _hw_name(profile: Any) -> str:
     if isinstance(profile, dict):
         return str(profile.get("name", "?"))
     return str(getattr(profile, "name", profile))
+
+
+# -- the registry that reads stored runs ---------------------------------------------------------
+
+#: Plugin objects registered for every plugin manager of this process (see register_plugin).
+_PROCESS_PLUGINS: list[Any] = []
+_CURRENT: contextvars.ContextVar[PluginRegistry | None] = contextvars.ContextVar("perfsdk_registry", default=None)
+
+
+def register_plugin(plugin: Any) -> None:
+    """Register a plugin object (a module or an object with ``perfsdk_*`` hooks) for every plugin
+    manager this process creates from now on: sessions, the CLI and the readers of stored runs."""
+    if plugin not in _PROCESS_PLUGINS:
+        _PROCESS_PLUGINS.append(plugin)
+    _default_registry.cache_clear()
+
+
+def unregister_plugin(plugin: Any) -> None:
+    """Undo :func:`register_plugin`."""
+    if plugin in _PROCESS_PLUGINS:
+        _PROCESS_PLUGINS.remove(plugin)
+    _default_registry.cache_clear()
+
+
+@functools.lru_cache(maxsize=4)
+def _default_registry(_key: tuple[Any, ...]) -> PluginRegistry:
+    return collect_registry(get_plugin_manager(), strict=False)
+
+
+def installed_registry() -> PluginRegistry:
+    """The collectors and exporters installed here: what reads stored runs back.
+
+    Inside :func:`using_registry` (a session storing and exporting its run, a CLI command) that
+    registry; otherwise one built from the built-ins, entry points (honouring the environment
+    switches) and :func:`register_plugin`'s plugins, made once per process.
+    """
+    cur = _CURRENT.get()
+    if cur is not None:
+        return cur
+    key = (autoload_disabled(), os.environ.get("PERFSDK_PLUGINS"), tuple(id(p) for p in _PROCESS_PLUGINS))
+    return _default_registry(key)
+
+
+@contextlib.contextmanager
+def using_registry(registry: PluginRegistry) -> Iterator[PluginRegistry]:
+    """Make ``registry`` the one :func:`installed_registry` returns inside the block."""
+    token = _CURRENT.set(registry)
+    try:
+        yield registry
+    finally:
+        _CURRENT.reset(token)
+
+
+def ordered_collectors(names: Any, registry: PluginRegistry | None = None) -> list[str]:
+    """Collector names in presentation order: as registered (built-ins first), then the rest."""
+    reg = registry or installed_registry()
+    present = list(names)
+    known = list(reg.collectors)
+
+    def rank(n: str) -> tuple[int, int]:
+        origin = reg.origins.get("collector:" + n, "")
+        builtin = DEFAULT_PLUGINS.index(origin) if origin in DEFAULT_PLUGINS else len(DEFAULT_PLUGINS)
+        return builtin, (known.index(n) if n in known else len(known))
+
+    return sorted(present, key=rank)

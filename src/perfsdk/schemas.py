@@ -10,7 +10,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError
 
 SCHEMA_VERSION = "1.0"
 
@@ -125,6 +125,27 @@ class RankResult(_Frozen):
     errors: list[ErrorRecord] = Field(default_factory=list)
 
 
+CollectorScope = Literal["process", "merged", "rank0-only"]
+
+
+class CollectorMeta(_Frozen):
+    """Where a collector's top-level result comes from, and whether it was re-validated.
+
+    ``scope``: ``process`` (a single-process run), ``merged`` (every rank's result combined by the
+    collector's ``merge_ranks``) or ``rank0-only`` (the collector defines no merge: the top-level
+    entry is rank 0's, every rank's own result is kept in ``ranks``). ``installed`` and
+    ``validated`` are set when a stored run is read: whether the collector is installed here and
+    whether the stored result validated against its ``Result`` model.
+    """
+
+    scope: CollectorScope = "process"
+    ranks: int | None = None
+    plugin: str | None = None
+    installed: bool | None = None
+    validated: bool | None = None
+    validation_error: str | None = None
+
+
 class RunResult(_Frozen):
     """One measured run, validated; what the store keeps and exporters write."""
 
@@ -153,3 +174,44 @@ class RunResult(_Frozen):
         default_factory=dict,
         description="Other files stored with the run (e.g. profiler traces): name -> file name.",
     )
+    collector_meta: dict[str, CollectorMeta] = Field(
+        default_factory=dict,
+        description="Per collector: scope of its top-level result (process, merged, rank0-only) and validation.",
+    )
+
+    _typed: dict[str, tuple[Any, BaseModel]] = PrivateAttr(default_factory=dict)
+    _store_root: str | None = PrivateAttr(default=None)
+
+    def collector_result(self, name: str, cls: Any = None) -> Any:
+        """The typed ``Result`` of collector ``name`` (``cls``, or the installed collector of that
+        name), or ``None`` when absent, not installed, or not valid against its ``Result``."""
+        data = self.collectors.get(name)
+        if data is None:
+            return None
+        cached = self._typed.get(name)
+        if cached is not None and cached[0] is data and (cls is None or isinstance(cached[1], cls.Result)):
+            return cached[1]
+        if cls is None:
+            from perfsdk.plugins import installed_registry
+
+            cls = installed_registry().collectors.get(name)
+            if cls is None:
+                return None
+        try:
+            typed = cls.Result.model_validate(data)
+        except ValidationError:
+            return None
+        self._typed[name] = (data, typed)
+        return typed
+
+    def read_series(self, name: str) -> list[dict[str, Any]]:
+        """A time series stored with this run (empty when the run was not read from a store or
+        has no such series)."""
+        if self._store_root is None or name not in self.series:
+            return []
+        from perfsdk.store import Store
+
+        try:
+            return Store(self._store_root).read_series(self.run_id, name)
+        except Exception:
+            return []

@@ -32,13 +32,9 @@ META_ARTIFACT = "series_meta.json"
 
 def max_rows() -> int:
     """The per-series row cap from ``PERFSDK_SERIES_MAX_ROWS`` (at least 2)."""
-    raw = os.environ.get("PERFSDK_SERIES_MAX_ROWS", "")
-    try:
-        value = int(raw) if raw.strip() else DEFAULT_MAX_ROWS
-    except ValueError:
-        log.warning("ignoring PERFSDK_SERIES_MAX_ROWS: not an integer", value=raw)
-        value = DEFAULT_MAX_ROWS
-    return max(value, 2)
+    from perfsdk.envflags import integer
+
+    return max(integer("PERFSDK_SERIES_MAX_ROWS", DEFAULT_MAX_ROWS), 2)
 
 
 def downsample(rows: Sequence[Any], limit: int) -> list[Any]:

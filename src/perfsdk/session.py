@@ -34,7 +34,7 @@ from perfsdk import distributed
 from perfsdk.overhead import HookTimes
 from perfsdk.sampler import Sampler
 from perfsdk.series import BoundedSeries, add_bounded
-from perfsdk.schemas import ErrorRecord, ModelInfo, Record, RunResult, WorkloadInfo
+from perfsdk.schemas import CollectorMeta, ErrorRecord, ModelInfo, Record, RunResult, WorkloadInfo
 
 log = structlog.get_logger("perfsdk.session")
 
@@ -56,7 +56,9 @@ def new_run_id() -> str:
 
 
 def _trace_enabled() -> bool:
-    return os.environ.get("PERFSDK_TRACE_HOOKS", "").strip().lower() in ("1", "true", "yes", "on")
+    from perfsdk.envflags import flag
+
+    return flag("PERFSDK_TRACE_HOOKS")
 
 
 class _TokenTimer:
@@ -215,17 +217,15 @@ class Session:
         for inst in extra_instances:
             wanted.pop(inst.name, None)
             self.collectors[inst.name] = inst
+            self.registry.collectors.setdefault(inst.name, type(inst))
         for name, settings in wanted.items():
             cls = self.registry.collectors[name]
             try:
                 cfg = cls.Config.model_validate(settings)
             except ValidationError as err:
-                parts = []
-                for e in err.errors():
-                    path = ".".join(str(p) for p in e["loc"])
-                    msg = "unknown key" if e["type"] == "extra_forbidden" else e["msg"]
-                    parts.append(f"collectors.{name}.{path}: {msg}" if path else f"collectors.{name}: {msg}")
-                raise ConfigError("invalid configuration: " + "; ".join(parts)) from None
+                from perfsdk.errors import format_validation_error
+
+                raise ConfigError("invalid configuration: " + format_validation_error(err, f"collectors.{name}")) from None
             self.collectors[name] = cls(cfg)
         for name, inst in self.collectors.items():
             self.pm.register(inst, name=f"collector:{name}")
@@ -634,6 +634,7 @@ class Session:
             self._close_window(self._session_window, self.end_ns)
         self.sampler.stop()
         collected: dict[str, dict[str, Any]] = {}
+        typed: dict[str, Any] = {}
         for impl in self._hook_impls("perfsdk_finalize"):
             owner = self._owner(impl)
             if self._trace:
@@ -651,6 +652,7 @@ class Session:
             stored = self._validate_result(owner, res)
             if stored is not None:
                 collected[owner] = stored
+                typed[owner] = res
         status = "ok"
         if exc is not None or self.interrupted:
             status = "failed"
@@ -682,7 +684,13 @@ class Session:
             records=self.records,
             errors=self.errors,
             tags=self.tags,
+            collector_meta={name: CollectorMeta(plugin=self.registry.origins.get("collector:" + name), installed=True,
+                                                validated=True) for name in collected},
         )
+        for name, res in typed.items():  # the typed results the collectors returned
+            cls = type(self.collectors[name]).Result if name in self.collectors else None
+            if cls is not None and isinstance(res, cls):
+                result._typed[name] = (result.collectors[name], res)
         result = self._post_process(result)
         self.result = result
         self._persist()
@@ -711,6 +719,12 @@ class Session:
             return None
 
     def _persist(self) -> None:
+        from perfsdk.plugins import using_registry
+
+        with using_registry(self.registry):  # read back and export with this session's collectors
+            self._persist_and_export()
+
+    def _persist_and_export(self) -> None:
         assert self.result is not None
         if not self.store_dir:
             return

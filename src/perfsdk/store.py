@@ -188,9 +188,10 @@ class Store:
         if not path.is_file():
             raise StoreError(f"run {run_id} not found in {self.root}")
         try:
-            return RunResult.model_validate_json(path.read_text(encoding="utf-8"))
+            run = RunResult.model_validate_json(path.read_text(encoding="utf-8"))
         except Exception as exc:
             raise StoreError(f"{path}: unreadable run: {exc}") from exc
+        return revalidate(run, str(self.root))
 
     def run_ids(self) -> list[str]:
         """Complete runs on disk (folders with a result file), oldest first."""
@@ -278,3 +279,39 @@ class Store:
         for name in report["temporary"]:
             shutil.rmtree(self.runs_dir / name, ignore_errors=True)
         return report
+
+
+def revalidate(run: RunResult, store_root: str | None = None) -> RunResult:
+    """Re-validate each collector's stored result against its installed ``Result`` model.
+
+    A collector that is installed gets its typed result cached on the run (``validated`` true, or
+    false with the error); a collector that is not installed keeps its stored dict, marked
+    ``installed: false`` in ``collector_meta``.
+    """
+    from pydantic import ValidationError
+
+    from perfsdk.errors import format_validation_error
+    from perfsdk.plugins import installed_registry
+    from perfsdk.schemas import CollectorMeta
+
+    reg = installed_registry()
+    meta = dict(run.collector_meta)
+    typed: dict[str, Any] = {}
+    for name, data in run.collectors.items():
+        cls = reg.collectors.get(name)
+        m = meta.get(name) or CollectorMeta(plugin=reg.origins.get("collector:" + name))
+        if cls is None:
+            m = m.model_copy(update={"installed": False, "validated": None, "validation_error": None})
+        else:
+            err = None
+            try:
+                typed[name] = cls.Result.model_validate(data)
+            except ValidationError as exc:  # kept as stored; the problem is named
+                err = format_validation_error(exc)[:500]
+            m = m.model_copy(update={"installed": True, "validated": err is None, "validation_error": err})
+        meta[name] = m
+    out = run.model_copy(update={"collector_meta": meta}) if meta != run.collector_meta else run
+    out._store_root = store_root
+    for name, res in typed.items():
+        out._typed[name] = (out.collectors[name], res)
+    return out

@@ -1,139 +1,105 @@
-"""The terminal summary of a run (rich tables), used by ``perfsdk run``."""
+"""The terminal summary of a run (rich tables), used by ``perfsdk run``.
+
+Every collector in the run contributes through the collector contract: its ``summary_tables``
+first, then its ``summary_rows`` in the "Summary" table. A collector that is not installed here
+(or whose stored result no longer validates) is shown with the generic rendering of its scalar
+fields, so nothing a run measured is left out.
+"""
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from typing import Any
 
 from rich.console import Console
 from rich.table import Table
 
+from perfsdk.collector import Collector, scalar_items
+from perfsdk.fmt import fmt_bytes, fmt_num, fmt_s, fmt_value
+from perfsdk.plugins import PluginRegistry, installed_registry, ordered_collectors
 from perfsdk.schemas import RunResult
 
-
-def fmt_s(v: float | None) -> str:
-    """Seconds with a readable unit."""
-    if v is None:
-        return "-"
-    if v < 1e-3:
-        return f"{v * 1e6:.1f} µs"
-    if v < 1:
-        return f"{v * 1e3:.2f} ms"
-    return f"{v:.3f} s"
+__all__ = ["CollectorBlock", "collector_blocks", "fmt_bytes", "fmt_num", "fmt_s", "headline_rows", "print_summary"]
 
 
-def fmt_bytes(v: float | None) -> str:
-    if v is None:
-        return "-"
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(v) < 1024 or unit == "TiB":
-            return f"{v:.1f} {unit}" if unit != "B" else f"{int(v)} B"
-        v /= 1024
-    return str(v)
+@dataclass
+class CollectorBlock:
+    """What one collector shows in the summary."""
+
+    name: str
+    title: str
+    rows: list[tuple[str, str]] = field(default_factory=list)
+    tables: list[Any] = field(default_factory=list)
+    note: str | None = None
 
 
-def fmt_num(v: float | None, digits: int = 2) -> str:
-    if v is None:
-        return "-"
-    if abs(v) >= 1e12:
-        return f"{v / 1e12:.{digits}f} T"
-    if abs(v) >= 1e9:
-        return f"{v / 1e9:.{digits}f} G"
-    if abs(v) >= 1e6:
-        return f"{v / 1e6:.{digits}f} M"
-    return f"{v:,.{digits}f}"
+def _scope_note(run: RunResult, name: str) -> str | None:
+    meta = run.collector_meta.get(name)
+    if meta is None:
+        return None
+    if meta.scope == "rank0-only":
+        return f"rank 0 only: no merge across {meta.ranks or 'all'} ranks (each rank's result is under ranks)"
+    if meta.installed is False:
+        return "collector not installed here: stored values shown as they are"
+    if meta.validated is False:
+        return f"stored result does not validate against the installed collector: {meta.validation_error}"
+    return None
 
 
-def latency_table(lat: dict[str, Any]) -> Table:
-    t = Table(title="Latency", show_edge=False)
-    for col in ("metric", "count", "mean", "p50", "p90", "p95", "p99", "max"):
-        t.add_column(col, justify="right" if col != "metric" else "left")
-    for key, label in (("ttft_s", "TTFT"), ("tpot_s", "TPOT"), ("itl_s", "ITL"), ("e2e_s", "e2e"),
-                       ("encode_s", "encode"), ("prefill_s", "prefill"), ("decode_s", "decode"), ("forward_s", "forward")):
-        st = lat.get(key) or {}
-        if not st.get("count"):
-            continue
-        flag = " *" if st.get("low_sample_count") else ""
-        t.add_row(label + flag, str(st["count"]), *(fmt_s(st.get(k)) for k in ("mean", "p50", "p90", "p95", "p99", "max")))
-    for name, st in (lat.get("stages") or {}).items():
-        if st.get("count"):
-            t.add_row(f"stage:{name}", str(st["count"]), *(fmt_s(st.get(k)) for k in ("mean", "p50", "p90", "p95", "p99", "max")))
-    return t
-
-
-def headline_rows(run: RunResult) -> list[tuple[str, str]]:
-    """Key figures as (label, value) rows."""
-    c = run.collectors
-    rows: list[tuple[str, str]] = []
-    lat = c.get("latency") or {}
-    if lat:
-        rows += [
-            ("output tokens/s", fmt_num(lat.get("output_tokens_per_s"))),
-            ("total tokens/s", fmt_num(lat.get("total_tokens_per_s"))),
-            ("requests/s", fmt_num(lat.get("requests_per_s"))),
-            ("tokens in / out", f"{lat.get('input_tokens', 0)} / {lat.get('output_tokens', 0)}"),
-        ]
-        if lat.get("vision_tokens"):
-            rows.append(("vision tokens / request", fmt_num((lat.get("vision_tokens_per_request") or {}).get("mean"), 1)))
-        rows += [
-            ("steps (warm-up)", f"{lat.get('steps', 0)} ({lat.get('warmup_steps', 0)})"),
-            ("load time", fmt_s(lat.get("load_s"))),
-        ]
-    mem = c.get("memory") or {}
-    if mem:
-        rows += [("peak RSS", fmt_bytes(mem.get("rss_peak_bytes"))), ("weights", fmt_bytes(mem.get("weights_bytes"))),
-                 ("KV cache (largest batch)", fmt_bytes(mem.get("kv_cache_bytes")))]
-        if mem.get("cuda_peak_allocated_bytes") is not None:
-            rows.append(("CUDA peak allocated", fmt_bytes(mem.get("cuda_peak_allocated_bytes"))))
-    en = c.get("energy") or {}
-    if en:
-        jpt = en.get("j_per_output_token")
-        if isinstance(jpt, (int, float)):
-            rows.append(("energy J/token (measured)", f"{jpt:.4g}"))
-            for phase, v in (en.get("j_per_output_token_per_phase") or {}).items():
-                if phase in ("encode", "prefill", "decode") and isinstance(v, (int, float)):
-                    rows.append((f"  {phase} J/token", f"{v:.4g}"))
+def collector_blocks(run: RunResult, registry: PluginRegistry | None = None) -> list[CollectorBlock]:
+    """One block per collector of the run, in presentation order, through the contract."""
+    reg = registry or installed_registry()
+    blocks = []
+    for name in ordered_collectors(run.collectors, reg):
+        cls: type[Collector] | None = reg.collectors.get(name)
+        result = run.collector_result(name, cls) if cls is not None else None
+        block = CollectorBlock(name=name, title=(cls.title if cls is not None and cls.title else name),
+                               note=_scope_note(run, name))
+        if cls is not None and result is not None:
+            block.rows = list(cls.summary_rows(result))
+            block.tables = list(cls.summary_tables(result))
         else:
-            missing = [r.split(":", 1)[0] for r in en.get("reasons") or []]
-            rows.append(("energy (measured)", f"unavailable: {', '.join(missing) or 'no source'} (see perfsdk doctor)"))
-        cc = en.get("codecarbon") or {}
-        if cc.get("energy_j") is not None:
-            rows.append(("CodeCarbon estimate (session)",
-                         f"{cc['energy_j']:.4g} J, {cc.get('co2_kg', 0) * 1e3:.3g} g CO2 ({cc.get('country_iso_code') or '?'})"))
-    fl = c.get("flops") or {}
-    if fl:
-        if fl.get("flops_encode"):
-            rows.append(("FLOPs encode", fmt_num(fl.get("flops_encode"))))
-        rows.append(("FLOPs prefill / decode", f"{fmt_num(fl.get('flops_prefill'))} / {fmt_num(fl.get('flops_decode'))}"))
-        if fl.get("mfu_pct") is not None:
-            rows.append(("MFU", f"{fl['mfu_pct']:.2f} %"))
+            block.rows = [(k, fmt_value(v, k)) for k, v in scalar_items(run.collectors[name], limit=12)]
+        blocks.append(block)
+    return blocks
+
+
+def headline_rows(run: RunResult, registry: PluginRegistry | None = None) -> list[tuple[str, str]]:
+    """Every collector's summary rows as (label, value), each block headed by its title."""
+    rows: list[tuple[str, str]] = []
+    for b in collector_blocks(run, registry):
+        if not b.rows and not b.note:
+            continue
+        rows.append((f"[{b.title}]", ""))
+        if b.note:
+            rows.append(("  note", b.note))
+        rows += [(f"  {label}", value) for label, value in b.rows]
     return rows
 
 
-def print_summary(run: RunResult, console: Console | None = None, run_dir: str | None = None) -> None:
-    """Print the run's summary tables."""
+def print_summary(run: RunResult, console: Console | None = None, run_dir: str | None = None,
+                  registry: PluginRegistry | None = None) -> None:
+    """Print the run's summary: each collector's tables, then one table of their rows."""
     console = console or Console()
     status_style = {"ok": "green", "partial": "yellow", "failed": "red"}[run.status]
     model = run.model.model_id if run.model else "-"
     console.print(f"[bold]{run.name}[/] run [cyan]{run.run_id}[/] status [{status_style}]{run.status}[/]  model {model}")
-    lat = run.collectors.get("latency")
-    if lat:
-        console.print(latency_table(lat))
+    blocks = collector_blocks(run, registry)
+    for b in blocks:
+        for table in b.tables:
+            console.print(table)
     t = Table(title="Summary", show_header=False, show_edge=False)
-    t.add_column("metric")
-    t.add_column("value", justify="right")
-    for label, value in headline_rows(run):
-        t.add_row(label, value)
+    t.add_column("metric", overflow="fold")
+    t.add_column("value", justify="right", overflow="fold")
+    for b in blocks:
+        if not b.rows and not b.note:
+            continue
+        t.add_row(f"[bold]{b.title}[/]", "")
+        if b.note:
+            t.add_row("  note", b.note)
+        for label, value in b.rows:
+            t.add_row(f"  {label}", value)
     console.print(t)
-    from perfsdk.collectors.profiling_plugin import profiling_tables
-
-    for table in profiling_tables(run.collectors):
-        console.print(table)
-    from perfsdk.simulation.plugin import simulation_tables
-
-    for table in simulation_tables(run.collectors):
-        console.print(table)
-    if lat and any((lat.get(k) or {}).get("low_sample_count") for k in ("ttft_s", "tpot_s")):
-        console.print("* fewer than 100 samples: tail percentiles (p95/p99) are extrapolations")
     for err in run.errors:
         console.print(f"[red]error[/] {err.source}{'/' + err.hook if err.hook else ''}: {err.type}: {err.message}")
     if run_dir:

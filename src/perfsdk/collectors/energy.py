@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any, Literal
 import structlog
 from pydantic import BaseModel, ConfigDict, Field
 
-from perfsdk.collector import Collector, CollectorConfig, CollectorResult
+from perfsdk.collector import Collector, CollectorConfig, CollectorResult, RankShare
 from perfsdk.energy.base import EnergySource
 from perfsdk.energy.codecarbon_source import CodeCarbonReading, CodeCarbonSource
 from perfsdk.energy.estimated import EstimatedSource
@@ -167,6 +167,8 @@ class EnergyCollector(Collector):
     """
 
     name = "energy"
+    title = "Energy"
+    key_columns = ("j_per_output_token",)
     Config = EnergyConfig
     Result = EnergyResult
     default_enabled = True
@@ -263,6 +265,70 @@ class EnergyCollector(Collector):
         if self.meter is not None:
             self.meter.close_all()
         return build_result(self, session)
+
+    # -- presentation ---------------------------------------------------------------------------
+
+    @classmethod
+    def summary_rows(cls, result: EnergyResult) -> list[tuple[str, str]]:
+        rows: list[tuple[str, str]] = []
+        if result.j_per_output_token is not None:
+            rows.append(("energy J/token (measured)", f"{result.j_per_output_token:.4g}"))
+            for phase, v in result.j_per_output_token_per_phase.items():
+                if phase in ("encode", "prefill", "decode") and v is not None:
+                    rows.append((f"  {phase} J/token", f"{v:.4g}"))
+        else:
+            missing = [r.split(":", 1)[0] for r in result.reasons]
+            rows.append(("energy (measured)", f"unavailable: {', '.join(missing) or 'no source'} (see perfsdk doctor)"))
+        cc = result.codecarbon
+        if cc is not None:
+            rows.append(("CodeCarbon estimate (session)",
+                         f"{cc.energy_j:.4g} J, {cc.co2_kg * 1e3:.3g} g CO2 ({cc.country_iso_code or '?'})"))
+        return rows
+
+    # -- distributed runs -----------------------------------------------------------------------
+
+    @classmethod
+    def merge_ranks(cls, shares: list[RankShare]) -> EnergyResult:
+        """Energy summed over hosts: a host-wide counter (``rapl:package``, ``codecarbon:machine``)
+        read by several ranks of one host counts once (the largest reading); per-process sources
+        (``...:process``) are summed. Joules per token use the tokens of all ranks."""
+        present = [(sh.hostname or f"rank{sh.rank}", sh.result) for sh in shares]
+        base: EnergyResult = present[0][1]
+        upd: dict[str, Any] = {}
+        for fld in ("energy_j", "steps_energy_j"):
+            keys: dict[str, list[tuple[str, float]]] = {}
+            for host, e in present:
+                for k, v in getattr(e, fld).items():
+                    if v is not None:
+                        keys.setdefault(k, []).append((host, float(v)))
+            upd[fld] = {k: _host_total(k, vals) for k, vals in keys.items()}
+        tokens = sum(e.output_tokens for _, e in present)
+        upd["output_tokens"] = tokens
+        by_source = {k: v for k, v in upd["steps_energy_j"].items() if v}
+        upd["j_per_output_token_by_source"] = {k: v / tokens for k, v in by_source.items() if tokens}
+        upd["output_tokens_per_j_by_source"] = {k: tokens / v for k, v in by_source.items() if tokens}
+        # the headline adds up only the non-overlapping measuring channels (as on one process)
+        mkeys = sorted({k for _, e in present for k in e.measured_keys})
+        measured = [upd["steps_energy_j"].get(k) for k in mkeys]
+        if mkeys and all(v is not None for v in measured):
+            m_steps = float(sum(measured))  # type: ignore[arg-type]
+            upd.update(measured_keys=mkeys, measured_steps_energy_j=m_steps,
+                       j_per_output_token=m_steps / tokens if tokens else None,
+                       output_tokens_per_j=tokens / m_steps if m_steps and tokens else None)
+        else:
+            upd.update(j_per_output_token=None, output_tokens_per_j=None)
+        upd["status"] = "ok" if any(e.status == "ok" for _, e in present) else base.status
+        return base.model_copy(update=upd)
+
+
+def _host_total(key: str, per_rank: list[tuple[str, float]]) -> float:
+    """Sum over hosts; a host-wide counter read by several ranks of one host counts once."""
+    if key.endswith(":process"):
+        return sum(v for _, v in per_rank)
+    by_host: dict[str, float] = {}
+    for host, v in per_rank:
+        by_host[host] = max(by_host.get(host, v), v)
+    return sum(by_host.values())
 
 
 # -- result building ------------------------------------------------------------------------

@@ -17,11 +17,12 @@ Definitions (per request, on the session clock; warm-up steps excluded):
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 from pydantic import Field
 
-from perfsdk.collector import Collector, CollectorConfig, CollectorResult
+from perfsdk.collector import Collector, CollectorConfig, CollectorResult, RankShare, ReportFigure, ReportSection, html_table
 from perfsdk.events import Step
 from perfsdk.plugins import hookimpl
 from perfsdk.series import BoundedSeries
@@ -104,10 +105,13 @@ class LatencyCollector(Collector):
     """Per-token latency from timestamps taken inside ``generate``, plus throughput."""
 
     name = "latency"
+    title = "Latency"
     Config = LatencyConfig
     Result = LatencyResult
     default_enabled = True
     description = "TTFT, TPOT, ITL, e2e, encode/prefill/decode, tokens/s"
+    key_columns = ("output_tokens_per_s", "ttft_s.p50", "ttft_s.p95", "tpot_s.p50", "tpot_s.p95", "e2e_s.p50",
+                   "itl_s.p50", "total_tokens_per_s", "requests_per_s")
 
     @hookimpl(trylast=True)
     def perfsdk_before_generate(self, session: Any, step: Step) -> None:
@@ -204,6 +208,277 @@ class LatencyCollector(Collector):
             wall_s=wall,
             busy_s=sum(step_s) if steps else None,
         )
+
+
+    # -- presentation -------------------------------------------------------------------------
+
+    @classmethod
+    def stat_rows(cls, res: LatencyResult) -> list[tuple[str, Stats]]:
+        """(label, statistics) of every non-empty latency distribution, stages included."""
+        out = [(label, getattr(res, key)) for key, label in STAT_FIELDS if getattr(res, key).count]
+        out += [(f"stage:{name}", st) for name, st in res.stages.items() if st.count]
+        return out
+
+    @classmethod
+    def summary_tables(cls, result: LatencyResult) -> list[Any]:
+        from rich.table import Table
+
+        from perfsdk.fmt import fmt_s
+
+        t = Table(title="Latency", show_edge=False)
+        for col in ("metric", "count", "mean", "p50", "p90", "p95", "p99", "max"):
+            t.add_column(col, justify="right" if col != "metric" else "left")
+        for label, st in cls.stat_rows(result):
+            flag = " *" if st.low_sample_count and not label.startswith("stage:") else ""
+            t.add_row(label + flag, str(st.count), *(fmt_s(getattr(st, k)) for k in ("mean", "p50", "p90", "p95", "p99", "max")))
+        if any(getattr(result, k).count and getattr(result, k).low_sample_count for k in ("ttft_s", "tpot_s")):
+            t.caption = "* fewer than 100 samples: tail percentiles (p95/p99) are extrapolations"
+        return [t] if t.row_count else []
+
+    @classmethod
+    def summary_rows(cls, result: LatencyResult) -> list[tuple[str, str]]:
+        from perfsdk.fmt import fmt_num, fmt_s
+
+        r = result
+        return [
+            ("output tokens/s", fmt_num(r.output_tokens_per_s)),
+            ("total tokens/s", fmt_num(r.total_tokens_per_s)),
+            ("requests/s", fmt_num(r.requests_per_s)),
+            ("tokens in / out", f"{r.input_tokens} / {r.output_tokens}"),
+            *([("vision tokens / request", fmt_num(r.vision_tokens_per_request.mean, 1))] if r.vision_tokens else []),
+            ("steps (warm-up)", f"{r.steps} ({r.warmup_steps})"),
+            ("load time", fmt_s(r.load_s)),
+        ]
+
+    @classmethod
+    def report_section(cls, result: LatencyResult, run: Any) -> ReportSection:
+        from perfsdk.experiments.report import latency_cdf, per_token_latency
+
+        rows = [[label, st.count] + [(getattr(st, q) * 1e3 if getattr(st, q) is not None else None)
+                                     for q in ("mean", "p50", "p90", "p95", "p99", "max")]
+                for label, st in cls.stat_rows(result)]
+        sec = ReportSection("Latency")
+        if rows:
+            sec.html.append(html_table(["latency", "count", "mean ms", "p50 ms", "p90 ms", "p95 ms", "p99 ms", "max ms"], rows))
+        reqs = run.read_series("requests")
+        samples = {m: [float(x[m]) for x in reqs if x.get(m) is not None] for m in ("ttft_s", "tpot_s", "e2e_s")}
+        cdf = latency_cdf({k: v for k, v in samples.items() if v})
+        if cdf:
+            sec.figures.append(ReportFigure("latency-cdf", "Latency CDF", cdf, "Empirical CDF per request; dotted: p50, dashed: p95."))
+        else:
+            sec.notes.append("No per-request latency samples stored with this run.")
+        tok = per_token_latency(run.read_series("token_times"))
+        if tok:
+            sec.figures.append(ReportFigure("per-token-latency", "Per-token latency", tok,
+                                            "Position 0 is the time to first token; later positions are inter-token gaps."))
+        return sec
+
+    # -- what other modules ask of a latency result ----------------------------------------------
+
+    @classmethod
+    def step_timings(cls, run: Any, requests: list[dict[str, Any]] | None = None) -> list[StepTiming]:
+        """Measured prefill and decode times of a stored run, one entry per distinct (batch,
+        input tokens, output tokens), repeats combined by the median.
+
+        From the ``requests`` series (read from the run's store when not given): the rows of a
+        ``generate`` call give its batch size (rows), prompt length (the longest: prompts are
+        padded to it), generated length (the longest), TTFT and decode time (the slowest request's
+        ``e2e - ttft``). Without that series, the result's median TTFT and TPOT with the workload's
+        batch size and the mean prompt and output lengths.
+        """
+        import statistics
+
+        rows = requests if requests is not None else run.read_series("requests")
+        out: list[StepTiming] = []
+        if rows:
+            by_step: dict[Any, list[dict[str, Any]]] = {}
+            for r in rows:
+                by_step.setdefault(r.get("step"), []).append(r)
+            groups: dict[tuple[int, int, int], list[tuple[float, float]]] = {}
+            for rs in by_step.values():
+                ttft = rs[0].get("ttft_s")
+                if ttft is None:
+                    continue
+                n_out = max(int(r.get("output_tokens") or 0) for r in rs)
+                n_in = max(int(r.get("input_tokens") or 0) for r in rs)
+                if n_out < 1 or n_in < 1:
+                    continue
+                decode = 0.0
+                for r in rs:
+                    if r.get("e2e_s") is not None:
+                        decode = max(decode, float(r["e2e_s"]) - float(ttft))
+                    elif r.get("tpot_s") is not None:
+                        decode = max(decode, float(r["tpot_s"]) * (int(r["output_tokens"]) - 1))
+                groups.setdefault((len(rs), n_in, n_out), []).append((float(ttft), decode))
+            for (b, n_in, n_out), vals in sorted(groups.items()):
+                out.append(StepTiming(batch_size=b, input_tokens=n_in, output_tokens=n_out,
+                                      ttft_s=statistics.median(v[0] for v in vals),
+                                      decode_s=statistics.median(v[1] for v in vals), repeats=len(vals)))
+            return out
+        res: LatencyResult | None = cls.result_of(run)
+        if res is None or res.ttft_s.p50 is None or not res.requests or not res.input_tokens:
+            return out
+        batch = (run.workload.batch_size if run.workload and run.workload.batch_size else None) or 1
+        n_out = max(1, round(res.output_tokens / res.requests))
+        tpot = res.tpot_s.p50
+        decode = tpot * (n_out - 1) if n_out > 1 and tpot is not None else 0.0
+        out.append(StepTiming(batch_size=batch, input_tokens=max(1, round(res.input_tokens / res.requests)),
+                              output_tokens=n_out if decode > 0 else 1, ttft_s=float(res.ttft_s.p50),
+                              decode_s=decode, repeats=max(1, res.steps)))
+        return out
+
+    # -- comparisons ----------------------------------------------------------------------------
+
+    @classmethod
+    def compare_metrics(cls) -> dict[str, bool]:
+        return {"ttft_s": True, "tpot_s": True, "e2e_s": True, "output_tokens_per_s": False}
+
+    @classmethod
+    def metric_samples(cls, run: Any, metric: str) -> list[list[float]] | None:
+        """Per request from the ``requests`` series, grouped by step; throughput is one sample
+        per step (its output tokens over its duration). Runs without that series fall back to
+        ``token_times``: one sample per step (the batch's slowest request)."""
+        from collections import defaultdict
+
+        if metric not in cls.compare_metrics():
+            return None
+        reqs = run.read_series("requests")
+        if reqs:
+            steps: dict[Any, list[dict[str, Any]]] = defaultdict(list)
+            for r in reqs:
+                steps[r["step"]].append(r)
+            groups: list[list[float]] = []
+            for rs in steps.values():
+                if metric == "output_tokens_per_s":
+                    dur = max(r["e2e_s"] for r in rs)
+                    if dur > 0:
+                        groups.append([sum(r["output_tokens"] for r in rs) / dur])
+                else:
+                    vals = [float(r[metric]) for r in rs if r.get(metric) is not None]
+                    if vals:
+                        groups.append(vals)
+            return groups or None
+        times = run.read_series("token_times")
+        if times:
+            by_step: dict[Any, list[float]] = defaultdict(list)
+            for r in times:
+                by_step[r["step"]].append(float(r["t_s"]))
+            groups = []
+            for ts in by_step.values():
+                ts.sort()
+                if metric == "ttft_s":
+                    groups.append([ts[0]])
+                elif metric == "e2e_s":
+                    groups.append([ts[-1]])
+                elif metric == "tpot_s" and len(ts) > 1:
+                    groups.append([(ts[-1] - ts[0]) / (len(ts) - 1)])
+            return groups or None
+        return None
+
+    @classmethod
+    def metric_value(cls, result: LatencyResult, metric: str, stat: str) -> float | None:
+        if metric == "output_tokens_per_s":  # the headline throughput is tokens / wall time
+            return result.output_tokens_per_s
+        st = getattr(result, metric, None)
+        return getattr(st, stat, None) if isinstance(st, Stats) else None
+
+    # -- distributed runs -----------------------------------------------------------------------
+
+    def rank_payload(self, session: Any) -> dict[str, Any]:
+        """The raw samples rank 0 pools: per-request latencies and per-step wall times."""
+        samples: dict[str, list[float]] = {k: [] for k in POOLED_SAMPLES}
+        step_s: list[float] = []
+        for st in session.measured_steps:
+            # steps are matched across ranks by their order among measured steps
+            step_s.append(st.duration_s or 0.0)
+            if st.kind == "forward":
+                samples["forward_s"].append(st.duration_s or 0.0)
+                continue
+            for r in request_latencies(st):
+                samples["ttft_s"].append(r["ttft_s"])
+                samples["prefill_s"].append(r["prefill_s"])
+                if r["encode_s"] is not None:
+                    samples["encode_s"].append(r["encode_s"])
+                if r["vision_tokens"] is not None:
+                    samples["vision_tokens"].append(r["vision_tokens"])
+                samples["e2e_s"].append(r["e2e_s"])
+                samples["decode_s"].append(r["e2e_s"] - r["ttft_s"])
+                if r["tpot_s"] is not None:
+                    samples["tpot_s"].append(r["tpot_s"])
+                samples["itl_s"].extend(r["itl_s"])
+        samples["tokenize_s"] = [ev.tokenize_s for ev in session.tokenize_events]
+        return {"samples": samples, "step_s": step_s}
+
+    @classmethod
+    def merge_ranks(cls, shares: list[RankShare]) -> LatencyResult:
+        """Percentiles from the pooled samples of all ranks (never averaged percentiles); tokens
+        and requests summed; step ``k``'s wall time is the slowest rank's; throughput is total
+        tokens over the slowest rank's wall time; stages keep the slowest rank's summary."""
+        results: list[LatencyResult] = [s.result for s in shares]
+        pooled: dict[str, list[float]] = {}
+        steps_by_rank: list[list[float]] = []
+        for sh in shares:
+            pay = sh.payload or {}
+            for key, vals in (pay.get("samples") or {}).items():
+                pooled.setdefault(key, []).extend(vals)
+            steps_by_rank.append(list(pay.get("step_s") or []))
+        if "prefill_s" not in pooled:  # shares without the encode split: prefill was TTFT
+            pooled["prefill_s"] = pooled.get("ttft_s", [])
+        upd: dict[str, Any] = {fld: summarize(pooled.get(key, [])) for fld, key in POOLED_FIELDS.items()}
+        for fld in SUMMED_FIELDS:
+            upd[fld] = sum(int(getattr(r, fld)) for r in results)
+        n_steps = max((len(s) for s in steps_by_rank), default=0)
+        slowest = [max(s[k] for s in steps_by_rank if k < len(s)) for k in range(n_steps)]
+        upd["step_s"] = summarize(slowest)
+        upd["steps"] = n_steps
+        upd["busy_s"] = sum(slowest) if slowest else None
+        walls = [r.wall_s for r in results if r.wall_s is not None]
+        wall = max(walls) if walls else None
+        upd["wall_s"] = wall
+
+        def per_s(n: int) -> float | None:
+            return n / wall if wall and wall > 0 else None
+
+        in_tok, out_tok, reqs = upd["input_tokens"], upd["output_tokens"], upd["requests"]
+        upd["output_tokens_per_s"] = per_s(out_tok) if out_tok else None
+        upd["input_tokens_per_s"] = per_s(in_tok)
+        upd["total_tokens_per_s"] = per_s(in_tok + out_tok)
+        upd["requests_per_s"] = per_s(reqs)
+        stages: dict[str, Stats] = {}
+        for r in results:
+            for name, st in r.stages.items():
+                prev = stages.get(name)
+                if prev is None or (st.max or 0.0) > (prev.max or 0.0):
+                    stages[name] = st
+        upd["stages"] = stages
+        return results[0].model_copy(update=upd)
+
+
+@dataclass(frozen=True)
+class StepTiming:
+    """Measured times of generate calls of one shape (see :meth:`LatencyCollector.step_timings`)."""
+
+    batch_size: int
+    input_tokens: int
+    output_tokens: int
+    ttft_s: float
+    decode_s: float
+    repeats: int
+
+
+#: Latency distributions shown in tables, in order: (result field, label).
+STAT_FIELDS = (("ttft_s", "TTFT"), ("tpot_s", "TPOT"), ("itl_s", "ITL"), ("e2e_s", "e2e"), ("encode_s", "encode"),
+               ("prefill_s", "prefill"), ("decode_s", "decode"), ("forward_s", "forward"))
+#: Raw samples each rank ships for pooling.
+POOLED_SAMPLES = ("ttft_s", "tpot_s", "itl_s", "e2e_s", "encode_s", "prefill_s", "decode_s", "forward_s",
+                  "vision_tokens")
+#: Result fields recomputed from pooled samples (field -> sample key).
+POOLED_FIELDS = {"ttft_s": "ttft_s", "tpot_s": "tpot_s", "itl_s": "itl_s", "e2e_s": "e2e_s", "encode_s": "encode_s",
+                 "prefill_s": "prefill_s", "decode_s": "decode_s", "forward_s": "forward_s",
+                 "tokenize_s": "tokenize_s", "vision_tokens_per_request": "vision_tokens"}
+#: Counters summed over ranks.
+SUMMED_FIELDS = ("input_tokens", "output_tokens", "requests", "vision_tokens", "warmup_steps", "failed_steps",
+                 "eos_stopped_requests")
 
 
 @hookimpl

@@ -355,6 +355,20 @@ class LayersCollector(Collector):
     Result: ClassVar[type[BaseModel]] = LayersResult
     default_enabled: ClassVar[bool] = False
     description: ClassVar[str] = "per-layer forward times (hooks), by module and type, encode / prefill / decode"
+    title: ClassVar[str] = "Layers"
+    key_columns: ClassVar[tuple[str, ...]] = ("coverage_pct",)
+
+    @classmethod
+    def summary_rows(cls, result: Any) -> list[tuple[str, str]]:
+        if result.status != "ok":
+            return [("status", f"{result.status}: {getattr(result, 'reason', None) or ''}".strip())]
+        return [("instrumented steps", str(result.steps_instrumented))]
+
+    @classmethod
+    def summary_tables(cls, result: Any) -> list[Any]:
+        from perfsdk.collectors.profiling_plugin import layers_tables
+
+        return layers_tables(result.model_dump(mode="json"))
 
     def __init__(self, config: BaseModel | None = None) -> None:
         super().__init__(config)

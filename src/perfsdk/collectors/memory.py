@@ -7,7 +7,7 @@ from typing import Any
 
 from pydantic import Field
 
-from perfsdk.collector import Collector, CollectorConfig, CollectorResult
+from perfsdk.collector import Collector, CollectorConfig, CollectorResult, RankShare, ReportSection, html_table
 from perfsdk.events import Step, Window
 from perfsdk.plugins import hookimpl
 
@@ -87,6 +87,8 @@ class MemoryCollector(Collector):
     """Samples RSS on the shared sampler and at window edges; reads CUDA allocator peaks."""
 
     name = "memory"
+    title = "Memory"
+    key_columns = ("rss_peak_bytes",)
     Config = MemoryConfig
     Result = MemoryResult
     default_enabled = True
@@ -214,6 +216,72 @@ class MemoryCollector(Collector):
             kv_cache_batch_size=self.max_kv[0] if self.max_kv else None,
             samples=self.samples,
         )
+
+
+    # -- presentation ---------------------------------------------------------------------------
+
+    @classmethod
+    def summary_rows(cls, result: MemoryResult) -> list[tuple[str, str]]:
+        from perfsdk.fmt import fmt_bytes
+
+        rows = [("peak RSS", fmt_bytes(result.rss_peak_bytes)), ("weights", fmt_bytes(result.weights_bytes)),
+                ("KV cache (largest batch)", fmt_bytes(result.kv_cache_bytes))]
+        if result.cuda_peak_allocated_bytes is not None:
+            rows.append(("CUDA peak allocated", fmt_bytes(result.cuda_peak_allocated_bytes)))
+        return rows
+
+    @classmethod
+    def report_section(cls, result: MemoryResult, run: Any) -> ReportSection:
+        sec = ReportSection("Memory")
+        rows: list[tuple[str, int | None]] = [
+            ("peak RSS", result.rss_peak_bytes), ("RSS at start", result.rss_start_bytes),
+            ("RSS at end", result.rss_end_bytes), ("weights", result.weights_bytes),
+            ("KV cache (largest batch)", result.kv_cache_bytes),
+            ("CUDA peak allocated", result.cuda_peak_allocated_bytes),
+            ("CUDA peak reserved", result.cuda_peak_reserved_bytes)]
+        sec.html.append(html_table(["figure", "MiB"], [[k, _mib(v)] for k, v in rows], "kv"))
+        phases = sorted(set(result.rss_peak_by_phase_bytes) | set(result.cuda_peak_allocated_by_phase_bytes))
+        if phases:
+            sec.html.append(html_table(
+                ["phase", "peak RSS MiB", "CUDA peak allocated MiB"],
+                [[p, _mib(result.rss_peak_by_phase_bytes.get(p)), _mib(result.cuda_peak_allocated_by_phase_bytes.get(p))]
+                 for p in phases]))
+        if result.cuda_status != "ok":
+            sec.notes.append(f"CUDA memory {result.cuda_status}")
+        return sec
+
+    # -- distributed runs -----------------------------------------------------------------------
+
+    @classmethod
+    def merge_ranks(cls, shares: list[RankShare]) -> MemoryResult:
+        """Peaks are the largest rank's (each rank is its own process tree); every rank's own
+        figures stay in the run's ``ranks`` entries."""
+        results: list[MemoryResult] = [s.result for s in shares]
+
+        def mx(vals: list[int | None]) -> int | None:
+            got = [v for v in vals if v is not None]
+            return max(got) if got else None
+
+        def mx_dict(dicts: list[dict[str, int]]) -> dict[str, int]:
+            out: dict[str, int] = {}
+            for d in dicts:
+                for k, v in d.items():
+                    out[k] = max(out.get(k, v), v)
+            return out
+
+        return results[0].model_copy(update={
+            "rss_peak_bytes": mx([r.rss_peak_bytes for r in results]),
+            "rss_peak_by_phase_bytes": mx_dict([r.rss_peak_by_phase_bytes for r in results]),
+            "cuda_peak_allocated_bytes": mx([r.cuda_peak_allocated_bytes for r in results]),
+            "cuda_peak_reserved_bytes": mx([r.cuda_peak_reserved_bytes for r in results]),
+            "cuda_peak_allocated_by_phase_bytes": mx_dict([r.cuda_peak_allocated_by_phase_bytes for r in results]),
+            "kv_cache_bytes": mx([r.kv_cache_bytes for r in results]),
+            "samples": sum(r.samples for r in results),
+        })
+
+
+def _mib(v: int | None) -> float | None:
+    return v / 2**20 if v is not None else None
 
 
 @hookimpl

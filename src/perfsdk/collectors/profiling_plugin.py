@@ -16,23 +16,20 @@ def perfsdk_register_collectors(register: Callable[[type], None]) -> None:
     register(TorchProfilerCollector)
 
 
-def _ms(v: float | None) -> str:
-    return "-" if v is None else f"{v * 1e3:.3f}"
-
-
-def _pct(v: float | None) -> str:
-    return "-" if v is None else f"{v:.1f}"
+from perfsdk.fmt import fmt_ms as _ms
+from perfsdk.fmt import fmt_pct as _pct
 
 
 def profiling_tables(collectors: dict[str, Any], max_rows: int = 15) -> list[Any]:
-    """Rich tables for a run's ``layers`` and ``torch_profiler`` results (empty when absent).
+    """Rich tables for a run's ``layers`` and ``torch_profiler`` results (empty when absent)."""
+    return layers_tables(collectors.get("layers"), max_rows) + profiler_tables(collectors.get("torch_profiler"), max_rows)
 
-    ``collectors`` is ``RunResult.collectors``; the CLI summary prints what this returns.
-    """
+
+def layers_tables(lay: dict[str, Any] | None, max_rows: int = 15) -> list[Any]:
+    """Rich tables of a ``layers`` result (its JSON form): per-phase module times, coverage."""
     from rich.table import Table
 
     tables: list[Any] = []
-    lay = collectors.get("layers")
     if lay and lay.get("status") == "ok":
         for phase in ("encode", "prefill", "decode", "forward"):
             rows = [r for r in lay.get("modules", []) if r["phase"] == phase and r["depth"] > 0]
@@ -60,7 +57,14 @@ def profiling_tables(collectors: dict[str, Any], max_rows: int = 15) -> list[Any
         t.add_row("overhead vs un-instrumented steps", f"{ovh:.1f} %" if ovh is not None else "n/a")
         t.add_row("time inside hooks", f"{_pct(lay.get('hook_time_pct'))} %")
         tables.append(t)
-    prof = collectors.get("torch_profiler")
+    return tables
+
+
+def profiler_tables(prof: dict[str, Any] | None, max_rows: int = 15) -> list[Any]:
+    """Rich table of a ``torch_profiler`` result (its JSON form): the top operators."""
+    from rich.table import Table
+
+    tables: list[Any] = []
     if prof and prof.get("status") == "ok":
         cuda = prof.get("sort_by") == "self_cuda_time_s"
         t = Table(title=f"Top operators ({prof['steps_profiled']} profiled steps, by {prof['sort_by']})")

@@ -101,6 +101,29 @@ class TorchProfilerCollector(Collector):
     Result: ClassVar[type[BaseModel]] = TorchProfilerResult
     default_enabled: ClassVar[bool] = False
     description: ClassVar[str] = "torch.profiler traces of selected steps and the top operators"
+    title: ClassVar[str] = "Operators (torch.profiler)"
+
+    @classmethod
+    def summary_rows(cls, result: Any) -> list[tuple[str, str]]:
+        if result.status != "ok":
+            return [("status", f"{result.status}: {getattr(result, 'reason', None) or ''}".strip())]
+        return [("profiled steps", str(result.steps_profiled))]
+
+    @classmethod
+    def summary_tables(cls, result: Any) -> list[Any]:
+        from perfsdk.collectors.profiling_plugin import profiler_tables
+
+        return profiler_tables(result.model_dump(mode="json"))
+
+    @classmethod
+    def report_section(cls, result: Any, run: Any) -> Any:
+        from perfsdk.collector import ReportSection, html_table
+
+        if result.status != "ok" or not result.operators:
+            return None
+        cols = ["name", "calls", "self_cpu_time_s", "cpu_time_total_s", "self_cuda_time_s", "share_pct"]
+        rows = [[getattr(op, c, None) for c in cols] for op in result.operators]
+        return ReportSection(cls.title, html_table(cols, rows))
 
     def __init__(self, config: BaseModel | None = None) -> None:
         super().__init__(config)

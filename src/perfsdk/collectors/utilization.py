@@ -117,10 +117,42 @@ class UtilizationCollector(Collector):
     """
 
     name = "utilization"
+    title = "Utilization"
     Config = UtilizationConfig
     Result = UtilizationResult
     default_enabled = True
     description = "CPU %, RSS (process tree) and per-GPU utilization, power, clocks, temperature"
+
+    @classmethod
+    def summary_rows(cls, result: UtilizationResult) -> list[tuple[str, str]]:
+        from perfsdk.fmt import fmt_pct
+
+        rows = [("CPU (process) mean", f"{fmt_pct(result.cpu_process_pct.mean)} %"),
+                ("CPU (system) mean", f"{fmt_pct(result.cpu_system_pct.mean)} %"),
+                ("samples", str(result.samples))]
+        for g in result.gpus:
+            rows.append((f"GPU {g.index} utilization mean", f"{fmt_pct(g.utilization_pct.mean)} %"))
+        if not result.gpu_available and result.gpu_reason:
+            rows.append(("GPU", result.gpu_reason))
+        return rows
+
+    @classmethod
+    def report_section(cls, result: UtilizationResult, run: Any) -> Any:
+        from perfsdk.collector import ReportFigure, ReportSection, html_table
+        from perfsdk.experiments.report import utilization_over_time
+
+        sec = ReportSection("Utilization over time")
+        png = utilization_over_time(run.read_series(result.series) if result.series else [])
+        if png:
+            sec.figures.append(ReportFigure("utilization", "Utilization over time", png))
+        else:
+            sec.notes.append("No utilization series stored with this run.")
+        rows = [[ph, u.samples, u.cpu_process_pct.mean, u.cpu_system_pct.mean,
+                 (u.rss_bytes.max / 2**20) if u.rss_bytes.max is not None else None] for ph, u in result.per_phase.items()]
+        if rows:
+            sec.html.append(html_table(["phase", "samples", "CPU process % mean", "CPU system % mean", "RSS max MiB"], rows))
+        sec.notes += result.notes
+        return sec
 
     def __init__(self, config: BaseModel | None = None, *, nvml_reader: NvmlReader | None = None) -> None:
         super().__init__(config)

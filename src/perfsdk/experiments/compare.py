@@ -1,11 +1,11 @@
 """Compare runs (or sweeps point by point): relative change with a bootstrap confidence interval.
 
-Samples are per request (the latency collector's ``requests`` series: ``ttft_s``, ``tpot_s``,
-``e2e_s``), or per step for throughput (output tokens of the step over its duration). The
-requests of one batch share their prefill and are not independent, so the bootstrap resamples
-whole steps (a cluster bootstrap); a side with fewer than two steps gets no significance. Runs
-stored without the ``requests`` series fall back to the ``token_times`` series, one sample per
-step. The change of a statistic (mean by default) from A to B is bootstrapped: both sample sets
+Sampled metrics come from the collectors that declare them (``Collector.compare_metrics``; the
+latency collector gives ``ttft_s``, ``tpot_s``, ``e2e_s`` per request and ``output_tokens_per_s``
+per step), grouped by step: the requests of one batch share their prefill and are not
+independent, so the bootstrap resamples whole steps (a cluster bootstrap); a side with fewer
+than two steps gets no significance. Any other metric is a flattened result field compared
+without an interval. The change of a statistic (mean by default) from A to B is bootstrapped: both sample sets
 are resampled with replacement, the relative change computed each time, and the 2.5/97.5
 percentiles give a 95 % interval. A change is significant when the interval excludes zero.
 """
@@ -24,8 +24,25 @@ from perfsdk.exporters.flatten import run_row
 from perfsdk.schemas import RunResult
 from perfsdk.store import Store, StoreError
 
-#: Metrics with per-request (or per-step) samples, and whether lower is better.
-SAMPLED_METRICS: dict[str, bool] = {"ttft_s": True, "tpot_s": True, "e2e_s": True, "output_tokens_per_s": False}
+def sampled_metrics() -> dict[str, tuple[Any, bool]]:
+    """Metric -> (owning collector class, lower is better), from the installed collectors."""
+    from perfsdk.plugins import installed_registry, ordered_collectors
+
+    reg = installed_registry()
+    out: dict[str, tuple[Any, bool]] = {}
+    for name in ordered_collectors(reg.collectors, reg):
+        cls = reg.collectors[name]
+        for metric, lower in cls.compare_metrics().items():
+            out.setdefault(metric, (cls, lower))
+    return out
+
+
+def default_metrics() -> list[str]:
+    """Every sampled metric of the installed collectors (latency's four first)."""
+    return list(sampled_metrics())
+
+
+#: The built-in latency collector's metrics, compared when none are named.
 DEFAULT_METRICS = ("ttft_s", "tpot_s", "e2e_s", "output_tokens_per_s")
 Stat = Literal["mean", "p50", "p90", "p95", "p99"]
 
@@ -146,44 +163,13 @@ class MetricComparison:
 
 
 def grouped_samples_for(store: Store, run: RunResult, metric: str) -> list[list[float]] | None:
-    """Samples of ``metric`` grouped by step (the requests of one batch), or ``None``.
-
-    Per request from the ``requests`` series; throughput is one sample per step (its output
-    tokens over its duration). Runs without that series fall back to ``token_times``: one
-    sample per step (the batch's slowest request).
-    """
-    if metric not in SAMPLED_METRICS:
+    """Samples of ``metric`` grouped by step, from the collector that declares it, or ``None``."""
+    owner = sampled_metrics().get(metric)
+    if owner is None:
         return None
-    if "requests" in run.series:
-        steps: dict[Any, list[dict[str, Any]]] = defaultdict(list)
-        for r in store.read_series(run.run_id, "requests"):
-            steps[r["step"]].append(r)
-        groups: list[list[float]] = []
-        for reqs in steps.values():
-            if metric == "output_tokens_per_s":
-                dur = max(r["e2e_s"] for r in reqs)
-                if dur > 0:
-                    groups.append([sum(r["output_tokens"] for r in reqs) / dur])
-            else:
-                vals = [float(r[metric]) for r in reqs if r.get(metric) is not None]
-                if vals:
-                    groups.append(vals)
-        return groups or None
-    if "token_times" in run.series:
-        by_step: dict[Any, list[float]] = defaultdict(list)
-        for r in store.read_series(run.run_id, "token_times"):
-            by_step[r["step"]].append(float(r["t_s"]))
-        groups = []
-        for ts in by_step.values():
-            ts.sort()
-            if metric == "ttft_s":
-                groups.append([ts[0]])
-            elif metric == "e2e_s":
-                groups.append([ts[-1]])
-            elif metric == "tpot_s" and len(ts) > 1:
-                groups.append([(ts[-1] - ts[0]) / (len(ts) - 1)])
-        return groups or None
-    return None
+    if run._store_root is None:
+        run._store_root = str(store.root)
+    return owner[0].metric_samples(run, metric)
 
 
 def samples_for(store: Store, run: RunResult, metric: str) -> list[float] | None:
@@ -192,21 +178,22 @@ def samples_for(store: Store, run: RunResult, metric: str) -> list[float] | None
     return [v for g in groups for v in g] if groups else None
 
 
-def _scalar(row: dict[str, Any], metric: str, stat: str) -> float | None:
-    key = metric
-    if metric in SAMPLED_METRICS and metric != "output_tokens_per_s":
-        key = f"collectors.latency.{metric}.{stat}"
-    elif metric == "output_tokens_per_s":
-        key = "collectors.latency.output_tokens_per_s"
-    v = row.get(key)
+def _scalar(run: RunResult, row: dict[str, Any], metric: str, stat: str) -> float | None:
+    owner = sampled_metrics().get(metric)
+    if owner is not None:
+        res = owner[0].result_of(run)
+        v = owner[0].metric_value(res, metric, stat) if res is not None else None
+    else:
+        v = row.get(metric)
     if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(float(v)):
         return None
     return float(v)
 
 
 def _lower_is_better(metric: str) -> bool | None:
-    if metric in SAMPLED_METRICS:
-        return SAMPLED_METRICS[metric]
+    owner = sampled_metrics().get(metric)
+    if owner is not None:
+        return owner[1]
     last = metric.rsplit(".", 2)
     name = ".".join(last[-2:])
     if "per_s" in name or "accuracy" in name or "exact_match" in name or "f1" in name or "mfu" in name:
@@ -231,9 +218,9 @@ def compare_runs(store: Store, baseline: RunResult, candidate: RunResult, metric
             sa, sb = [v for g in ga for v in g], [v for g in gb for v in g]
             f = _stat_fn(stat)
             va, vb = float(f(np.asarray(sa))), float(f(np.asarray(sb)))
-            if m == "output_tokens_per_s":  # the headline throughput is tokens / wall time
-                va = _scalar(ra, m, stat) or va
-                vb = _scalar(rb, m, stat) or vb
+            # the collector's headline value where it has one (throughput: tokens / wall time)
+            va = _scalar(baseline, ra, m, stat) or va
+            vb = _scalar(candidate, rb, m, stat) or vb
             try:
                 change, lo, hi = bootstrap_change(ga, gb, stat=stat, n_boot=n_boot, seed=seed)
             except TooFewSamples:
@@ -248,7 +235,7 @@ def compare_runs(store: Store, baseline: RunResult, candidate: RunResult, metric
             out.append(MetricComparison(m, baseline.run_id, candidate.run_id, va, vb, change, lo, hi,
                                         not (lo <= 0 <= hi), lib, (len(sa), len(sb)), point))
         else:
-            va, vb = _scalar(ra, m, stat), _scalar(rb, m, stat)
+            va, vb = _scalar(baseline, ra, m, stat), _scalar(candidate, rb, m, stat)
             change = (vb / va - 1.0) if va not in (None, 0) and vb is not None else None
             out.append(MetricComparison(m, baseline.run_id, candidate.run_id, va, vb, change, None, None, None, lib,
                                         None, point))

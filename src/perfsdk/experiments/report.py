@@ -21,7 +21,8 @@ from typing import Any
 
 import structlog
 
-from perfsdk.exporters.flatten import flatten, run_row
+from perfsdk.collector import ReportFigure, ReportSection, html_table
+from perfsdk.exporters.flatten import run_row
 from perfsdk.schemas import RunResult
 from perfsdk.store import Store, StoreError, atomic_write
 
@@ -37,24 +38,8 @@ class ReportError(ValueError):
     """The run or sweep to report on was not found."""
 
 
-@dataclass
-class Figure:
-    """One PNG figure of the report."""
-
-    slug: str
-    title: str
-    png: bytes
-    caption: str = ""
-
-
-@dataclass
-class Section:
-    """A heading with figures, tables (HTML) and notes."""
-
-    title: str
-    figures: list[Figure] = field(default_factory=list)
-    html: list[str] = field(default_factory=list)
-    notes: list[str] = field(default_factory=list)
+Figure = ReportFigure
+Section = ReportSection
 
 
 # -- drawing helpers ----------------------------------------------------------------------------
@@ -81,15 +66,7 @@ def _num(v: Any) -> float | None:
     return float(v) if math.isfinite(float(v)) else None
 
 
-def _table(headers: list[str], rows: list[list[Any]], cls: str = "") -> str:
-    def cell(v: Any) -> str:
-        if isinstance(v, float):
-            v = f"{v:.4g}"
-        return html.escape("-" if v is None else str(v))
-
-    head = "".join(f"<th>{html.escape(h)}</th>" for h in headers)
-    body = "".join("<tr>" + "".join(f"<td>{cell(v)}</td>" for v in r) + "</tr>" for r in rows)
-    return f'<table class="{cls}"><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>'
+_table = html_table
 
 
 def _series(store: Store, run: RunResult, name: str) -> list[dict[str, Any]]:
@@ -106,10 +83,10 @@ def _series(store: Store, run: RunResult, name: str) -> list[dict[str, Any]]:
 
 def request_samples(store: Store, run: RunResult) -> dict[str, list[float]]:
     """Per-request TTFT/TPOT/e2e (seconds), from the ``requests`` series or ``token_times``."""
-    from perfsdk.experiments.compare import samples_for
+    from perfsdk.experiments.compare import sampled_metrics, samples_for
 
     out = {}
-    for m in ("ttft_s", "tpot_s", "e2e_s"):
+    for m in [k for k in sampled_metrics() if k.endswith("_s") and not k.endswith("per_s")]:
         vals = samples_for(store, run, m)
         if vals:
             out[m] = vals
@@ -234,46 +211,32 @@ def utilization_over_time(rows: list[dict[str, Any]]) -> bytes | None:
     return _png(fig)
 
 
-def _numeric_dicts(d: dict[str, Any], prefix: str = "") -> dict[str, dict[str, float]]:
-    """Sub-mappings whose values are all numbers (e.g. per-phase or per-layer breakdowns)."""
-    out: dict[str, dict[str, float]] = {}
-    for k, v in d.items():
-        if isinstance(v, dict) and v:
-            nums = {str(kk): _num(vv) for kk, vv in v.items()}
-            if all(x is not None for x in nums.values()) and len(nums) >= 2:
-                out[prefix + k] = nums  # type: ignore[assignment]
-            else:
-                out.update(_numeric_dicts(v, prefix + k + "."))
-    return out
-
-
-def breakdown_figure(name: str, data: dict[str, Any]) -> bytes | None:
-    """Bar charts of the numeric breakdowns inside a collector result (first four)."""
-    dicts = list(_numeric_dicts(data).items())[:4]
-    if not dicts:
+def bar_figure(title: str, panels: dict[str, dict[str, float]], max_bars: int = 20) -> bytes | None:
+    """Horizontal bar charts, one panel per named breakdown (at most four panels)."""
+    items = list(panels.items())[:4]
+    if not items:
         return None
-    fig, axes = _figure(1, len(dicts), width=min(16, 4.2 * len(dicts)), height=3.4)
-    for ax, (label, vals) in zip(axes[0], dicts):
-        items = list(vals.items())[:20]
-        ax.barh([k for k, _ in items][::-1], [v for _, v in items][::-1], color=PALETTE[0])
+    fig, axes = _figure(1, len(items), width=min(16, 4.2 * len(items)), height=3.4)
+    for ax, (label, vals) in zip(axes[0], items):
+        bars = list(vals.items())[:max_bars]
+        ax.barh([k for k, _ in bars][::-1], [v for _, v in bars][::-1], color=PALETTE[0])
         ax.set_title(label, fontsize=9)
         ax.tick_params(labelsize=7)
         ax.grid(alpha=0.3, axis="x")
-    fig.suptitle(f"{name}: breakdowns")
+    fig.suptitle(title)
     return _png(fig)
 
 
-def _scalar_rows(data: dict[str, Any], limit: int = 40) -> list[list[Any]]:
-    flat = flatten(data)
-    rows = [[k, v] for k, v in flat.items() if isinstance(v, (int, float, str)) and not isinstance(v, bool)
-            and not (isinstance(v, str) and (len(v) > 80 or v.startswith("[")))]
-    return rows[:limit]
-
-
-def run_sections(store: Store, run: RunResult) -> list[Section]:
-    """The sections of a single-run report."""
+def run_sections(store: Store, run: RunResult, registry: Any = None) -> list[Section]:
+    """The sections of a single-run report: an overview, then one section per collector
+    (each collector's own ``report_section``, or the generic table of its scalar fields)."""
+    from perfsdk.collector import Collector
+    from perfsdk.plugins import installed_registry, ordered_collectors
     from perfsdk.summary import headline_rows
 
+    reg = registry or installed_registry()
+    if run._store_root is None:
+        run._store_root = str(store.root)
     secs: list[Section] = []
     s = Section("Summary")
     m = run.model
@@ -286,58 +249,30 @@ def run_sections(store: Store, run: RunResult) -> list[Section]:
             ["host", run.environment.hostname], ["CPU", run.environment.cpu_model],
             ["torch", run.environment.torch], ["started", run.started_at.isoformat()]]
     s.html.append(_table(["field", "value"], info, "kv"))
-    s.html.append(_table(["metric", "value"], [list(r) for r in headline_rows(run)], "kv"))
-    lat = run.collectors.get("latency") or {}
-    stat_rows = []
-    for key in ("ttft_s", "tpot_s", "itl_s", "e2e_s", "prefill_s", "decode_s", "forward_s"):
-        st = lat.get(key) or {}
-        if st.get("count"):
-            stat_rows.append([key, st["count"]] + [(st[q] * 1e3 if _num(st.get(q)) is not None else None)
-                                                  for q in ("mean", "p50", "p90", "p95", "p99", "max")])
-    if stat_rows:
-        s.html.append(_table(["latency", "count", "mean ms", "p50 ms", "p90 ms", "p95 ms", "p99 ms", "max ms"], stat_rows))
+    s.html.append(_table(["metric", "value"], [list(r) for r in headline_rows(run, reg)], "kv"))
     secs.append(s)
 
-    s = Section("Latency")
-    cdf = latency_cdf(request_samples(store, run))
-    if cdf:
-        s.figures.append(Figure("latency-cdf", "Latency CDF", cdf, "Empirical CDF per request; dotted: p50, dashed: p95."))
-    else:
-        s.notes.append("No per-request latency samples stored with this run.")
-    tok = per_token_latency(_series(store, run, "token_times"))
-    if tok:
-        s.figures.append(Figure("per-token-latency", "Per-token latency", tok,
-                                "Position 0 is the time to first token; later positions are inter-token gaps."))
-    secs.append(s)
-
-    s = Section("Utilization, power and memory over time")
-    util = utilization_over_time(_series(store, run, "utilization"))
-    if util:
-        s.figures.append(Figure("utilization", "Utilization over time", util))
-    else:
-        s.notes.append("No utilization series in this run (enable the utilization collector).")
-    mem = run.collectors.get("memory") or {}
-    if mem.get("rss_peak_by_phase_bytes"):
-        s.html.append(_table(["phase", "peak RSS MiB"], [[k, v / 2**20] for k, v in mem["rss_peak_by_phase_bytes"].items()]))
-    secs.append(s)
-
-    for cname, title in (("flops", "FLOPs"), ("simulation", "Simulation"), ("energy", "Energy")):
-        data = run.collectors.get(cname)
-        if not data:
+    for name in ordered_collectors(run.collectors, reg):
+        cls: type[Collector] | None = reg.collectors.get(name)
+        result = run.collector_result(name, cls) if cls is not None else None
+        try:
+            if cls is not None and result is not None:
+                sec = cls.report_section(result, run)
+            else:
+                sec = Collector.report_section.__func__(type("_Stored", (Collector,), {"name": name}),  # type: ignore[attr-defined]
+                                                        run.collectors[name], run)
+        except Exception as exc:  # one collector's broken section never loses the report
+            log.warning("report section failed", collector=name, error=repr(exc))
+            sec = Section(name, notes=[f"section unavailable: {type(exc).__name__}: {exc}"])
+        if sec is None:
             continue
-        s = Section(title)
-        fig = breakdown_figure(cname, data)
-        if fig:
-            s.figures.append(Figure(f"{cname}-breakdown", f"{title} breakdown", fig))
-        s.html.append(_table(["field", "value"], _scalar_rows(data), "kv"))
-        secs.append(s)
-
-    prof = run.collectors.get("torch_profiler") or {}
-    if prof.get("operators"):
-        s = Section("Operators (torch.profiler)")
-        cols = ["name", "calls", "self_cpu_time_s", "cpu_time_total_s", "self_cuda_time_s", "share_pct"]
-        s.html.append(_table(cols, [[op.get(c) for c in cols] for op in prof["operators"]]))
-        secs.append(s)
+        meta = run.collector_meta.get(name)
+        if meta is not None and meta.scope == "rank0-only":
+            sec.notes.insert(0, f"rank 0 only: this collector does not merge ranks (each rank's result is under ranks).")
+        if meta is not None and meta.installed is False:
+            sec.notes.insert(0, "collector not installed here: its stored values are shown as they are.")
+        sec.slug = name
+        secs.append(sec)
 
     if run.records:
         s = Section("Records")
@@ -352,20 +287,49 @@ def run_sections(store: Store, run: RunResult) -> list[Section]:
 
 # -- sweep figures -------------------------------------------------------------------------------
 
-BATCH_PANELS = [
-    ("output tokens/s", ["collectors.latency.output_tokens_per_s"], 1.0),
-    ("TTFT p50 / p95 (ms)", ["collectors.latency.ttft_s.p50", "collectors.latency.ttft_s.p95"], 1e3),
-    ("TPOT p50 (ms)", ["collectors.latency.tpot_s.p50"], 1e3),
-    ("peak RSS (MiB)", ["collectors.memory.rss_peak_bytes"], 1 / 2**20),
-    ("J / output token", ["collectors.energy.j_per_output_token"], 1.0),
-]
+#: At most this many panels per sweep figure, and this many per collector.
+MAX_PANELS = 8
+PANELS_PER_COLLECTOR = 3
+
+
+def metric_panels(rows: list[dict[str, Any]], registry: Any = None) -> list[tuple[str, list[str], float]]:
+    """(title, columns, scale) of the panels a sweep plots: each collector's declared key columns
+    (``Collector.key_columns``), percentiles of one statistic sharing a panel, its first few
+    statistics with data in ``rows``; seconds shown in ms, bytes in MiB."""
+    from perfsdk.exporters.flatten import key_columns
+
+    present = {k for r in rows for k, v in r.items() if _num(v) is not None}
+    panels: dict[str, list[str]] = {}
+    per_collector: dict[str, int] = defaultdict(int)
+    for col in key_columns(registry):
+        if not col.startswith("collectors.") or not any(p == col or p.startswith(col + ".") for p in present):
+            continue
+        cname, path = col.split(".", 2)[1:]
+        base, _, last = path.rpartition(".")
+        stat_base = base if last.startswith("p") and last[1:].isdigit() else path
+        key = f"{cname}.{stat_base}"
+        if key not in panels:
+            if per_collector[cname] >= PANELS_PER_COLLECTOR or len(panels) >= MAX_PANELS:
+                continue
+            per_collector[cname] += 1
+            panels[key] = []
+        panels[key].append(col)
+    out = []
+    for key, cols in panels.items():
+        cname, stat = key.split(".", 1)
+        scale, unit = (1e3, " (ms)") if stat.endswith("_s") and not stat.endswith("per_s") else \
+            ((1 / 2**20, " (MiB)") if stat.endswith("_bytes") else (1.0, ""))
+        quants = [c.rsplit(".", 1)[1] for c in cols if c != f"collectors.{key}"]
+        label = stat.removesuffix("_s").removesuffix("_bytes").replace("_", " ")
+        out.append((f"{cname}: {label}{' ' + ' / '.join(quants) if quants else ''}{unit}", cols, scale))
+    return out
 
 
 def _lookup(row: dict[str, Any], key: str) -> float | None:
     v = _num(row.get(key))
     if v is not None:
         return v
-    for k in sorted(row):  # per-source values, e.g. collectors.energy.j_per_output_token.<source>
+    for k in sorted(row):  # a mapping under the key column: its first numeric value
         if k.startswith(key + "."):
             v = _num(row[k])
             if v is not None:
@@ -374,8 +338,8 @@ def _lookup(row: dict[str, Any], key: str) -> float | None:
 
 
 def batch_size_panels(rows: list[dict[str, Any]], group_keys: list[str]) -> bytes | None:
-    """tokens/s, TTFT, TPOT, memory and J/token against batch size, one line per other-axis
-    combination."""
+    """Each collector's key figures (:func:`metric_panels`) against batch size, one line per
+    other-axis combination."""
     pts = [r for r in rows if _num(r.get("workload.batch_size")) is not None]
     if len({r["workload.batch_size"] for r in pts}) < 2:
         return None
@@ -383,8 +347,11 @@ def batch_size_panels(rows: list[dict[str, Any]], group_keys: list[str]) -> byte
     for r in pts:
         label = ", ".join(f"{k.rsplit('.', 1)[-1]}={r.get('tags.' + k)}" for k in group_keys) or "all"
         groups[label].append(r)
-    fig, axes = _figure(1, len(BATCH_PANELS), width=4.0 * len(BATCH_PANELS), height=3.6)
-    for ax, (title, keys, scale) in zip(axes[0], BATCH_PANELS):
+    panels = metric_panels(pts)
+    if not panels:
+        return None
+    fig, axes = _figure(1, len(panels), width=4.0 * len(panels), height=3.6)
+    for ax, (title, keys, scale) in zip(axes[0], panels):
         drawn = False
         for gi, (label, grows) in enumerate(sorted(groups.items())):
             grows = sorted(grows, key=lambda r: r["workload.batch_size"])
@@ -508,8 +475,20 @@ def pareto_plot(points: list[dict[str, Any]], objectives: list[Any], labels: lis
     return _png(fig)
 
 
-DEFAULT_OBJECTIVES = [{"field": "collectors.latency.output_tokens_per_s", "direction": "maximize"},
-                      {"field": "collectors.latency.ttft_s.p95", "direction": "minimize"}]
+def default_objectives() -> list[dict[str, str]]:
+    """The Pareto axes of a sweep that names fewer than two objectives: the first two key columns
+    of the first installed collector that declares at least two (the latency collector's
+    throughput and TTFT p50), each in its better direction."""
+    from perfsdk.experiments.compare import _lower_is_better
+    from perfsdk.plugins import installed_registry, ordered_collectors
+
+    reg = installed_registry()
+    for name in ordered_collectors(reg.collectors, reg):
+        cols = reg.collectors[name].key_columns
+        if len(cols) >= 2:
+            return [{"field": f"collectors.{name}.{c}",
+                     "direction": "minimize" if _lower_is_better(c) is not False else "maximize"} for c in cols[:2]]
+    return []
 
 
 def sweep_sections(store: Store, sweep_id: str) -> tuple[str, list[Section]]:
@@ -547,7 +526,7 @@ def sweep_sections(store: Store, sweep_id: str) -> tuple[str, list[Section]]:
             ["objectives", "; ".join(f"{o['direction']} {o['field']}" for o in objectives) or "-"],
             ["constraints", "; ".join(constraints) or "-"]]
     s.html.append(_table(["field", "value"], info, "kv"))
-    obj_fields = [o["field"] for o in objectives] or [o["field"] for o in DEFAULT_OBJECTIVES]
+    obj_fields = [o["field"] for o in objectives] or [o["field"] for o in default_objectives()]
     headers = [a.rsplit(".", 1)[-1] for a in axes] + ["status"] + [f.replace("collectors.", "") for f in obj_fields] + \
         ["feasible", "pareto", "run"]
     table_rows = []
@@ -592,7 +571,7 @@ def sweep_sections(store: Store, sweep_id: str) -> tuple[str, list[Section]]:
         secs.append(s)
 
     s = Section("Pareto front")
-    objs = objectives if len(objectives) >= 2 else DEFAULT_OBJECTIVES
+    objs = objectives if len(objectives) >= 2 else default_objectives()
     ppoints = []
     labels = []
     for p in finished:

@@ -96,11 +96,11 @@ class MarkdownExporter(Exporter):
     description = "key columns as a Markdown table"
 
     def export(self, runs: list[RunResult], stream: IO[Any]) -> bool:
-        from perfsdk.exporters.flatten import KEY_COLUMNS
+        from perfsdk.exporters.flatten import key_columns
 
         def go() -> None:
             cols, rows = rows_for(runs)
-            keys = [c for c in KEY_COLUMNS if c in cols]
+            keys = [c for c in key_columns() if c in cols]
             stream.write("| " + " | ".join(keys) + " |\n")
             stream.write("|" + "|".join("---" for _ in keys) + "|\n")
             for row in rows:

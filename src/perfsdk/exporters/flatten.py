@@ -7,29 +7,39 @@ from typing import Any
 
 from perfsdk.schemas import RunResult
 
-#: Columns that lead every tabular export, in this order (absent ones are skipped).
-KEY_COLUMNS = [
+#: Run-level columns that lead every tabular export, in this order (absent ones are skipped).
+#: Each collector's own ``key_columns`` follow them (see :func:`key_columns`).
+RUN_KEY_COLUMNS = [
     "run_id",
     "name",
     "status",
+    "validity.verdict",
     "started_at",
     "model.model_id",
     "model.dtype",
     "model.quantization",
     "workload.batch_size",
     "workload.max_new_tokens",
-    "collectors.latency.output_tokens_per_s",
-    "collectors.latency.total_tokens_per_s",
-    "collectors.latency.requests_per_s",
-    "collectors.latency.ttft_s.p50",
-    "collectors.latency.ttft_s.p95",
-    "collectors.latency.tpot_s.p50",
-    "collectors.latency.tpot_s.p95",
-    "collectors.latency.itl_s.p50",
-    "collectors.latency.e2e_s.p50",
-    "collectors.memory.rss_peak_bytes",
-    "collectors.energy.j_per_output_token",
 ]
+
+
+def key_columns(registry: Any = None) -> list[str]:
+    """The leading columns: run-level ones, then each installed collector's declared
+    ``key_columns`` as ``collectors.<name>.<path>`` (collectors in registration order)."""
+    from perfsdk.plugins import installed_registry, ordered_collectors
+
+    reg = registry or installed_registry()
+    cols = list(RUN_KEY_COLUMNS)
+    for name in ordered_collectors(reg.collectors, reg):
+        cols += [f"collectors.{name}.{path}" for path in reg.collectors[name].key_columns]
+    return cols
+
+
+def __getattr__(name: str) -> Any:
+    if name == "KEY_COLUMNS":  # the leading columns with the collectors installed now
+        return key_columns()
+    raise AttributeError(name)
+
 
 #: Characters that make a spreadsheet treat a cell as a formula.
 FORMULA_PREFIXES = ("=", "+", "-", "@", "\t", "\r")
@@ -53,8 +63,11 @@ def flatten(data: Any, prefix: str = "", out: dict[str, Any] | None = None) -> d
 
 def run_row(run: RunResult) -> dict[str, Any]:
     """One flat row for a run. Records become ``records.<name>`` columns."""
-    data = run.model_dump(mode="json", exclude={"records", "series", "artifacts"})
+    data = run.model_dump(mode="json", exclude={"records", "series", "artifacts", "collector_meta"})
     row = flatten(data)
+    for cname, meta in run.collector_meta.items():  # only what changes how a value reads
+        if meta.scope != "process":
+            row[f"collector_meta.{cname}.scope"] = meta.scope
     for rec in run.records:
         row[f"records.{rec.name}"] = rec.value
     return row
@@ -65,7 +78,7 @@ def ordered_columns(rows: list[dict[str, Any]]) -> list[str]:
     present: set[str] = set()
     for r in rows:
         present.update(r)
-    head = [c for c in KEY_COLUMNS if c in present]
+    head = [c for c in key_columns() if c in present]
     rest = sorted(present - set(head))
     return head + rest
 

@@ -170,10 +170,47 @@ class FlopsCollector(Collector):
     """FLOPs and MACs of the real run: encode/prefill/decode split, per module, analytic deviation, MFU."""
 
     name = "flops"
+    title = "FLOPs"
     Config = FlopsConfig
     Result = FlopsResult
     default_enabled = False
     description = "FLOPs/MACs of the run (encode/prefill/decode, per module), deviation from the analytic model, MFU"
+    key_columns = ("flops_total", "mfu_pct")
+
+    @classmethod
+    def summary_rows(cls, result: FlopsResult) -> list[tuple[str, str]]:
+        from perfsdk.fmt import fmt_num
+
+        if result.status != "ok":
+            return [("FLOPs", f"unavailable: {result.reason}")]
+        rows = [("FLOPs encode", fmt_num(result.flops_encode))] if result.flops_encode else []
+        rows.append(("FLOPs prefill / decode", f"{fmt_num(result.flops_prefill)} / {fmt_num(result.flops_decode)}"))
+        if result.flops_forward:
+            rows.append(("FLOPs forward", fmt_num(result.flops_forward)))
+        if result.deviation_pct is not None:
+            rows.append(("vs analytic", f"{result.deviation_pct:+.1f} %{' (flagged)' if result.deviation_flagged else ''}"))
+        if result.mfu_pct is not None:
+            rows.append(("MFU", f"{result.mfu_pct:.2f} %"))
+        return rows
+
+    @classmethod
+    def report_section(cls, result: FlopsResult, run: Any) -> Any:
+        from perfsdk.collector import ReportFigure, ReportSection, html_table, scalar_items
+        from perfsdk.experiments.report import bar_figure
+
+        sec = ReportSection(cls.title)
+        if result.status != "ok":
+            sec.notes.append(f"unavailable: {result.reason}")
+            return sec
+        panels = {"by category": {r.name: float(r.flops) for r in result.by_category},
+                  "by module type": {r.name: float(r.flops) for r in result.by_module_type},
+                  "top modules": {r.name: float(r.flops) for r in result.top_modules}}
+        png = bar_figure("FLOPs breakdowns", {k: v for k, v in panels.items() if len(v) >= 2})
+        if png:
+            sec.figures.append(ReportFigure("flops-breakdown", "FLOPs breakdown", png))
+        sec.html.append(html_table(["field", "value"], [[k, v] for k, v in scalar_items(result)], "kv"))
+        sec.notes += result.notes
+        return sec
 
     def __init__(self, config: BaseModel | None = None) -> None:
         super().__init__(config)
@@ -346,16 +383,7 @@ def count_model(model: str, *, batch_size: int = 1, input_tokens: int = 128, out
             "output_tokens": output_tokens, **fields, "forwards": count.forwards}
 
 
-def _fmt(n: Any) -> str:
-    if n is None:
-        return "-"
-    if isinstance(n, float) and not n.is_integer():
-        return f"{n:.4g}"
-    n = float(n)
-    for unit, div in (("P", 1e15), ("T", 1e12), ("G", 1e9), ("M", 1e6), ("k", 1e3)):
-        if abs(n) >= div:
-            return f"{n / div:.3f} {unit}"
-    return f"{n:.0f}"
+from perfsdk.fmt import fmt_count as _fmt  # noqa: E402
 
 
 @click.command("flops")

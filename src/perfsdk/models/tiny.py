@@ -259,7 +259,9 @@ def build_key(name: str = "tiny-llama") -> str:
 
 def default_cache_dir() -> Path:
     """Folder holding built embedded models (``$PERFSDK_CACHE_DIR/models`` or ``~/.cache/perfsdk/models``)."""
-    root = os.environ.get("PERFSDK_CACHE_DIR")
+    from perfsdk.envflags import text
+
+    root = text("PERFSDK_CACHE_DIR")
     base = Path(root).expanduser() if root else Path.home() / ".cache" / "perfsdk"
     return base / "models"
 

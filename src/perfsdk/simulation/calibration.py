@@ -506,55 +506,15 @@ def model_config_of_run(run: Any) -> Any:
     return fields
 
 
-def measurements_of_run(run: Any, requests: list[dict[str, Any]] | None) -> list[Measurement]:
-    """One :class:`Measurement` per distinct (batch, input tokens, output tokens) of a stored run.
+def measurements_of_run(run: Any, requests: list[dict[str, Any]] | None = None) -> list[Measurement]:
+    """One :class:`Measurement` per distinct (batch, input tokens, output tokens) of a stored run,
+    as the latency collector reports them (:meth:`LatencyCollector.step_timings`)."""
+    from perfsdk.collectors.latency import LatencyCollector
 
-    With the ``requests`` series (one row per request of every measured ``generate`` call), the
-    rows of a call give its batch size (rows), prompt length (the longest: prompts are padded to
-    it), generated length (the longest), TTFT and decode time (the last request's ``e2e - ttft``);
-    calls of the same shape are combined by the median. Without it, the latency summary's median
-    TTFT and TPOT are used with the workload's batch size and the mean prompt length.
-    """
     label = (run.model.model_id if run.model and run.model.model_id else run.name) or run.run_id
-    meas: list[Measurement] = []
-    if requests:
-        by_step: dict[Any, list[dict[str, Any]]] = {}
-        for r in requests:
-            by_step.setdefault(r.get("step"), []).append(r)
-        groups: dict[tuple[int, int, int], list[tuple[float, float]]] = {}
-        for rows in by_step.values():
-            ttft = rows[0].get("ttft_s")
-            if ttft is None:
-                continue
-            n_out = max(int(r.get("output_tokens") or 0) for r in rows)
-            n_in = max(int(r.get("input_tokens") or 0) for r in rows)
-            if n_out < 1 or n_in < 1:
-                continue
-            decode = 0.0
-            for r in rows:
-                if r.get("e2e_s") is not None:
-                    decode = max(decode, float(r["e2e_s"]) - float(ttft))
-                elif r.get("tpot_s") is not None:
-                    decode = max(decode, float(r["tpot_s"]) * (int(r["output_tokens"]) - 1))
-            groups.setdefault((len(rows), n_in, n_out), []).append((float(ttft), decode))
-        for (b, n_in, n_out), vals in sorted(groups.items()):
-            meas.append(Measurement(model=label, batch_size=b, input_tokens=n_in, output_tokens=n_out,
-                                    ttft_s=statistics.median(v[0] for v in vals),
-                                    decode_s=statistics.median(v[1] for v in vals), repeats=len(vals)))
-        return meas
-    lat = run.collectors.get("latency") or {}
-    ttft = (lat.get("ttft_s") or {}).get("median")
-    tpot = (lat.get("tpot_s") or {}).get("median")
-    reqs, out_tok, in_tok = lat.get("requests") or 0, lat.get("output_tokens") or 0, lat.get("input_tokens") or 0
-    batch = (run.workload.batch_size if run.workload and run.workload.batch_size else None) or 1
-    if ttft is None or not reqs or not in_tok:
-        return meas
-    n_out = max(1, round(out_tok / reqs))
-    decode = (tpot or 0.0) * (n_out - 1) if n_out > 1 and tpot is not None else 0.0
-    meas.append(Measurement(model=label, batch_size=batch, input_tokens=max(1, round(in_tok / reqs)),
-                            output_tokens=n_out if decode > 0 else 1, ttft_s=float(ttft), decode_s=decode,
-                            repeats=int(lat.get("steps") or 1)))
-    return meas
+    return [Measurement(model=label, batch_size=t.batch_size, input_tokens=t.input_tokens,
+                        output_tokens=t.output_tokens, ttft_s=t.ttft_s, decode_s=t.decode_s, repeats=t.repeats)
+            for t in LatencyCollector.step_timings(run, requests)]
 
 
 def calibrate_from_store(store_dir: str, run_ids: list[str] | None = None, *,
@@ -592,13 +552,7 @@ def calibrate_from_store(store_dir: str, run_ids: list[str] | None = None, *,
         except ValueError as exc:
             skipped.append(str(exc))
             continue
-        requests = None
-        if "requests" in run.series:
-            try:
-                requests = store.read_series(rid, "requests")
-            except (StoreError, OSError, ValueError):
-                requests = None
-        meas = measurements_of_run(run, requests)
+        meas = measurements_of_run(run)
         if not meas:
             skipped.append(f"{rid}: no latency measurements")
             continue

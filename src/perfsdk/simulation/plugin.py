@@ -14,6 +14,7 @@ from pydantic import Field
 from perfsdk.collector import Collector, CollectorConfig, CollectorResult
 from perfsdk.hardware.catalog import Catalog
 from perfsdk.hardware.profile import HardwareProfile, HardwareProfileError, profile_to_yaml
+from perfsdk.fmt import fmt_s as _fmt_s
 from perfsdk.plugins import hookimpl
 from perfsdk.simulation.mapping import MappingError, mapping_from
 from perfsdk.simulation.predictor import SimulationResult, Simulator, rescale_ops, simulate_model
@@ -123,10 +124,68 @@ class SimulationCollector(Collector):
     """
 
     name = "simulation"
+    title = "Simulation"
     Config = SimulationConfig
     Result = SimulationCollectorResult
     default_enabled = False
     description = "Predicted TTFT/TPOT/energy on other hardware profiles; predicted vs measured here"
+
+    @classmethod
+    def _rows(cls, res: SimulationCollectorResult) -> tuple[list[list[str]], list[list[str]]]:
+        preds = []
+        for name, p in res.predictions.items():
+            label = f"{name} (measured here)" if name == res.measured_profile else name
+            preds.append([label, _fmt_s(p.ttft_s), _fmt_s(p.tpot_s), f"{p.output_tokens_per_s:.1f}",
+                          f"{p.energy_j_per_output_token:.3g}", "yes" if p.fits_in_memory else "NO"])
+        comp = [[ph, _fmt_s(e.measured_s), _fmt_s(e.predicted_s), "-" if e.error_pct is None else f"{e.error_pct:+.1f}%"]
+                for ph, e in res.comparison.items()]
+        return preds, comp
+
+    @classmethod
+    def summary_rows(cls, result: SimulationCollectorResult) -> list[tuple[str, str]]:
+        if result.status != "ok":
+            return [("simulation", f"unavailable: {result.reason}")]
+        return [("targets", ", ".join(result.predictions) or "-")]
+
+    @classmethod
+    def summary_tables(cls, result: SimulationCollectorResult) -> list[Any]:
+        """Predictions per target, and predicted vs measured on this machine's profile."""
+        from rich.table import Table
+
+        if result.status != "ok":
+            return []
+        preds, comp = cls._rows(result)
+        pt = Table(title=f"Simulation (ops of step {result.captured_step}, batch {result.batch_size}, "
+                         f"{result.input_tokens} in / {result.output_tokens} out)", show_edge=False)
+        for c in PREDICTION_COLUMNS:
+            pt.add_column(c, justify="right" if c != "profile" else "left", overflow="fold")
+        for r in preds:
+            pt.add_row(*r)
+        tables = [pt]
+        if comp:
+            ct = Table(title=f"Predicted vs measured on {result.measured_profile}", show_edge=False)
+            for c in COMPARISON_COLUMNS:
+                ct.add_column(c, justify="right" if c != "phase" else "left")
+            for r in comp:
+                ct.add_row(*r)
+            tables.append(ct)
+        return tables
+
+    @classmethod
+    def report_section(cls, result: SimulationCollectorResult, run: Any) -> Any:
+        from perfsdk.collector import ReportSection, html_table
+
+        sec = ReportSection(cls.title)
+        if result.status != "ok":
+            sec.notes.append(f"unavailable: {result.reason}")
+            return sec
+        preds, comp = cls._rows(result)
+        sec.html.append(html_table(list(PREDICTION_COLUMNS), preds))
+        if comp:
+            sec.html.append(f"<p>Predicted vs measured on {result.measured_profile}</p>")
+            sec.html.append(html_table(list(COMPARISON_COLUMNS), comp))
+        sec.notes.append(result.note)
+        return sec
 
     def __init__(self, config: SimulationConfig | None = None) -> None:
         super().__init__(config)
@@ -224,38 +283,6 @@ def _profile(name_or_path: str, catalog: Catalog) -> HardwareProfile:
     return catalog.get(name_or_path)
 
 
-def simulation_tables(collectors: dict[str, Any]) -> list[Any]:
-    """Rich tables for a run summary: predictions per target, and predicted vs measured."""
-    from rich.table import Table
-
-    res = collectors.get("simulation")
-    if not res:
-        return []
-    if res.get("status") != "ok":
-        t = Table(title="Simulation", show_header=False, show_edge=False)
-        t.add_row("simulation", f"unavailable: {res.get('reason')}")
-        return [t]
-    pt = Table(title=f"Simulation (ops of step {res.get('captured_step')}, batch {res.get('batch_size')}, "
-                     f"{res.get('input_tokens')} in / {res.get('output_tokens')} out)", show_edge=False)
-    for c in ("profile", "TTFT", "TPOT", "tokens/s", "J/token", "fits"):
-        pt.add_column(c, justify="right" if c != "profile" else "left")
-    for name, p in res.get("predictions", {}).items():
-        label = f"{name} (measured here)" if name == res.get("measured_profile") else name
-        pt.add_row(label, _fmt_s(p["ttft_s"]), _fmt_s(p["tpot_s"]), f"{p['output_tokens_per_s']:.1f}",
-                   f"{p['energy_j_per_output_token']:.3g}", "yes" if p["fits_in_memory"] else "NO")
-    tables = [pt]
-    comp = res.get("comparison") or {}
-    if comp:
-        ct = Table(title=f"Predicted vs measured on {res.get('measured_profile')}", show_edge=False)
-        for c in ("phase", "measured", "predicted", "error"):
-            ct.add_column(c, justify="right" if c != "phase" else "left")
-        for ph, e in comp.items():
-            err = "-" if e.get("error_pct") is None else f"{e['error_pct']:+.1f}%"
-            ct.add_row(ph, _fmt_s(e.get("measured_s")), _fmt_s(e.get("predicted_s")), err)
-        tables.append(ct)
-    return tables
-
-
 @hookimpl
 def perfsdk_register_collectors(register: Any) -> None:
     register(SimulationCollector)
@@ -269,14 +296,8 @@ def _fail(msg: str) -> None:
     sys.exit(2)
 
 
-def _fmt_s(v: float | None) -> str:
-    if v is None:
-        return "-"
-    if v >= 1:
-        return f"{v:.3f} s"
-    if v >= 1e-3:
-        return f"{v * 1e3:.3f} ms"
-    return f"{v * 1e6:.1f} us"
+PREDICTION_COLUMNS = ("profile", "TTFT", "TPOT", "tokens/s", "J/token", "fits")
+COMPARISON_COLUMNS = ("phase", "measured", "predicted", "error")
 
 
 @click.command("simulate")

@@ -36,10 +36,42 @@ class PyRuntimeCollector(perfsdk.Collector):
     """Times every garbage collection and counts context switches between session start and end."""
 
     name = "pyruntime"
+    title = "Python runtime"
     Config = PyRuntimeConfig
     Result = PyRuntimeResult
     default_enabled = False
     description = "GC pauses, context switches, threads"
+    #: lead the CSV / markdown exports, after perfsdk's run-level columns
+    key_columns = ("gc_pause_s", "gc_collections")
+
+    @classmethod
+    def summary_rows(cls, result: PyRuntimeResult) -> list[tuple[str, str]]:
+        return [
+            ("GC collections (gen 0/1/2)", f"{result.gc_collections} "
+             f"({'/'.join(str(result.gc_collections_by_generation.get(g, 0)) for g in '012')})"),
+            ("GC pause total / max", f"{result.gc_pause_s * 1e3:.3f} ms / {result.gc_pause_max_s * 1e3:.3f} ms"),
+            ("context switches (vol./invol.)", f"{result.ctx_switches_voluntary} / {result.ctx_switches_involuntary}"),
+            ("threads (peak)", str(result.threads_peak)),
+        ]
+
+    @classmethod
+    def merge_ranks(cls, shares: list[perfsdk.RankShare]) -> PyRuntimeResult:
+        """Every rank is its own process: counts and pauses add up, maxima are the largest."""
+        rs: list[PyRuntimeResult] = [s.result for s in shares]
+        by_gen: dict[str, int] = {}
+        for r in rs:
+            for g, n in r.gc_collections_by_generation.items():
+                by_gen[g] = by_gen.get(g, 0) + n
+        return PyRuntimeResult(
+            gc_collections=sum(r.gc_collections for r in rs),
+            gc_collections_by_generation=by_gen,
+            gc_pause_s=sum(r.gc_pause_s for r in rs),
+            gc_pause_max_s=max(r.gc_pause_max_s for r in rs),
+            gc_collected_objects=sum(r.gc_collected_objects for r in rs),
+            ctx_switches_voluntary=sum(r.ctx_switches_voluntary for r in rs),
+            ctx_switches_involuntary=sum(r.ctx_switches_involuntary for r in rs),
+            threads_peak=max(r.threads_peak for r in rs),
+        )
 
     def __init__(self, config: Any = None) -> None:
         super().__init__(config)
