@@ -220,3 +220,27 @@ def test_text_only_prompt_on_a_vlm_has_no_encode_phase(llava: tuple) -> None:
     assert [w.name for w in _phase_windows(s, 0)] == ["prefill", "decode"]
     assert s.steps[0].encode_end_ns is None and s.steps[0].vision_tokens is None
     assert s.result is not None and s.result.collectors["latency"]["encode_s"]["count"] == 0
+
+
+def test_ranks_merge_the_encode_split_and_vision_tokens(llava: tuple) -> None:
+    """Two ranks' latency shares, each from a real session: pooled encode/prefill samples and
+    summed vision tokens."""
+    from perfsdk.collector import RankShare
+    from perfsdk.collectors.latency import LatencyCollector, LatencyResult
+
+    model, processor = llava
+    shapes = builtin_shapes()
+    shares = []
+    for rank, views in enumerate(([[shapes[0]], [shapes[1]]], [image_views(shapes[1], image_size=64, native=(32, 32))])):
+        with perfsdk.session({}, store=None) as s:
+            s.generate(model, **_llava_inputs(processor, views), max_new_tokens=2, min_new_tokens=2)
+        col = s.collectors["latency"]
+        assert s.result is not None
+        res = LatencyResult.model_validate(s.result.collectors["latency"])
+        shares.append(RankShare(rank, 2, "host", res, col.rank_payload(s)))
+    merged = LatencyCollector.merge_ranks(shares)
+    assert merged.vision_tokens == 16 + 16 + 80
+    assert merged.vision_tokens_per_request.count == 3 and merged.vision_tokens_per_request.max == 80.0
+    assert merged.encode_s.count == merged.prefill_s.count == merged.ttft_s.count == 3
+    assert merged.prefill_s.max is not None and merged.ttft_s.max is not None
+    assert merged.prefill_s.max < merged.ttft_s.max  # prefill no longer stands for TTFT
