@@ -6,8 +6,11 @@ import csv
 import io
 import json
 from datetime import datetime, timezone
+from pathlib import Path
 
 import pytest
+
+import perfsdk
 
 from perfsdk.exporters.builtin import CsvExporter, JsonExporter, JsonlExporter, MarkdownExporter, ParquetExporter
 from perfsdk.exporters.flatten import KEY_COLUMNS, flatten, run_row
@@ -91,3 +94,67 @@ def test_run_row_has_environment_and_config():
     row = run_row(_run(0, config={"workload": {"batching": {"batch_size": 4}}}))
     assert row["config.workload.batching.batch_size"] == 4
     assert "environment.python" in row
+
+
+# -- exporters that send runs to a destination (a tracking server, a database) ---------------------
+
+class _Sent(perfsdk.Exporter):
+    """Records what it was given instead of sending it anywhere."""
+
+    name = "sent"
+    destination = True
+    calls: list[tuple[list[str], str, str | None]] = []
+
+    def export_to(self, runs, destination, store):
+        type(self).calls.append(([r.run_id for r in runs], destination, str(store.root) if store else None))
+        return destination != "refuse://"
+
+
+class _SentPlugin:
+    @perfsdk.hookimpl
+    def perfsdk_register_exporters(self, register):
+        register(_Sent)
+
+
+@pytest.fixture
+def sent(monkeypatch, tmp_path):
+    import perfsdk.plugins
+    from perfsdk.store import Store
+
+    real = perfsdk.plugins.get_plugin_manager
+    monkeypatch.setattr(perfsdk.plugins, "get_plugin_manager", lambda **kw: real(extra_plugins=[_SentPlugin()], **kw))
+    _Sent.calls = []
+    store = Store(tmp_path / "store")
+    for i in (0, 1):
+        store.save(_run(i))
+    return store
+
+
+def test_destination_exporter_gets_output_and_store(sent, perfsdk_cli):
+    r = perfsdk_cli(["export", "--format", "sent", "--output", "tracker://x", "--store", str(sent.root),
+                     "--run", "20260101T000001-aaaaaaaaaaaa"])
+    assert r.exit_code == 0
+    assert "exported 1 run(s) to tracker://x" in r.output
+    assert _Sent.calls == [(["20260101T000001-aaaaaaaaaaaa"], "tracker://x", str(sent.root))]
+    assert not list(Path.cwd().glob("tracker:*"))  # the destination is not opened as a file
+
+
+def test_destination_exporter_needs_output_and_reports_failure(sent, perfsdk_cli):
+    r = perfsdk_cli(["export", "--format", "sent", "--store", str(sent.root)])
+    assert r.exit_code == 2
+    assert "perfsdk: error: format sent sends runs to a destination: give it with --output" in r.output
+    assert _Sent.calls == []
+    r = perfsdk_cli(["export", "--format", "sent", "--output", "refuse://", "--store", str(sent.root)])
+    assert r.exit_code == 1
+    assert "perfsdk: exporter sent failed" in r.output
+    assert _Sent.calls == [(["20260101T000000-aaaaaaaaaaaa", "20260101T000001-aaaaaaaaaaaa"], "refuse://",
+                            str(sent.root))]
+
+
+def test_destination_exporter_is_not_a_run_folder_export(sent):
+    from perfsdk.store import StoreError
+
+    with pytest.raises(StoreError, match="exporter sent sends runs to a destination, not into the run folder: "
+                                         "use perfsdk export --format sent --output DESTINATION"):
+        sent.write_export("20260101T000000-aaaaaaaaaaaa", _Sent())
+    assert not list(sent.run_dir("20260101T000000-aaaaaaaaaaaa").glob("export.*"))

@@ -20,12 +20,14 @@ def _run(run_id: str | None = None, **kw) -> RunResult:
 
 def test_save_get_roundtrip_with_series_and_artifacts(tmp_path):
     st = Store(tmp_path)
-    r = _run(tags={"sweep_id": "s1"}, collectors={"latency": {"output_tokens": 5}})
+    r = _run(tags={"sweep_id": "s1"}, collectors={"not_installed": {"output_tokens": 5}})
     folder = st.save(r, series={"token_times": [{"t_s": 0.1}, {"t_s": 0.2}]}, artifacts={"trace.json": b"{}"})
     assert folder == tmp_path / "runs" / r.run_id
     back = st.get(r.run_id)
-    assert back == r.model_copy(update={"series": {"token_times": "series/token_times.jsonl"},
-                                        "artifacts": {"trace.json": "artifacts/trace.json"}})
+    # read back: the same run, with the collector marked as not installed here
+    assert back.collector_meta["not_installed"].installed is False
+    assert back.model_copy(update={"collector_meta": {}}) == r.model_copy(
+        update={"series": {"token_times": "series/token_times.jsonl"}, "artifacts": {"trace.json": "artifacts/trace.json"}})
     assert st.read_series(r.run_id, "token_times") == [{"t_s": 0.1}, {"t_s": 0.2}]
     assert (folder / "artifacts" / "trace.json").read_bytes() == b"{}"
     assert st.indexed_ids() == [r.run_id]

@@ -216,7 +216,8 @@ def _progress(disabled: bool) -> Any:
 
 @cli.command("export")
 @click.option("--format", "fmt", required=True, help="Output format (json, jsonl, csv, markdown, parquet, or a plugin's).")
-@click.option("--output", "-o", default="-", help="Output file, or - for standard output.")
+@click.option("--output", "-o", default="-",
+              help="Output file, or - for standard output; for formats that send runs elsewhere (mlflow), the destination (a tracking URI).")
 @click.option("--store", "store_dir", default="perfsdk-results", show_default=True, help="Result store folder.")
 @click.option("--run", "run_ids", multiple=True, help="Only these run ids (repeatable); default all.")
 @click.option("--name", default=None, help="Only runs with this name.")
@@ -240,7 +241,13 @@ def export_cmd(fmt: str, output: str, store_dir: str, run_ids: tuple[str, ...], 
         fail_usage(str(err))
         return
     exporter = cls()
-    if output == "-":
+    if cls.destination:
+        if output == "-":
+            fail_usage(f"format {fmt} sends runs to a destination: give it with --output (e.g. a tracking URI)")
+        ok = exporter.export_to(runs, output, store)
+        if ok:
+            click.echo(f"exported {len(runs)} run(s) to {output}", err=True)
+    elif output == "-":
         if cls.binary:
             if sys.stdout.isatty():
                 fail_usage(f"format {fmt} is binary: use --output FILE")

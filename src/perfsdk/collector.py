@@ -25,6 +25,7 @@ from pydantic import BaseModel, ConfigDict
 
 if TYPE_CHECKING:
     from perfsdk.schemas import RunResult
+    from perfsdk.store import Store
 
 
 class CollectorConfig(BaseModel):
@@ -225,16 +226,28 @@ def _fmt_scalar(v: Any, key: str = "") -> str:
 
 
 class Exporter:
-    """Writes a list of runs to a stream in one format.
+    """Writes a list of runs out in one format.
 
-    ``export`` returns ``True`` on success and ``False`` on failure (it logs why) instead of
-    raising, so one failing exporter never loses a run.
+    A stream exporter (the default) implements ``export(runs, stream)``: the caller opens the
+    file or standard output and writes what the exporter produced atomically. An exporter that
+    sends runs to a service or a database instead (an MLflow tracking server, say) sets
+    ``destination = True`` and implements ``export_to(runs, destination, store)``, where
+    ``destination`` is the text the user gave as ``--output`` (a URI, a folder...) and ``store`` is
+    the :class:`~perfsdk.store.Store` the runs come from (for their series and artifacts), or
+    ``None`` when the runs are not stored.
+
+    Both return ``True`` on success and ``False`` on failure (they log why) instead of raising,
+    so one failing exporter never loses a run.
     """
 
     name: ClassVar[str] = ""
     extension: ClassVar[str] = ""
     binary: ClassVar[bool] = False
+    destination: ClassVar[bool] = False
     description: ClassVar[str] = ""
 
     def export(self, runs: list[RunResult], stream: IO[Any]) -> bool:  # pragma: no cover
+        raise NotImplementedError
+
+    def export_to(self, runs: list[RunResult], destination: str, store: Store | None) -> bool:  # pragma: no cover
         raise NotImplementedError

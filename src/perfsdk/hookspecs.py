@@ -59,7 +59,9 @@ def perfsdk_register_collectors(register: Callable[[type], None]) -> None:
 
 @hookspec
 def perfsdk_register_exporters(register: Callable[[type], None]) -> None:
-    """Called at plugin-manager set-up. Call ``register(ExporterClass)`` for each exporter."""
+    """Called at plugin-manager set-up. Call ``register(ExporterClass)`` for each exporter: a
+    stream exporter implements ``export(runs, stream)``, a destination exporter (``destination =
+    True``: a tracking server, a database) ``export_to(runs, destination, store)``."""
 
 
 @hookspec

@@ -182,6 +182,12 @@ class RunResult(_Frozen):
     _typed: dict[str, tuple[Any, BaseModel]] = PrivateAttr(default_factory=dict)
     _store_root: str | None = PrivateAttr(default=None)
 
+    def __eq__(self, other: object) -> bool:
+        # the stored fields only: typed views and where the run was read from are not its value
+        return isinstance(other, RunResult) and self.__dict__ == other.__dict__
+
+    __hash__ = None  # type: ignore[assignment]
+
     def collector_result(self, name: str, cls: Any = None) -> Any:
         """The typed ``Result`` of collector ``name`` (``cls``, or the installed collector of that
         name), or ``None`` when absent, not installed, or not valid against its ``Result``."""

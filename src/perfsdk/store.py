@@ -168,6 +168,9 @@ class Store:
 
     def write_export(self, run_id: str, exporter: Exporter) -> Path:
         """Write one run through ``exporter`` into its folder as ``export.<ext>``."""
+        if exporter.destination:
+            raise StoreError(f"exporter {exporter.name} sends runs to a destination, not into the run folder: "
+                             f"use perfsdk export --format {exporter.name} --output DESTINATION")
         run = self.get(run_id)
         path = self.run_dir(run_id) / f"export.{exporter.extension or exporter.name}"
         import io

@@ -1,9 +1,12 @@
 """Where sweep points run: in this process, on a Ray cluster, or as Slurm jobs through submitit.
 
 An executor takes a picklable function and a list of tasks and yields one outcome per task as
-each finishes (in any order). Remote workers write their runs straight into the shared store;
-only the driver writes the sweep manifest. Ray and submitit are optional dependencies, imported
-when the executor is created, with an install hint when missing.
+each finishes (in any order). A ``remote`` executor's workers never touch the store: each point
+runs without one and returns its run (result, series, artifacts) in the outcome, and the driver
+alone writes the store and the sweep manifest. Workers need neither the store's path nor a file
+system shared with the driver, and the store's SQLite index stays on the driver's disk. Ray and
+submitit are optional dependencies, imported when the executor is created, with an install hint
+when missing.
 """
 
 from __future__ import annotations
@@ -26,9 +29,13 @@ class ExecutorUnavailable(RuntimeError):
 
 
 class Executor:
-    """Base class: ``run(fn, tasks)`` yields a :class:`PointOutcome` per task as each finishes."""
+    """Base class: ``run(fn, tasks)`` yields a :class:`PointOutcome` per task as each finishes.
+
+    ``remote`` executors run points in other processes, possibly on other machines: their
+    points send the run back to the driver instead of writing the store."""
 
     name = "base"
+    remote = False
 
     def run(self, fn: PointFn, tasks: list[PointTask]) -> Iterator[PointOutcome]:
         raise NotImplementedError
@@ -54,6 +61,7 @@ class RayExecutor(Executor):
     ``num_gpus: 1`` to give every point a GPU of its own."""
 
     name = "ray"
+    remote = True
 
     def __init__(self, address: str | None = None, num_cpus: float = 1, num_gpus: float = 0,
                  init_kwargs: dict[str, Any] | None = None) -> None:
@@ -99,9 +107,12 @@ class SubmititExecutor(Executor):
     """Points as Slurm jobs through submitit (one job per point). ``cluster`` is passed to
     ``submitit.AutoExecutor`` (``None``: Slurm when available; ``local``: subprocesses here;
     ``debug``: in this process); ``parameters`` go to ``update_parameters`` (``timeout_min``,
-    ``slurm_partition``, ``gpus_per_node``, ...). Job logs go to ``folder``."""
+    ``slurm_partition``, ``gpus_per_node``, ...). submitit hands each job its pickled task and
+    takes back its outcome (the run) through files in ``folder``, next to the job logs, so
+    ``folder`` must be on a file system that the compute nodes see; the store need not be."""
 
     name = "submitit"
+    remote = True
 
     def __init__(self, folder: str | Path, cluster: str | None = None, parameters: dict[str, Any] | None = None,
                  poll_s: float = 5.0) -> None:

@@ -5,9 +5,13 @@ the sweep file), ``axes`` (dotted config path -> list of values), ``strategy``, 
 ``seed``, ``objectives``, ``constraints`` and ``quality``. Every point is a normal stored run,
 tagged ``sweep_id``, ``sweep_point`` (a hash of the point's values) and one tag per axis.
 The manifest ``<store>/sweeps/<sweep_id>.json`` (written atomically) tracks the points; the
-store's tags are the source of truth, so a sweep that was interrupted, or whose driver died
-while remote workers kept writing runs, resumes by skipping points that already have a
-finished (``ok`` or ``partial``) run.
+store's tags are the source of truth, so a sweep that was interrupted resumes by skipping points
+that already have a finished (``ok`` or ``partial``) run.
+
+Only the driver writes the store. Points run by a remote executor (Ray, Slurm) measure with no
+store at all and send the finished run back as a :class:`RunBundle` (result, series, artifacts),
+which the driver saves: workers need no access to the store's file system, and its SQLite index
+never has to live on a network file system.
 """
 
 from __future__ import annotations
@@ -33,6 +37,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from perfsdk.config import Config, ConfigError, parse_config, set_dotted
 from perfsdk.experiments.pareto import Objective, pareto_indices
 from perfsdk.experiments.strategies import OptunaStrategy, grid_size, static_points
+from perfsdk.schemas import RunResult
 from perfsdk.store import Store, atomic_write
 
 log = structlog.get_logger("perfsdk.experiments.sweep")
@@ -316,7 +321,11 @@ def load_sweep(source: str | Path | dict[str, Any]) -> Sweep:
 
 @dataclass
 class PointTask:
-    """Everything a worker needs to run one point; plain data, picklable."""
+    """Everything a worker needs to run one point; plain data, picklable.
+
+    ``store`` is the driver's store (recorded in the run's config). With ``ship`` the worker
+    never opens it: it measures without a store and returns the run in the outcome's ``bundle``.
+    """
 
     sweep_id: str
     point_id: str
@@ -325,16 +334,53 @@ class PointTask:
     store: str
     quality: dict[str, Any] | None = None
     workload: str | Callable[[Any], Any] = DEFAULT_WORKLOAD
+    ship: bool = False
+
+
+@dataclass
+class RunBundle:
+    """A finished run as plain, picklable data: the result as JSON, its time series and its
+    artifacts. A point that ran elsewhere sends it back; the driver stores it with :meth:`save`."""
+
+    result_json: str
+    series: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
+    artifacts: dict[str, bytes] = field(default_factory=dict)
+
+    @classmethod
+    def from_session(cls, sess: Any) -> RunBundle:
+        """The bundle of a finalized session (one that ran with no store)."""
+        if sess.result is None:
+            raise ValueError("the session has no result yet")
+        return cls(result_json=sess.result.model_dump_json(),
+                   series={name: list(rows) for name, rows in sess.series.items()},
+                   artifacts=dict(sess.artifacts))
+
+    def save(self, store: Store, exporters: dict[str, type] | None = None) -> RunResult:
+        """Write the run into ``store`` (atomically, indexed) and the config's ``exporters`` into
+        its folder, as the session would have; returns the stored result."""
+        result = RunResult.model_validate_json(self.result_json)
+        store.save(result, series=self.series, artifacts=self.artifacts)
+        for name in result.config.get("exporters") or []:
+            cls = (exporters or {}).get(name)
+            if cls is None:
+                log.error("unknown exporter", exporter=name, available=sorted(exporters or {}))
+                continue
+            try:
+                store.write_export(result.run_id, cls())
+            except Exception as exc:
+                log.error("exporter failed", exporter=name, error=repr(exc))
+        return store.get(result.run_id)
 
 
 @dataclass
 class PointOutcome:
-    """What became of one point."""
+    """What became of one point; ``bundle`` holds the run when the worker did not store it."""
 
     point_id: str
     status: str  # ok | partial | failed
     run_id: str | None = None
     error: str | None = None
+    bundle: RunBundle | None = None
 
 
 def point_tags(sweep_id: str, pid: str, values: dict[str, Any]) -> dict[str, str]:
@@ -353,16 +399,18 @@ def _resolve(fn: str | Callable[[Any], Any]) -> Callable[[Any], Any]:
 
 
 def execute_point(task: PointTask) -> PointOutcome:
-    """Run one point as a normal stored run. Exceptions become a failed outcome (the session
-    stores the failed run with its error); ``KeyboardInterrupt`` propagates after the failed
-    run was stored."""
+    """Run one point as a normal run. Exceptions become a failed outcome (the failed run is kept
+    with its error); ``KeyboardInterrupt`` propagates after the failed run was stored.
+
+    The run goes into ``task.store``, or, with ``task.ship``, back to the caller in the outcome's
+    ``bundle`` (the worker then never touches the store)."""
     from perfsdk.session import Session
 
     try:
         cfg = parse_config(task.config, f"point {task.point_id}")
         cfg = cfg.model_copy(update={"tags": {**cfg.tags, **point_tags(task.sweep_id, task.point_id, task.values)},
                                      "store": task.store})
-        sess = Session(cfg, store=task.store)
+        sess = Session(cfg, store=None if task.ship else task.store)
     except Exception as exc:  # invalid point or a plugin that cannot start: nothing was stored
         return PointOutcome(task.point_id, "failed", None, f"{type(exc).__name__}: {exc}")
     workload = _resolve(task.workload)
@@ -379,7 +427,8 @@ def execute_point(task: PointTask) -> PointOutcome:
         return PointOutcome(task.point_id, "failed", None, error or "the run produced no result")
     if error is None and res.status != "ok":
         error = "; ".join(f"{e.source}: {e.type}: {e.message}" for e in res.errors) or None
-    return PointOutcome(task.point_id, res.status, res.run_id, error)
+    bundle = RunBundle.from_session(sess) if task.ship else None
+    return PointOutcome(task.point_id, res.status, res.run_id, error, bundle)
 
 
 def _measure_perplexity(sess: Any, spec: dict[str, Any]) -> None:
@@ -449,6 +498,7 @@ class SweepRunner:
         # resolved now, not at import, so that tests can swap the module-level default
         self.workload = workload if workload is not None else DEFAULT_WORKLOAD
         self.points: dict[str, PointState] = {}
+        self._exporters: dict[str, type] | None = None
         self.status = "running"
         self.created_at = datetime.now(timezone.utc).isoformat()
         self.started = time.time()
@@ -503,9 +553,27 @@ class SweepRunner:
         spec = self.sweep.spec
         return PointTask(sweep_id=self.sweep.sweep_id, point_id=st.point_id, values=st.values,
                          config=self.sweep.point_config(st.values), store=str(self.store.root),
-                         quality=spec.quality.model_dump() if spec.quality else None, workload=self.workload)
+                         quality=spec.quality.model_dump() if spec.quality else None, workload=self.workload,
+                         ship=bool(getattr(self.executor, "remote", False)))
+
+    def _store_bundle(self, outcome: PointOutcome) -> PointOutcome:
+        """Save a run that a worker sent back; a run the driver cannot store fails its point."""
+        assert outcome.bundle is not None
+        if self._exporters is None:
+            from perfsdk.plugins import collect_registry, get_plugin_manager
+
+            self._exporters = dict(collect_registry(get_plugin_manager(), strict=False).exporters)
+        try:
+            outcome.bundle.save(self.store, self._exporters)
+        except Exception as exc:
+            log.error("could not store a point's run", point=outcome.point_id, run_id=outcome.run_id, error=repr(exc))
+            return PointOutcome(outcome.point_id, "failed", None,
+                                f"the driver could not store run {outcome.run_id}: {type(exc).__name__}: {exc}")
+        return PointOutcome(outcome.point_id, outcome.status, outcome.run_id, outcome.error)
 
     def _record(self, outcome: PointOutcome) -> PointState:
+        if outcome.bundle is not None:
+            outcome = self._store_bundle(outcome)
         st = self.points[outcome.point_id]
         st.status, st.run_id, st.error = outcome.status, outcome.run_id, outcome.error
         if outcome.status in FINISHED and outcome.run_id:
