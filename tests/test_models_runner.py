@@ -158,6 +158,9 @@ def test_run_workload_generate() -> None:
         "max_batch_tokens": None, "num_batches": 2, "max_new_tokens": 4, "warmup_runs": 1, "timed_runs": 4,
         "iterations": 2, "input_tokens_mean": 9.0, "input_tokens_max": 11, "arrival_pattern": "constant",
         "labelled_prompts": 0, "label_map": None,
+        # a text model: no images, no vision tokens
+        "images_source": None, "image_size": None, "num_crops": None, "image_views_mean": None,
+        "vision_tokens_mean": None, "vision_tokens_max": None,
     }
     assert s.result is not None and s.result.workload == info
     assert s.result.status == "ok", s.result.errors

@@ -20,6 +20,7 @@ from perfsdk.models.tiny import (
     cached_model_dir,
     default_cache_dir,
     ensure_tiny_llama,
+    llama_variant_names,
     tiny_llama_config,
 )
 
@@ -62,11 +63,12 @@ def test_config_fields_exact() -> None:
 
 
 def test_variants_grow() -> None:
-    assert builtin_model_names() == ["tiny-llama", "tiny-llama-small", "tiny-llama-medium", "tiny-llama-large"]
+    assert llama_variant_names() == ["tiny-llama", "tiny-llama-small", "tiny-llama-medium", "tiny-llama-large"]
+    assert builtin_model_names() == llama_variant_names() + ["tiny-llava", "tiny-t5"]
     shapes = [(c.hidden_size, c.num_hidden_layers, c.num_attention_heads, c.num_key_value_heads)
-              for c in (tiny_llama_config(n) for n in builtin_model_names())]
+              for c in (tiny_llama_config(n) for n in llama_variant_names())]
     assert shapes == [(256, 4, 8, 4), (128, 2, 4, 2), (512, 8, 8, 4), (768, 12, 12, 4)]
-    assert {tiny_llama_config(n).vocab_size for n in builtin_model_names()} == {4096}
+    assert {tiny_llama_config(n).vocab_size for n in llama_variant_names()} == {4096}
     with pytest.raises(KeyError, match="tiny-llama-huge"):
         tiny_llama_config("tiny-llama-huge")
 

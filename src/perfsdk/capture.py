@@ -42,6 +42,9 @@ from perfsdk.ops import OpCategory, OpRecord, Phase
 
 log = structlog.get_logger("perfsdk.capture")
 
+#: Order in which phases run (and are listed).
+PHASE_ORDER = {"encode": 0, "prefill": 1, "decode": 2, "forward": 3}
+
 CONVENTION = "full QK^T and PV products, no causal halving (as torch.utils.flop_counter); FLOPs = 2 x MACs"
 
 aten = torch.ops.aten
@@ -206,8 +209,11 @@ class OperationCapture:
     capturing with :meth:`set_phase`. With ``auto_phase=True`` (for ``model.generate``) each call
     of the top module is attributed by itself: a forward with an empty KV cache is ``prefill``
     (``step`` 0), each later one is ``decode`` with ``step`` 1, 2, … and ``context_len`` = cached
-    plus new positions. Operations that run outside ``model``'s forward (e.g. sampling inside
-    ``generate``) are not recorded unless ``include_outside=True``.
+    plus new positions; operations inside the model's encode modules (an encoder-decoder's
+    encoder, a vision or audio tower and its projector, see :mod:`perfsdk.models.encode`) are
+    ``encode`` (``step`` 0), whether they run before the first forward or inside it. Operations
+    that run outside ``model``'s modules (e.g. sampling inside ``generate``) are not recorded
+    unless ``include_outside=True``.
 
     With ``op_clock`` (a nanosecond clock, e.g. one that synchronizes CUDA first) each record's
     ``time_s`` is the time its operation took: the clock read just before and just after the
@@ -231,6 +237,8 @@ class OperationCapture:
         self._weights = _WeightSet()
         self._mode: _CaptureMode | None = None
         self._root_type = type(model).__name__ if model is not None else ""
+        self._encode_depth = 0
+        self._before_encode: tuple[Phase, int, int | None] = (phase, step, context_len)
 
     # -- public ---------------------------------------------------------------------------
 
@@ -281,11 +289,18 @@ class OperationCapture:
             self._weights.add(p)
         for b in self.model.buffers():
             self._weights.add(b)
+        encode: set[str] = set()
+        if self.auto_phase:
+            from perfsdk.models.encode import encode_paths
+
+            encode = encode_paths(self.model)
         for path, mod in self.model.named_modules():
             frame = _Frame(path, type(mod).__name__, mod)
             is_root = mod is self.model
-            self._handles.append(mod.register_forward_pre_hook(self._make_pre(frame, is_root), with_kwargs=True))
-            self._handles.append(mod.register_forward_hook(self._make_post(frame), always_call=True))
+            is_encode = path in encode
+            self._handles.append(mod.register_forward_pre_hook(self._make_pre(frame, is_root, is_encode),
+                                                               with_kwargs=True))
+            self._handles.append(mod.register_forward_hook(self._make_post(frame, is_encode), always_call=True))
 
     def _remove(self) -> None:
         for h in self._handles:
@@ -294,21 +309,30 @@ class OperationCapture:
         self._stack.clear()
         self._weights.clear()
 
-    def _make_pre(self, frame: _Frame, is_root: bool) -> Any:
+    def _make_pre(self, frame: _Frame, is_root: bool, is_encode: bool = False) -> Any:
         def pre(mod: torch.nn.Module, args: Any, kwargs: Any) -> None:
             if is_root and not self._stack:
                 self._on_root_forward(args, kwargs)
+            if is_encode:
+                if self._encode_depth == 0:
+                    self._before_encode = (self.phase, self.step, self.context_len)
+                    self.phase, self.step, self.context_len = "encode", 0, None
+                self._encode_depth += 1
             self._stack.append(frame)
 
         return pre
 
-    def _make_post(self, frame: _Frame) -> Any:
+    def _make_post(self, frame: _Frame, is_encode: bool = False) -> Any:
         def post(mod: torch.nn.Module, args: Any, output: Any) -> None:
             # pop up to and including this frame (tolerates a frame left behind by an error)
             for i in range(len(self._stack) - 1, -1, -1):
                 if self._stack[i] is frame:
                     del self._stack[i:]
                     break
+            if is_encode and self._encode_depth > 0:
+                self._encode_depth -= 1
+                if self._encode_depth == 0:
+                    self.phase, self.step, self.context_len = self._before_encode
 
         return post
 
@@ -501,7 +525,7 @@ def _add(acc: dict[str, int], r: OpRecord) -> None:
 
 
 def totals_by_phase(records: Iterable[OpRecord]) -> dict[str, dict[str, int]]:
-    """Sums per phase (``prefill``/``decode``/``forward``) plus ``total``."""
+    """Sums per phase (``encode``/``prefill``/``decode``/``forward``) plus ``total``."""
     out: dict[str, dict[str, int]] = defaultdict(_empty)
     total = _empty()
     for r in records:
@@ -552,7 +576,7 @@ def forwards_summary(records: Iterable[OpRecord]) -> list[dict[str, Any]]:
                                                   "flops": 0, "macs": 0})
         row["flops"] += r.flops
         row["macs"] += r.macs
-    return sorted(rows.values(), key=lambda x: (x["phase"] != "prefill", x["step"]))
+    return sorted(rows.values(), key=lambda x: (PHASE_ORDER.get(x["phase"], len(PHASE_ORDER)), x["step"]))
 
 
 def iter_records(records: Iterable[OpRecord], phase: str | None = None,

@@ -135,6 +135,29 @@ class WorkloadConfig(_Strict):
     arrival: ArrivalConfig = Field(default_factory=ArrivalConfig)
     seed: int = 42
     threads: int | None = Field(default=None, ge=1)
+    images: str | None = Field(
+        default="auto",
+        description="Images for vision-language models: auto (builtin:shapes when the model takes images, "
+        "none otherwise), none, builtin:shapes, or a folder of images. A .jsonl prompt file's \"image\" "
+        "fields take precedence.",
+    )
+    image_size: int | None = Field(
+        default=None, ge=1,
+        description="Resize each image so its longer side has this many pixels; with a fixed-resolution "
+        "vision encoder, a larger image is cut into tiles of the encoder's input size plus one global view "
+        "(more vision tokens).",
+    )
+    num_crops: int | None = Field(
+        default=None, ge=1,
+        description="Cut each image into this many crops (grid chosen by aspect ratio) plus one global view, "
+        "for fixed-resolution vision encoders.",
+    )
+
+    @model_validator(mode="after")
+    def _image_knob(self) -> WorkloadConfig:
+        if self.image_size is not None and self.num_crops is not None:
+            raise ValueError("set either image_size or num_crops, not both")
+        return self
 
     @field_validator("label_map", mode="before")
     @classmethod
@@ -318,7 +341,7 @@ def load_config(source: str | Path | dict[str, Any] | Config | None = None, over
 
 
 def _resolve_relative_paths(cfg: Config, base: Path) -> Config:
-    """Prompt files and local model folders are resolved relative to the config file."""
+    """Prompt files, image folders and local model folders are resolved relative to the config file."""
     wl = cfg.workload
     if not wl.prompts.startswith("builtin:") and not Path(wl.prompts).is_absolute():
         candidate = base / wl.prompts
@@ -327,6 +350,11 @@ def _resolve_relative_paths(cfg: Config, base: Path) -> Config:
     ds = wl.dataset
     if ds is not None and not Path(ds.path).expanduser().is_absolute() and (base / ds.path).exists():
         wl = wl.model_copy(update={"dataset": ds.model_copy(update={"path": str(base / ds.path)})})
+    imgs = wl.images
+    if imgs and imgs not in ("auto", "none") and not imgs.startswith("builtin:") and not Path(imgs).is_absolute():
+        cand = base / imgs
+        if cand.exists() or not Path(imgs).exists():
+            wl = wl.model_copy(update={"images": str(cand)})
     mid = cfg.model.id
     if mid.startswith((".", "/")) and not Path(mid).is_absolute():
         cand = base / mid

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 StepKind = Literal["generate", "forward"]
-WindowKind = Literal["session", "step", "prefill", "decode", "stage", "load", "tokenize"]
+WindowKind = Literal["session", "step", "encode", "prefill", "decode", "stage", "load", "tokenize"]
 
 
 @dataclass
@@ -47,6 +47,11 @@ class Step:
     stops at (and includes) the EOS token, padding is never counted. ``labels[i]`` is request
     ``i``'s reference when its inputs were labelled (``s.tokenize(..., labels=...)`` or
     ``s.label(inputs, labels)``), else ``labels`` is ``None``.
+
+    For models that encode their inputs first (an encoder-decoder's encoder, a multimodal
+    model's vision or audio tower and projector), ``encode_end_ns`` is when that ``encode``
+    phase ended and ``prefill`` began; ``vision_tokens[i]`` is the real number of vision (or
+    audio) tokens request ``i`` got, read from the features the tower produced.
     """
 
     kind: StepKind
@@ -65,6 +70,8 @@ class Step:
     error: BaseException | None = None
     gen_kwargs: dict[str, Any] = field(default_factory=dict)
     labels: list[str | None] | None = None
+    encode_end_ns: int | None = None
+    vision_tokens: list[int] | None = None
 
     @property
     def first_token_ns(self) -> int | None:
@@ -75,6 +82,13 @@ class Step:
         if self.end_ns is None:
             return None
         return (self.end_ns - self.start_ns) / 1e9
+
+    @property
+    def encode_s(self) -> float | None:
+        """Length of the ``encode`` phase (``None`` when the step had none)."""
+        if self.encode_end_ns is None:
+            return None
+        return (self.encode_end_ns - self.start_ns) / 1e9
 
     def request_last_token_ns(self, i: int) -> int | None:
         """When request ``i``'s last real token was ready."""
@@ -88,8 +102,9 @@ class Step:
 class Window:
     """A measurement window: counters are read at its edges.
 
-    ``name`` is ``session``, ``step:N``, ``prefill``, ``decode`` or ``stage:<name>``; ``kind`` is
-    the part before the colon; ``step_index`` is set for step, prefill and decode windows.
+    ``name`` is ``session``, ``step:N``, ``encode``, ``prefill``, ``decode`` or ``stage:<name>``;
+    ``kind`` is the part before the colon; ``step_index`` is set for step, encode, prefill and
+    decode windows.
     """
 
     name: str

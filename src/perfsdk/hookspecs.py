@@ -18,7 +18,9 @@ registers for its own lifetime)::
     perfsdk_tokenize(session, event)          # s.tokenize()
     for each s.generate() / s.forward():
         perfsdk_before_generate(session, step)
-        perfsdk_window_open(session, window)  # "step:N", then "prefill" (generate only)
+        perfsdk_window_open(session, window)  # "step:N", then "encode" or "prefill" (generate only)
+        perfsdk_window_close / open           # "encode" closes and "prefill" opens when the encoder
+                                              # (vision/audio tower + projector) has finished
         perfsdk_window_close / open           # "prefill" closes and "decode" opens at the first token
         perfsdk_window_close(session, window) # "decode" (generate), then "step:N"
         perfsdk_after_generate(session, step)
@@ -108,8 +110,9 @@ def perfsdk_after_generate(session: Session, step: Step) -> None:
 
 @hookspec
 def perfsdk_window_open(session: Session, window: Window) -> None:
-    """Called when a measurement window opens: ``session``, ``step:N``, ``prefill``,
-    ``decode``, ``stage:<name>``. Read counters here; keep it cheap."""
+    """Called when a measurement window opens: ``session``, ``step:N``, ``encode`` (encoder-
+    decoder and multimodal models), ``prefill``, ``decode``, ``stage:<name>``. Read counters
+    here; keep it cheap."""
 
 
 @hookspec

@@ -90,6 +90,14 @@ class WorkloadInfo(_Frozen):
     arrival_pattern: str | None = None
     labelled_prompts: int = 0
     label_map: list[str] | None = None
+    images_source: str | None = Field(default=None, description="builtin:shapes, a folder, or the prompt file "
+                                      "(its \"image\" fields); none for text-only workloads")
+    image_size: int | None = None
+    num_crops: int | None = None
+    image_views_mean: float | None = Field(default=None, description="image views (global view + tiles) per prompt")
+    vision_tokens_mean: float | None = Field(default=None, description="real vision tokens per measured request, "
+                                             "read from the vision features")
+    vision_tokens_max: int | None = None
 
 
 class Record(_Frozen):

@@ -365,6 +365,8 @@ class Session:
         ``labels`` (one per prompt: a class name or index, or an expected answer; ``None`` for
         an unlabelled prompt) travel with the returned encodings: every ``s.generate`` or
         ``s.forward`` on them carries them as ``step.labels`` for the ``quality`` collector.
+        ``tokenizer`` may be a multimodal processor; images (``images=...``) pass through
+        ``kwargs`` and the processor inserts the image tokens.
         """
         self._ensure_started()
         if isinstance(prompts, str):
@@ -378,8 +380,11 @@ class Session:
             tokenizer.pad_token = tokenizer.eos_token
         if "padding_side" not in kwargs and hasattr(tokenizer, "padding_side"):
             kwargs["padding_side"] = "left"
+        from perfsdk.models.encode import is_processor
+
         t0 = self.clock.now_ns()
-        enc = tokenizer(prompts, **kwargs)
+        # a multimodal processor takes images first: the prompts must go in by name
+        enc = tokenizer(text=prompts, **kwargs) if is_processor(tokenizer) else tokenizer(prompts, **kwargs)
         if self.device is not None and hasattr(enc, "to"):
             enc = enc.to(self.device)
         t1 = self.clock.now_ns()
@@ -485,7 +490,13 @@ class Session:
         return step
 
     def generate(self, model: Any, **kwargs: Any) -> Any:
-        """Run ``model.generate(**kwargs)`` with per-token timestamps taken inside generation."""
+        """Run ``model.generate(**kwargs)`` with per-token timestamps taken inside generation.
+
+        Phases: ``prefill`` until the first token, then ``decode``. A model that encodes its
+        inputs first (encoder-decoder, vision/audio tower and projector; see
+        :mod:`perfsdk.models.encode`) starts with an ``encode`` phase that ends when the last
+        encode module finishes.
+        """
         import torch
 
         self._ensure_started()
@@ -497,8 +508,12 @@ class Session:
         # Windows open before the start stamp and close after the end stamp, so the hooks that
         # read counters at the edges stay outside the measured interval.
         self._step_window = self._open_window(f"step:{step.index}", "step", step.index, self._parent_window())
-        self._open_phase_window = self._open_window("prefill", "prefill", step.index, self._step_window)
-        self.phase = "prefill"
+        tracker = self._encode_tracker(step, model, kwargs)
+        first = "encode" if tracker is not None else "prefill"
+        self._open_phase_window = self._open_window(first, first, step.index, self._step_window)  # type: ignore[arg-type]
+        self.phase = first
+        if tracker is not None:  # hooks in place before the start stamp
+            tracker.__enter__()
         step.start_ns = self.clock.now_ns(sync=True)
         out = None
         try:
@@ -509,6 +524,8 @@ class Session:
             raise
         finally:
             step.end_ns = self.clock.now_ns(sync=True)
+            if tracker is not None:
+                tracker.__exit__(None, None, None)
             self.phase = prev_phase
             if self._open_phase_window is not None:
                 self._close_window(self._open_phase_window)
@@ -516,10 +533,35 @@ class Session:
             self._close_window(self._step_window)
             self._step_window = None
             step.outputs = out
+            if tracker is not None:
+                step.vision_tokens = tracker.vision_tokens(step.batch_size, kwargs)
             self._finish_generate_counts(step, timer, model, kwargs, out)
             self.steps.append(step)
             self._dispatch("perfsdk_after_generate", session=self, step=step)
         return out
+
+    def _encode_tracker(self, step: Step, model: Any, kwargs: dict[str, Any]) -> Any:
+        """Hooks that end the ``encode`` phase, when the model encodes this step's inputs first."""
+        from perfsdk.models.encode import EncodeTracker, cached_encode_parts
+
+        try:
+            parts = cached_encode_parts(model)
+        except Exception as exc:
+            self.record_error("session", "encode_parts", exc)
+            return None
+        if parts is None or not parts.runs_for(kwargs):
+            return None
+        return EncodeTracker(model, parts, lambda: self.clock.now_ns(sync=True),
+                             lambda t_ns: self._phase_switch(step, "prefill", t_ns))
+
+    def _phase_switch(self, step: Step, phase: Literal["prefill", "decode"], t_ns: int) -> None:
+        """Close the open phase window at ``t_ns`` and open ``phase`` at the same instant."""
+        if phase == "prefill":
+            step.encode_end_ns = t_ns
+        if self._open_phase_window is not None:
+            self._close_window(self._open_phase_window, t_ns)
+        self._open_phase_window = self._open_window(phase, phase, step.index, self._step_window, t_ns)
+        self.phase = phase
 
     def _phase_switch_to_decode(self, step: Step, t_ns: int) -> None:
         if self._open_phase_window is not None:

@@ -1,7 +1,7 @@
 """The ``energy`` collector: joules per window, per source, per output token.
 
-Every available source is read at every window edge (``session``, ``step:N``, ``prefill``,
-``decode``, ``stage:<name>``); the session synchronizes CUDA before each edge, so asynchronous
+Every available source is read at every window edge (``session``, ``step:N``, ``encode``,
+``prefill``, ``decode``, ``stage:<name>``); the session synchronizes CUDA before each edge, so asynchronous
 GPU work is inside the window it belongs to. Counters come first (NVML total energy, RAPL
 ``energy_uj``); power integration is used only where a GPU lacks the counter, and labeled;
 ``estimated`` (TDP × utilization) only when asked for. CodeCarbon runs beside them, offline,
@@ -384,7 +384,7 @@ def build_result(col: EnergyCollector, session: Session) -> EnergyResult:
         notes.append(f"{skipped_err} window readings of failed steps left out of the summaries")
 
     def tokens_for(phase: str) -> tuple[int | None, int | None]:
-        if phase in ("session", "steps", "prefill", "decode"):
+        if phase in ("session", "steps", "encode", "prefill", "decode"):
             return out_tokens, in_tokens
         if phase.startswith("step:"):
             s = measured.get(int(phase.split(":", 1)[1]))
@@ -459,7 +459,7 @@ def build_result(col: EnergyCollector, session: Session) -> EnergyResult:
 
     m_session, m_steps = measured_sum("session"), measured_sum("steps")
     per_phase_jpt: dict[str, float | None] = {}
-    for phase in ("session", "steps", "prefill", "decode"):
+    for phase in ("session", "steps", "encode", "prefill", "decode"):
         if phase in per_phase and measured_keys:
             e = measured_sum(phase)
             per_phase_jpt[phase] = e / out_tokens if e is not None and out_tokens else None

@@ -2,11 +2,15 @@
 
 Definitions (per request, on the session clock; warm-up steps excluded):
 
-- TTFT = step start -> first generated position ready (the prefill).
+- TTFT = step start -> first generated position ready (encode and prefill).
 - e2e = step start -> this request's last real token ready (EOS included, padding excluded).
 - TPOT = (e2e - TTFT) / (output tokens - 1), for requests with at least 2 tokens.
 - ITL = every gap between consecutive tokens of a request, pooled over requests.
-- prefill = TTFT; decode = e2e - TTFT.
+- encode = step start -> end of the encoder / vision or audio tower and projector, for models
+  that have one (:mod:`perfsdk.models.encode`); prefill = TTFT - encode (TTFT when there is no
+  encode phase); decode = e2e - TTFT.
+- vision tokens = the real number of vision (or audio) tokens each request got, read from the
+  features the tower and projector produced (not from the placeholder tokens in the prompt).
 - Throughput = tokens / wall time of the timed steps (first timed start -> last timed end),
   not tokens / mean latency.
 """
@@ -38,6 +42,9 @@ class LatencyResult(CollectorResult):
     tpot_s: Stats
     itl_s: Stats
     e2e_s: Stats
+    encode_s: Stats = Field(default_factory=Stats,
+                            description="encoder / vision or audio tower and projector, per request; "
+                            "count 0 for models without one")
     prefill_s: Stats
     decode_s: Stats
     forward_s: Stats
@@ -52,6 +59,8 @@ class LatencyResult(CollectorResult):
     input_tokens: int = 0
     output_tokens: int = 0
     requests: int = 0
+    vision_tokens: int = Field(default=0, description="real vision (or audio) tokens over the measured requests")
+    vision_tokens_per_request: Stats = Field(default_factory=Stats)
     steps: int = 0
     warmup_steps: int = 0
     failed_steps: int = 0
@@ -67,6 +76,8 @@ def request_latencies(step: Step) -> list[dict[str, Any]]:
     if not times or step.output_tokens is None:
         return out
     ttft = (times[0] - step.start_ns) / 1e9
+    encode = step.encode_s
+    vision = step.vision_tokens
     for i, n in enumerate(step.output_tokens):
         if n <= 0:
             continue
@@ -79,6 +90,9 @@ def request_latencies(step: Step) -> list[dict[str, Any]]:
                 "input_tokens": step.input_tokens[i] if i < len(step.input_tokens) else 0,
                 "output_tokens": n,
                 "ttft_s": ttft,
+                "encode_s": encode,
+                "prefill_s": ttft - encode if encode is not None else ttft,
+                "vision_tokens": vision[i] if vision is not None and i < len(vision) else None,
                 "e2e_s": e2e,
                 "tpot_s": (e2e - ttft) / (n - 1) if n > 1 else None,
                 "itl_s": itls,
@@ -95,7 +109,7 @@ class LatencyCollector(Collector):
     Config = LatencyConfig
     Result = LatencyResult
     default_enabled = True
-    description = "TTFT, TPOT, ITL, e2e, prefill/decode, tokens/s"
+    description = "TTFT, TPOT, ITL, e2e, encode/prefill/decode, tokens/s"
     key_columns = ("output_tokens_per_s", "ttft_s.p50", "ttft_s.p95", "tpot_s.p50", "tpot_s.p95", "e2e_s.p50",
                    "itl_s.p50", "total_tokens_per_s", "requests_per_s")
 
@@ -113,6 +127,9 @@ class LatencyCollector(Collector):
     def perfsdk_finalize(self, session: Any) -> LatencyResult:
         steps = session.measured_steps
         ttft, tpot, itl, e2e, decode, fwd, step_s = [], [], [], [], [], [], []
+        encode: list[float] = []
+        prefill: list[float] = []
+        vision: list[int] = []
         in_tok = out_tok = requests = eos_stops = 0
         # bounded while they are built: a million-token run must not hold a million rows
         rows = BoundedSeries()
@@ -131,6 +148,11 @@ class LatencyCollector(Collector):
                 if max_new is not None and r["output_tokens"] < max_new:
                     eos_stops += 1
                 ttft.append(r["ttft_s"])
+                prefill.append(r["prefill_s"])
+                if r["encode_s"] is not None:
+                    encode.append(r["encode_s"])
+                if r["vision_tokens"] is not None:
+                    vision.append(r["vision_tokens"])
                 e2e.append(r["e2e_s"])
                 decode.append(r["e2e_s"] - r["ttft_s"])
                 if r["tpot_s"] is not None:
@@ -138,7 +160,8 @@ class LatencyCollector(Collector):
                 itl.extend(r["itl_s"])
                 req_rows.append({"step": st.index, "request": r["request"], "input_tokens": r["input_tokens"],
                                  "output_tokens": r["output_tokens"], "ttft_s": r["ttft_s"], "tpot_s": r["tpot_s"],
-                                 "e2e_s": r["e2e_s"]})
+                                 "e2e_s": r["e2e_s"], "encode_s": r["encode_s"], "prefill_s": r["prefill_s"],
+                                 "vision_tokens": r["vision_tokens"]})
             if self.config.store_token_times:  # type: ignore[attr-defined]
                 for k, t in enumerate(st.token_times_ns):
                     rows.append({"step": st.index, "position": k, "t_s": (t - st.start_ns) / 1e9,
@@ -161,7 +184,8 @@ class LatencyCollector(Collector):
             tpot_s=summarize(tpot),
             itl_s=summarize(itl),
             e2e_s=summarize(e2e),
-            prefill_s=summarize(ttft),
+            encode_s=summarize(encode),
+            prefill_s=summarize(prefill),
             decode_s=summarize(decode),
             forward_s=summarize(fwd),
             step_s=summarize(step_s),
@@ -175,6 +199,8 @@ class LatencyCollector(Collector):
             input_tokens=in_tok,
             output_tokens=out_tok,
             requests=requests,
+            vision_tokens=sum(vision),
+            vision_tokens_per_request=summarize(vision),
             steps=len(steps),
             warmup_steps=sum(1 for s in session.steps if s.warmup),
             failed_steps=sum(1 for s in session.steps if s.error is not None),
@@ -219,6 +245,7 @@ class LatencyCollector(Collector):
             ("total tokens/s", fmt_num(r.total_tokens_per_s)),
             ("requests/s", fmt_num(r.requests_per_s)),
             ("tokens in / out", f"{r.input_tokens} / {r.output_tokens}"),
+            *([("vision tokens / request", fmt_num(r.vision_tokens_per_request.mean, 1))] if r.vision_tokens else []),
             ("steps (warm-up)", f"{r.steps} ({r.warmup_steps})"),
             ("load time", fmt_s(r.load_s)),
         ]
@@ -371,6 +398,11 @@ class LatencyCollector(Collector):
                 continue
             for r in request_latencies(st):
                 samples["ttft_s"].append(r["ttft_s"])
+                samples["prefill_s"].append(r["prefill_s"])
+                if r["encode_s"] is not None:
+                    samples["encode_s"].append(r["encode_s"])
+                if r["vision_tokens"] is not None:
+                    samples["vision_tokens"].append(r["vision_tokens"])
                 samples["e2e_s"].append(r["e2e_s"])
                 samples["decode_s"].append(r["e2e_s"] - r["ttft_s"])
                 if r["tpot_s"] is not None:
@@ -392,6 +424,8 @@ class LatencyCollector(Collector):
             for key, vals in (pay.get("samples") or {}).items():
                 pooled.setdefault(key, []).extend(vals)
             steps_by_rank.append(list(pay.get("step_s") or []))
+        if "prefill_s" not in pooled:  # shares without the encode split: prefill was TTFT
+            pooled["prefill_s"] = pooled.get("ttft_s", [])
         upd: dict[str, Any] = {fld: summarize(pooled.get(key, [])) for fld, key in POOLED_FIELDS.items()}
         for fld in SUMMED_FIELDS:
             upd[fld] = sum(int(getattr(r, fld)) for r in results)
@@ -435,15 +469,18 @@ class StepTiming:
 
 
 #: Latency distributions shown in tables, in order: (result field, label).
-STAT_FIELDS = (("ttft_s", "TTFT"), ("tpot_s", "TPOT"), ("itl_s", "ITL"), ("e2e_s", "e2e"),
+STAT_FIELDS = (("ttft_s", "TTFT"), ("tpot_s", "TPOT"), ("itl_s", "ITL"), ("e2e_s", "e2e"), ("encode_s", "encode"),
                ("prefill_s", "prefill"), ("decode_s", "decode"), ("forward_s", "forward"))
 #: Raw samples each rank ships for pooling.
-POOLED_SAMPLES = ("ttft_s", "tpot_s", "itl_s", "e2e_s", "decode_s", "forward_s")
+POOLED_SAMPLES = ("ttft_s", "tpot_s", "itl_s", "e2e_s", "encode_s", "prefill_s", "decode_s", "forward_s",
+                  "vision_tokens")
 #: Result fields recomputed from pooled samples (field -> sample key).
-POOLED_FIELDS = {"ttft_s": "ttft_s", "tpot_s": "tpot_s", "itl_s": "itl_s", "e2e_s": "e2e_s", "prefill_s": "ttft_s",
-                 "decode_s": "decode_s", "forward_s": "forward_s", "tokenize_s": "tokenize_s"}
+POOLED_FIELDS = {"ttft_s": "ttft_s", "tpot_s": "tpot_s", "itl_s": "itl_s", "e2e_s": "e2e_s", "encode_s": "encode_s",
+                 "prefill_s": "prefill_s", "decode_s": "decode_s", "forward_s": "forward_s",
+                 "tokenize_s": "tokenize_s", "vision_tokens_per_request": "vision_tokens"}
 #: Counters summed over ranks.
-SUMMED_FIELDS = ("input_tokens", "output_tokens", "requests", "warmup_steps", "failed_steps", "eos_stopped_requests")
+SUMMED_FIELDS = ("input_tokens", "output_tokens", "requests", "vision_tokens", "warmup_steps", "failed_steps",
+                 "eos_stopped_requests")
 
 
 @hookimpl

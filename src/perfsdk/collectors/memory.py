@@ -12,6 +12,10 @@ from perfsdk.events import Step, Window
 from perfsdk.plugins import hookimpl
 
 
+#: Windows with a per-phase peak (RSS and CUDA allocated).
+_PHASES = ("encode", "prefill", "decode")
+
+
 class MemoryConfig(CollectorConfig):
     """Settings of the memory collector."""
 
@@ -154,7 +158,7 @@ class MemoryCollector(Collector):
 
     @hookimpl
     def perfsdk_window_open(self, session: Any, window: Window) -> None:
-        if window.kind in ("prefill", "decode"):
+        if window.kind in _PHASES:
             cuda = self._cuda()
             if cuda is not None:
                 cuda.reset_peak_memory_stats(session.device)
@@ -163,10 +167,10 @@ class MemoryCollector(Collector):
     def perfsdk_window_close(self, session: Any, window: Window) -> None:
         # RSS only grows within a phase or is caught by the sampler, so reading it when each
         # phase closes is enough for per-phase peaks and keeps the measured path light.
-        if window.kind in ("prefill", "decode", "step", "stage"):
+        if window.kind in _PHASES or window.kind in ("step", "stage"):
             self._edge_sample(window.name if window.kind == "stage" else window.kind)
             cuda = self._cuda()
-            if cuda is not None and window.kind in ("prefill", "decode"):
+            if cuda is not None and window.kind in _PHASES:
                 peak = int(cuda.max_memory_allocated(session.device))
                 self.cuda_by_phase[window.kind] = max(peak, self.cuda_by_phase.get(window.kind, 0))
 

@@ -29,7 +29,7 @@ from perfsdk.store import Store, StoreError, atomic_write
 
 log = structlog.get_logger("perfsdk.experiments.report")
 
-PHASE_COLORS = {"prefill": "#f4a261", "decode": "#2a9d8f", "load": "#8d99ae", "forward": "#e9c46a",
+PHASE_COLORS = {"encode": "#6a4c93", "prefill": "#f4a261", "decode": "#2a9d8f", "load": "#8d99ae", "forward": "#e9c46a",
                 "idle": "#ffffff", "session": "#ffffff"}
 PALETTE = ["#264653", "#e76f51", "#2a9d8f", "#e9c46a", "#6a4c93", "#f4a261", "#1982c4", "#8ac926",
            "#ff595e", "#6d6875", "#118ab2", "#ef476f"]
@@ -382,6 +382,62 @@ def batch_size_panels(rows: list[dict[str, Any]], group_keys: list[str]) -> byte
     return _png(fig)
 
 
+#: Per-phase latency panels against vision tokens: (title, key, scale to ms).
+VISION_PANELS = [
+    ("encode p50 (ms)", "collectors.latency.encode_s.p50"),
+    ("prefill p50 (ms)", "collectors.latency.prefill_s.p50"),
+    ("decode p50 (ms)", "collectors.latency.decode_s.p50"),
+    ("TTFT p50 (ms)", "collectors.latency.ttft_s.p50"),
+]
+VISION_X = ("workload.vision_tokens_mean", "collectors.latency.vision_tokens_per_request.mean")
+
+
+def _vision_x(row: dict[str, Any]) -> float | None:
+    for key in VISION_X:
+        v = _num(row.get(key))
+        if v is not None:
+            return v
+    return None
+
+
+def vision_token_panels(rows: list[dict[str, Any]], group_keys: list[str]) -> bytes | None:
+    """Each phase's latency (p50) against the real vision tokens per request, one line per
+    combination of the other axes; ``None`` when fewer than two points have vision tokens."""
+    pts = [r for r in rows if _vision_x(r) is not None]
+    if len({_vision_x(r) for r in pts}) < 2:
+        return None
+    groups: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    for r in pts:
+        label = ", ".join(f"{k.rsplit('.', 1)[-1]}={r.get('tags.' + k)}" for k in group_keys) or "all"
+        groups[label].append(r)
+    fig, axes = _figure(1, len(VISION_PANELS), width=4.0 * len(VISION_PANELS), height=3.6)
+    for ax, (title, key) in zip(axes[0], VISION_PANELS):
+        drawn = False
+        for gi, (label, grows) in enumerate(sorted(groups.items())):
+            xy = sorted((_vision_x(r), _lookup(r, key)) for r in grows)
+            xy = [(x, y * 1e3) for x, y in xy if x is not None and y is not None]
+            if not xy:
+                continue
+            drawn = True
+            ax.plot([x for x, _ in xy], [y for _, y in xy], marker="o", ms=4, color=PALETTE[gi % len(PALETTE)],
+                    label=label)
+        ax.set_title(title, fontsize=10)
+        ax.set_xlabel("vision tokens per request")
+        ax.grid(alpha=0.3)
+        if not drawn:
+            ax.text(0.5, 0.5, "not measured", ha="center", va="center", transform=ax.transAxes, color="grey")
+    handles, labels = axes[0][0].get_legend_handles_labels()
+    if not handles:
+        for ax in axes[0][1:]:
+            handles, labels = ax.get_legend_handles_labels()
+            if handles:
+                break
+    if handles and len(labels) > 1:
+        fig.legend(handles, labels, loc="outside lower center", ncols=min(6, len(labels)), fontsize=8)
+    fig.suptitle("Latency by phase against vision tokens")
+    return _png(fig)
+
+
 def pareto_plot(points: list[dict[str, Any]], objectives: list[Any], labels: list[str]) -> bytes | None:
     """The first two objectives of every finished point; the front highlighted and joined."""
     from perfsdk.experiments.pareto import Objective, pareto_indices
@@ -609,6 +665,15 @@ def sweep_sections(store: Store, sweep_id: str, heatmaps: list[Any] | None = Non
     else:
         s.notes.append("The batch size does not vary in this sweep.")
     secs.append(s)
+
+    vision_knobs = [a for a in axes if a.endswith(("image_size", "num_crops"))]
+    fig = vision_token_panels(frows, [a for a in axes if a not in vision_knobs])
+    if fig:
+        s = Section("Vision tokens")
+        s.figures.append(Figure("vision-tokens", "Latency by phase against vision tokens", fig,
+                                "x: real vision tokens per request (mean over the run), read from the vision "
+                                "features; one line per combination of the other axes."))
+        secs.append(s)
 
     s = Section("Pareto front")
     objs = objectives if len(objectives) >= 2 else default_objectives()

@@ -24,7 +24,7 @@ from typing import Any
 import structlog
 import torch
 
-from perfsdk.capture import CONVENTION, OperationCapture
+from perfsdk.capture import CONVENTION, PHASE_ORDER, OperationCapture
 from perfsdk.flops.analytic import (
     ArchSpec,
     ForwardMacs,
@@ -56,6 +56,8 @@ class FlopsCount:
     macs_decode: int = 0
     flops_forward: int = 0
     macs_forward: int = 0
+    flops_encode: int = 0
+    macs_encode: int = 0
     decode_forwards: int = 0
     modules: dict[str, int] = field(default_factory=dict)  # module path -> FLOPs
     module_types: dict[str, int] = field(default_factory=dict)  # class name -> FLOPs
@@ -66,11 +68,11 @@ class FlopsCount:
 
     @property
     def flops_total(self) -> int:
-        return self.flops_prefill + self.flops_decode + self.flops_forward
+        return self.flops_encode + self.flops_prefill + self.flops_decode + self.flops_forward
 
     @property
     def macs_total(self) -> int:
-        return self.macs_prefill + self.macs_decode + self.macs_forward
+        return self.macs_encode + self.macs_prefill + self.macs_decode + self.macs_forward
 
     def top_modules(self, n: int = 10) -> list[dict[str, Any]]:
         """The ``n`` modules with the most FLOPs: name, flops, share_pct."""
@@ -94,6 +96,8 @@ class FlopsCount:
         self.macs_decode += other.macs_decode
         self.flops_forward += other.flops_forward
         self.macs_forward += other.macs_forward
+        self.flops_encode += other.flops_encode
+        self.macs_encode += other.macs_encode
         self.decode_forwards += other.decode_forwards
         for mine, theirs in ((self.modules, other.modules), (self.module_types, other.module_types),
                              (self.categories, other.categories)):
@@ -119,6 +123,9 @@ def count_from_records(records: list[OpRecord], backend: str = "torch", method: 
         elif r.phase == "decode":
             c.flops_decode += r.flops
             c.macs_decode += r.macs
+        elif r.phase == "encode":
+            c.flops_encode += r.flops
+            c.macs_encode += r.macs
         else:
             c.flops_forward += r.flops
             c.macs_forward += r.macs
@@ -131,7 +138,7 @@ def count_from_records(records: list[OpRecord], backend: str = "torch", method: 
         row["flops"] += r.flops
         row["macs"] += r.macs
     c.modules, c.module_types, c.categories = dict(modules), dict(types), dict(cats)
-    c.forwards = sorted(fwd.values(), key=lambda x: (x["phase"] != "prefill", x["step"]))
+    c.forwards = sorted(fwd.values(), key=lambda x: (PHASE_ORDER.get(x["phase"], len(PHASE_ORDER)), x["step"]))
     c.decode_forwards = sum(1 for f in c.forwards if f["phase"] == "decode")
     return c
 
@@ -147,7 +154,7 @@ def count_forward(model: torch.nn.Module, *args: Any, **kwargs: Any) -> FlopsCou
 
 
 def count_generate(model: torch.nn.Module, **generate_kwargs: Any) -> tuple[Any, FlopsCount]:
-    """Run and count ``model.generate(**kwargs)``; every forward attributed to prefill/decode."""
+    """Run and count ``model.generate(**kwargs)``; every operation attributed to encode/prefill/decode."""
     with torch.inference_mode(), OperationCapture(model, auto_phase=True) as cap:
         out = model.generate(**generate_kwargs)  # type: ignore[operator]
     return out, count_from_records(cap.records, "torch", "capture")

@@ -71,11 +71,14 @@ class FlopsResult(CollectorResult):
 
     status: Literal["ok", "unavailable"] = "ok"
     reason: str | None = None
-    flops_total: int | None = None
+    flops_total: int | None = Field(default=None, description="flops_encode + flops_prefill + flops_decode "
+                                    "(+ flops_forward for non-generative steps)")
+    flops_encode: int | None = Field(default=None, description="encoder / vision or audio tower and projector")
     flops_prefill: int | None = None
     flops_decode: int | None = None
     flops_forward: int | None = None
     macs_total: int | None = None
+    macs_encode: int | None = None
     macs_prefill: int | None = None
     macs_decode: int | None = None
     flops_per_output_token: float | None = None
@@ -107,10 +110,12 @@ def result_fields(count: FlopsCount, analytic_total: int | None, *, output_token
     mfu = 100.0 * achieved / (peak_tflops * 1e12) if achieved is not None and peak_tflops else None
     return {
         "flops_total": count.flops_total,
+        "flops_encode": count.flops_encode,
         "flops_prefill": count.flops_prefill,
         "flops_decode": count.flops_decode,
         "flops_forward": count.flops_forward,
         "macs_total": count.macs_total,
+        "macs_encode": count.macs_encode,
         "macs_prefill": count.macs_prefill,
         "macs_decode": count.macs_decode,
         "flops_per_output_token": (count.flops_total / output_tokens) if output_tokens else None,
@@ -162,14 +167,14 @@ def _analytic_for_step(model: Any, step: Step, positions: int) -> int | None:
 
 
 class FlopsCollector(Collector):
-    """FLOPs and MACs of the real run: prefill/decode split, per module, analytic deviation, MFU."""
+    """FLOPs and MACs of the real run: encode/prefill/decode split, per module, analytic deviation, MFU."""
 
     name = "flops"
     title = "FLOPs"
     Config = FlopsConfig
     Result = FlopsResult
     default_enabled = False
-    description = "FLOPs/MACs of the run (prefill/decode, per module), deviation from the analytic model, MFU"
+    description = "FLOPs/MACs of the run (encode/prefill/decode, per module), deviation from the analytic model, MFU"
     key_columns = ("flops_total", "mfu_pct")
 
     @classmethod
@@ -178,7 +183,8 @@ class FlopsCollector(Collector):
 
         if result.status != "ok":
             return [("FLOPs", f"unavailable: {result.reason}")]
-        rows = [("FLOPs prefill / decode", f"{fmt_num(result.flops_prefill)} / {fmt_num(result.flops_decode)}")]
+        rows = [("FLOPs encode", fmt_num(result.flops_encode))] if result.flops_encode else []
+        rows.append(("FLOPs prefill / decode", f"{fmt_num(result.flops_prefill)} / {fmt_num(result.flops_decode)}"))
         if result.flops_forward:
             rows.append(("FLOPs forward", fmt_num(result.flops_forward)))
         if result.deviation_pct is not None:

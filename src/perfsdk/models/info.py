@@ -72,9 +72,22 @@ def _dtype_of(model: Any) -> str | None:
 
 
 def arch_fields(config: Any) -> dict[str, Any]:
-    """Architecture fields from a ``transformers`` config (None where absent)."""
+    """Architecture fields from a ``transformers`` config (None where absent).
+
+    For a vision-language model the layer, size and vocabulary fields are the language model's
+    (its text config); the architecture name is the whole model's.
+    """
     if config is None:
         return {}
+    top = config
+    get_text = getattr(config, "get_text_config", None)
+    if callable(get_text):  # a vision-language model: the language model's shape
+        try:
+            config = get_text(decoder=True) or config
+        except TypeError:
+            config = get_text() or config
+        except Exception:
+            config = top
     get = lambda *names: next((getattr(config, n) for n in names if getattr(config, n, None) is not None), None)  # noqa: E731
     heads = get("num_attention_heads", "n_head")
     hidden = get("hidden_size", "n_embd", "d_model")
@@ -82,16 +95,16 @@ def arch_fields(config: Any) -> dict[str, Any]:
     if head_dim is None and heads and hidden:
         head_dim = hidden // heads
     return {
-        "architecture": (getattr(config, "architectures", None) or [None])[0] or getattr(config, "model_type", None),
+        "architecture": (getattr(top, "architectures", None) or [None])[0] or getattr(top, "model_type", None),
         "num_layers": get("num_hidden_layers", "n_layer", "num_layers"),
         "hidden_size": hidden,
-        "intermediate_size": get("intermediate_size", "n_inner", "ffn_dim"),
+        "intermediate_size": get("intermediate_size", "n_inner", "ffn_dim", "d_ff"),
         "num_attention_heads": heads,
         "num_key_value_heads": get("num_key_value_heads") or heads,
         "head_dim": head_dim,
         "vocab_size": get("vocab_size"),
         "max_position_embeddings": get("max_position_embeddings", "n_positions"),
-        "attn_implementation": getattr(config, "_attn_implementation", None),
+        "attn_implementation": getattr(top, "_attn_implementation", None),
     }
 
 

@@ -170,7 +170,26 @@ def _hub_error(mid: str, err: BaseException) -> ConfigError:
     return ConfigError(f"model.id: could not load {mid!r} from the Hugging Face Hub ({why}): {err}")
 
 
+def takes_images(config: Any) -> bool:
+    """Whether a model config describes a vision-language model (it has a vision config)."""
+    return getattr(config, "vision_config", None) is not None
+
+
+def _supports(auto_cls: Any, config: Any) -> bool:
+    try:
+        return type(config) in auto_cls._model_mapping
+    except Exception:
+        return False
+
+
 def _model_class(config: Any) -> Any:
+    """The ``transformers`` auto class to load ``config`` with.
+
+    Causal LMs and classifiers by their ``architectures``; vision-language models (a
+    ``vision_config``) as image-text-to-text (or vision-to-sequence, on versions that have it);
+    encoder-decoders as sequence-to-sequence (text, else speech); the first of these auto classes
+    that knows the config's type wins, anything else is ``AutoModel``.
+    """
     import transformers
 
     archs = list(getattr(config, "architectures", None) or [])
@@ -178,6 +197,15 @@ def _model_class(config: Any) -> Any:
         return transformers.AutoModelForCausalLM
     if any(a.endswith("ForSequenceClassification") for a in archs):
         return transformers.AutoModelForSequenceClassification
+    candidates: list[str] = []
+    if takes_images(config):
+        candidates += ["AutoModelForImageTextToText", "AutoModelForVision2Seq"]
+    if getattr(config, "is_encoder_decoder", False):
+        candidates += ["AutoModelForSeq2SeqLM", "AutoModelForSpeechSeq2Seq"]
+    for name in candidates:
+        cls = getattr(transformers, name, None)
+        if cls is not None and _supports(cls, config):
+            return cls
     if getattr(config, "is_encoder_decoder", False):
         return transformers.AutoModelForSeq2SeqLM
     return transformers.AutoModel
@@ -200,9 +228,19 @@ def _quantize_dynamic_int8(model: Any) -> Any:
         return quantize_dynamic(model, {nn.Linear}, dtype=torch.qint8, inplace=False)
 
 
-def _load_tokenizer(kind: str, location: str, cfg: ModelConfig) -> Any:
+def _load_tokenizer(kind: str, location: str, cfg: ModelConfig, hf_config: Any = None) -> Any:
+    """The tokenizer, or for a vision-language model its processor (tokenizer + image processor)."""
     from perfsdk.models.tiny import quiet_transformers
 
+    if hf_config is not None and takes_images(hf_config):
+        try:
+            from transformers import AutoProcessor
+
+            with quiet_transformers():
+                return AutoProcessor.from_pretrained(location, trust_remote_code=cfg.trust_remote_code,
+                                                     revision=cfg.revision)
+        except (OSError, ValueError, TypeError, KeyError) as err:
+            log.warning("no processor could be loaded; images cannot be used", model=cfg.id, error=str(err))
     try:
         with quiet_transformers():
             if kind == "builtin":
@@ -222,6 +260,7 @@ def _load_tokenizer(kind: str, location: str, cfg: ModelConfig) -> Any:
 def _prepare_tokenizer(tokenizer: Any, model: Any) -> None:
     if tokenizer is None:
         return
+    tokenizer = getattr(tokenizer, "tokenizer", None) or tokenizer  # a processor's own tokenizer
     if getattr(tokenizer, "pad_token", None) is None:
         fallback = getattr(tokenizer, "eos_token", None) or getattr(tokenizer, "unk_token", None)
         if fallback is not None:
@@ -248,8 +287,10 @@ def check_model_config(cfg: ModelConfig) -> None:
 def load_model(cfg: ModelConfig) -> tuple[Any, Any]:
     """Load ``cfg`` into ``(model, tokenizer)``: on its device, in its dtype, quantized, in eval mode.
 
-    The tokenizer is ``None`` when the checkpoint has none (e.g. a bare encoder folder); a
-    missing pad token is set to the EOS (or UNK) token, and causal models pad on the left.
+    The tokenizer is ``None`` when the checkpoint has none (e.g. a bare encoder folder); for a
+    vision-language model it is the processor (``AutoProcessor``), whose tokenizer is prepared
+    the same way. A missing pad token is set to the EOS (or UNK) token, and models that generate
+    pad on the left.
     Raises :class:`~perfsdk.config.ConfigError` naming the field for anything the user can fix.
     """
     from perfsdk.models.tiny import quiet_transformers
@@ -316,6 +357,6 @@ def load_model(cfg: ModelConfig) -> tuple[Any, Any]:
         model.config.name_or_path = cfg.id
     model.eval()
 
-    tokenizer = _load_tokenizer(kind, location, cfg)
+    tokenizer = _load_tokenizer(kind, location, cfg, hf_config)
     _prepare_tokenizer(tokenizer, model)
     return model, tokenizer

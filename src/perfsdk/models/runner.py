@@ -8,7 +8,8 @@
 3. group them into batches: a fixed ``batch_size``, or adaptively under ``max_batch_tokens``
    (``batch_size x (longest input + max_new_tokens) <= budget``);
 4. tokenize every batch once with ``s.tokenize`` (with the batch's labels, so that the
-   ``quality`` collector can score the timed steps themselves);
+   ``quality`` collector can score the timed steps themselves; for a vision-language model with
+   its images through the processor: :mod:`perfsdk.models.images`);
 5. run ``warmup_runs`` batches inside ``s.warmup()``;
 6. seed torch, then run timed passes over all batches until both ``min_iterations`` passes and
    ``min_duration_s`` are reached, waiting between batch submissions as the arrival pattern says.
@@ -35,9 +36,16 @@ SleepFn = Callable[[float], None]
 
 
 def count_tokens(tokenizer: Any, prompts: list[str]) -> list[int]:
-    """Real token count of each prompt (special tokens included, no padding)."""
+    """Real token count of each prompt (special tokens included, no padding).
+
+    For a multimodal processor its tokenizer counts the text; image tokens come on top.
+    """
     if not prompts:
         return []
+    from perfsdk.models.encode import is_processor
+
+    if is_processor(tokenizer):
+        tokenizer = tokenizer.tokenizer
     enc = tokenizer(list(prompts), padding=False, truncation=False)
     return [len(ids) for ids in enc["input_ids"]]
 
@@ -191,6 +199,7 @@ def plan_workload(workload: WorkloadConfig, tokenizer: Any, prompts: list[str] |
         labels=kept_labels,
         batch_labels=[[kept_labels[j] for j in g] for g in groups],
         label_map=label_map,
+        extra={"indices": keep, "groups": groups},
     )
 
 
@@ -204,8 +213,11 @@ def check_workload(config: Config) -> None:
     from perfsdk.models.loader import check_model_config
     from perfsdk.models.prompts import load_workload_examples
 
+    from perfsdk.models.images import check_images
+
     check_model_config(config.model)
     load_workload_examples(config.workload)
+    check_images(config.workload)
 
 
 def model_label_map(model: Any) -> list[str] | None:
@@ -249,8 +261,17 @@ def _resolve_label_map(workload: WorkloadConfig, plan: WorkloadPlan, model: Any)
     return plan
 
 
-def _workload_info(workload: WorkloadConfig, plan: WorkloadPlan, warmup: int, timed: int, iterations: int) -> WorkloadInfo:
+def _workload_info(workload: WorkloadConfig, plan: WorkloadPlan, warmup: int, timed: int, iterations: int,
+                   images: Any = None, vision_tokens: list[int] | None = None) -> WorkloadInfo:
+    vision: dict[str, Any] = {}
+    if images is not None:
+        vision = {"images_source": images.source, "image_size": workload.image_size,
+                  "num_crops": workload.num_crops, "image_views_mean": images.views_mean}
+    if vision_tokens:
+        vision["vision_tokens_mean"] = sum(vision_tokens) / len(vision_tokens)
+        vision["vision_tokens_max"] = max(vision_tokens)
     return WorkloadInfo(
+        **vision,
         prompts_source=workload.prompts,
         num_prompts=len(plan.prompts),
         prompts_filtered=plan.filtered,
@@ -297,9 +318,16 @@ def run_workload(
                           "cannot (use task: forward)")
 
     plan = _resolve_label_map(workload, plan_workload(workload, tokenizer), model)
-    session.set_workload_info(_workload_info(workload, plan, 0, 0, 0))
-    encodings = [session.tokenize(tokenizer, batch, labels=labels if plan.labelled else None)
-                 for batch, labels in zip(plan.batches, plan.batch_labels)]
+    from perfsdk.models.images import workload_images
+
+    images = workload_images(workload, model, tokenizer, plan, session.config.model.id)
+    session.set_workload_info(_workload_info(workload, plan, 0, 0, 0, images))
+    if images is None:
+        encodings = [session.tokenize(tokenizer, batch, labels=labels if plan.labelled else None)
+                     for batch, labels in zip(plan.batches, plan.batch_labels)]
+    else:
+        encodings = [session.tokenize(tokenizer, texts, images=views or None, labels=labels if plan.labelled else None)
+                     for texts, views, labels in zip(images.texts, images.views, plan.batch_labels)]
     gen_kw = generate_kwargs(workload.generate)
 
     def run_batch(index: int) -> None:
@@ -339,6 +367,7 @@ def run_workload(
         iterations += 1
         total = max(total, done + n_batches) if clock() - start < workload.min_duration_s else total
 
-    info = _workload_info(workload, plan, workload.warmup_runs, timed, iterations)
+    vision = [n for st in session.measured_steps for n in (st.vision_tokens or [])]
+    info = _workload_info(workload, plan, workload.warmup_runs, timed, iterations, images, vision)
     session.set_workload_info(info)
     return info

@@ -1,8 +1,12 @@
-"""The embedded model: ``builtin:tiny-llama`` and its size variants.
+"""The embedded models: ``builtin:tiny-llama`` (and size variants), ``builtin:tiny-llava``,
+``builtin:tiny-t5``.
 
 A small Llama-architecture ``transformers`` model with random weights drawn from a fixed seed,
 and a byte-level BPE tokenizer trained locally on the bundled text ``data/corpus.txt``. Nothing
-is downloaded. The first build is saved with ``save_pretrained`` into a cache folder whose name
+is downloaded. ``tiny-llava`` is a vision-language model (a CLIP vision tower and a projector in
+front of a small Llama text model) with a processor built locally from the same tokenizer (plus
+an ``<image>`` token) and a CLIP image processor; ``tiny-t5`` is a T5 encoder-decoder using the
+same tokenizer. The first build is saved with ``save_pretrained`` into a cache folder whose name
 carries a hash of everything that determines the result (config, corpus, seed, library
 versions); later loads read that folder. Builds are deterministic: a fresh build and a cached one
 give the same weights and the same tokenizer.
@@ -76,15 +80,90 @@ def _variants() -> dict[str, dict[str, Any]]:
     return data
 
 
-def builtin_model_names() -> list[str]:
-    """Names of the embedded models, without the ``builtin:`` prefix."""
+#: The image placeholder token of ``tiny-llava`` (id 4096, after the 4096 text ids).
+IMAGE_TOKEN = "<image>"
+
+#: ``builtin:tiny-llava``: a CLIP vision tower (32x32 pixels in 8x8 patches: 16 patch tokens plus
+#: a class token) and a two-layer GELU projector in front of a small Llama text model. The
+#: projector takes the features of the second-to-last vision layer without the class token
+#: (``vision_feature_select_strategy: default``), so each image gives 16 vision tokens.
+TINY_LLAVA_CONFIG: dict[str, Any] = {
+    "architectures": ["LlavaForConditionalGeneration"],
+    "model_type": "llava",
+    "image_token_id": 4096,
+    "projector_hidden_act": "gelu",
+    "vision_feature_select_strategy": "default",
+    "vision_feature_layer": -2,
+    "vision_config": {
+        "model_type": "clip_vision_model",
+        "image_size": 32,
+        "patch_size": 8,
+        "num_channels": 3,
+        "hidden_size": 64,
+        "intermediate_size": 128,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "hidden_act": "quick_gelu",
+    },
+    "text_config": {
+        "model_type": "llama",
+        "vocab_size": 4097,
+        "hidden_size": 64,
+        "intermediate_size": 128,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "head_dim": 16,
+        "hidden_act": "silu",
+        "max_position_embeddings": 2048,
+        "rms_norm_eps": 1e-05,
+        "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0},
+        "tie_word_embeddings": False,
+        "bos_token_id": 1,
+        "eos_token_id": 2,
+        "pad_token_id": 3,
+    },
+    "tie_word_embeddings": False,
+}
+
+#: ``builtin:tiny-t5``: a T5 v1.1-style encoder-decoder (gated GELU feed-forward), 2 encoder and
+#: 2 decoder layers, with the tiny-llama tokenizer's 4096 ids; the decoder starts from ``<pad>``.
+TINY_T5_CONFIG: dict[str, Any] = {
+    "architectures": ["T5ForConditionalGeneration"],
+    "model_type": "t5",
+    "vocab_size": 4096,
+    "d_model": 64,
+    "d_kv": 16,
+    "num_heads": 4,
+    "d_ff": 128,
+    "num_layers": 2,
+    "num_decoder_layers": 2,
+    "feed_forward_proj": "gated-gelu",
+    "is_encoder_decoder": True,
+    "pad_token_id": 3,
+    "eos_token_id": 2,
+    "decoder_start_token_id": 3,
+}
+
+_OTHER_MODELS: dict[str, dict[str, Any]] = {"tiny-llava": TINY_LLAVA_CONFIG, "tiny-t5": TINY_T5_CONFIG}
+
+
+def llama_variant_names() -> list[str]:
+    """``tiny-llama`` and its size variants (the embedded Llama models)."""
     return list(_variants())
 
 
+def builtin_model_names() -> list[str]:
+    """Names of the embedded models, without the ``builtin:`` prefix."""
+    return llama_variant_names() + list(_OTHER_MODELS)
+
+
 def _config_dict(name: str) -> dict[str, Any]:
+    if name in _OTHER_MODELS:
+        return json.loads(json.dumps(_OTHER_MODELS[name]))
     variants = _variants()
     if name not in variants:
-        raise KeyError(f"unknown embedded model {name!r} (available: {', '.join(variants)})")
+        raise KeyError(f"unknown embedded model {name!r} (available: {', '.join(builtin_model_names())})")
     base: dict[str, Any] = json.loads(_read_data(_BASE_CONFIG_FILE))
     base.update(variants[name])
     return base
@@ -94,12 +173,67 @@ def tiny_llama_config(name: str = "tiny-llama") -> Any:
     """The ``LlamaConfig`` of an embedded model (``tiny-llama`` or one of its size variants)."""
     from transformers import LlamaConfig
 
+    if name in _OTHER_MODELS:
+        raise KeyError(f"{name!r} is not a Llama model (use tiny_llava_config / tiny_t5_config)")
     data = _config_dict(name)
     kwargs = {k: v for k, v in data.items() if k not in _CONFIG_ONLY_KEYS}
     cfg = LlamaConfig(**kwargs)
     cfg.architectures = list(data.get("architectures", ["LlamaForCausalLM"]))
     cfg.dtype = "float32"
     return cfg
+
+
+def tiny_llava_config() -> Any:
+    """The ``LlavaConfig`` of ``builtin:tiny-llava``."""
+    from transformers import CLIPVisionConfig, LlamaConfig, LlavaConfig
+
+    data = _config_dict("tiny-llava")
+    vision = {k: v for k, v in data.pop("vision_config").items() if k != "model_type"}
+    text = {k: v for k, v in data.pop("text_config").items() if k != "model_type"}
+    archs = data.pop("architectures")
+    data.pop("model_type")
+    cfg = LlavaConfig(vision_config=CLIPVisionConfig(**vision), text_config=LlamaConfig(**text), **data)
+    cfg.architectures = list(archs)
+    cfg.dtype = "float32"
+    return cfg
+
+
+def tiny_t5_config() -> Any:
+    """The ``T5Config`` of ``builtin:tiny-t5``."""
+    from transformers import T5Config
+
+    data = _config_dict("tiny-t5")
+    archs = data.pop("architectures")
+    data.pop("model_type")
+    cfg = T5Config(**data)
+    cfg.architectures = list(archs)
+    cfg.dtype = "float32"
+    return cfg
+
+
+def build_llava_processor(tokenizer: Any = None) -> Any:
+    """The ``LlavaProcessor`` of ``builtin:tiny-llava``, built locally.
+
+    The tokenizer is the tiny-llama tokenizer with ``<image>`` added as id 4096; the image
+    processor resizes the shorter side to 32 pixels, center-crops 32x32 and normalizes with
+    CLIP's mean and standard deviation. Each ``<image>`` in a prompt becomes 16 tokens.
+    """
+    from transformers import LlavaProcessor
+
+    import transformers
+
+    # the PIL flavour needs no torchvision; older releases only have CLIPImageProcessor
+    image_processor_cls: Any = getattr(transformers, "CLIPImageProcessorPil", None) or transformers.CLIPImageProcessor
+
+    tok = tokenizer if tokenizer is not None else build_tokenizer(4096)
+    if IMAGE_TOKEN not in tok.get_vocab():
+        tok.add_special_tokens({"additional_special_tokens": [IMAGE_TOKEN]})
+    cfg = TINY_LLAVA_CONFIG
+    side = int(cfg["vision_config"]["image_size"])
+    images = image_processor_cls(size={"shortest_edge": side}, crop_size={"height": side, "width": side})
+    return LlavaProcessor(image_processor=images, tokenizer=tok, patch_size=int(cfg["vision_config"]["patch_size"]),
+                          vision_feature_select_strategy=cfg["vision_feature_select_strategy"],
+                          image_token=IMAGE_TOKEN, num_additional_image_tokens=1)
 
 
 def corpus_text() -> str:
@@ -196,15 +330,30 @@ def build_tokenizer(vocab_size: int | None = None) -> Any:
 
 def _build_fresh(name: str) -> tuple[Any, Any]:
     import torch
-    from transformers import GenerationConfig, LlamaForCausalLM
+    from transformers import GenerationConfig, LlamaForCausalLM, LlavaForConditionalGeneration, T5ForConditionalGeneration
 
-    config = tiny_llama_config(name)
-    tokenizer = build_tokenizer(config.vocab_size)
+    tokenizer: Any
+    if name == "tiny-llava":
+        config = tiny_llava_config()
+        tokenizer = build_llava_processor()
+        model_cls: Any = LlavaForConditionalGeneration
+        ids = config.text_config
+    elif name == "tiny-t5":
+        config = tiny_t5_config()
+        tokenizer = build_tokenizer(config.vocab_size)
+        model_cls = T5ForConditionalGeneration
+        ids = config
+    else:
+        config = tiny_llama_config(name)
+        tokenizer = build_tokenizer(config.vocab_size)
+        model_cls = LlamaForCausalLM
+        ids = config
     with _BUILD_LOCK, torch.random.fork_rng(devices=[]):
         torch.manual_seed(SEED)
-        model = LlamaForCausalLM(config)
+        model = model_cls(config)
     model.generation_config = GenerationConfig(
-        bos_token_id=config.bos_token_id, eos_token_id=config.eos_token_id, pad_token_id=config.pad_token_id
+        bos_token_id=getattr(ids, "bos_token_id", None), eos_token_id=ids.eos_token_id, pad_token_id=ids.pad_token_id,
+        decoder_start_token_id=getattr(ids, "decoder_start_token_id", None),
     )
     model.config.name_or_path = f"builtin:{name}"
     model.eval()
@@ -259,12 +408,29 @@ def ensure_tiny_llama(name: str = "tiny-llama", cache_dir: str | os.PathLike[str
 
 
 def load_cached(path: str | os.PathLike[str], **model_kwargs: Any) -> tuple[Any, Any]:
-    """Load a built embedded model from its cache folder (``from_pretrained`` kwargs pass through)."""
-    from transformers import LlamaForCausalLM, PreTrainedTokenizerFast
+    """Load a built embedded model from its cache folder (``from_pretrained`` kwargs pass through).
 
+    Returns ``(model, tokenizer)``; for ``tiny-llava`` the second item is its processor.
+    """
+    from transformers import (
+        AutoProcessor,
+        LlamaForCausalLM,
+        LlavaForConditionalGeneration,
+        PreTrainedTokenizerFast,
+        T5ForConditionalGeneration,
+    )
+
+    folder = os.fspath(path)
+    model_type = json.loads((Path(folder) / "config.json").read_text(encoding="utf-8")).get("model_type")
+    model: Any
     with quiet_transformers():
-        model = LlamaForCausalLM.from_pretrained(os.fspath(path), **model_kwargs)
-        tokenizer = PreTrainedTokenizerFast.from_pretrained(os.fspath(path), padding_side="left")
+        if model_type == "llava":
+            model = LlavaForConditionalGeneration.from_pretrained(folder, **model_kwargs)
+            tokenizer = AutoProcessor.from_pretrained(folder)
+        else:
+            cls = T5ForConditionalGeneration if model_type == "t5" else LlamaForCausalLM
+            model = cls.from_pretrained(folder, **model_kwargs)
+            tokenizer = PreTrainedTokenizerFast.from_pretrained(folder, padding_side="left")
     model.eval()
     return model, tokenizer
 
@@ -272,9 +438,10 @@ def load_cached(path: str | os.PathLike[str], **model_kwargs: Any) -> tuple[Any,
 def build_tiny_llama(
     cache_dir: str | os.PathLike[str] | None = None, *, name: str = "tiny-llama", use_cache: bool = True
 ) -> tuple[Any, Any]:
-    """Build (or load from the cache) an embedded model: ``(LlamaForCausalLM, tokenizer)``.
+    """Build (or load from the cache) an embedded model: ``(model, tokenizer)``.
 
-    ``cache_dir`` holds the built folders (default :func:`default_cache_dir`). With
+    ``name`` is any of :func:`builtin_model_names` (``tiny-llava`` gives its processor as the
+    tokenizer). ``cache_dir`` holds the built folders (default :func:`default_cache_dir`). With
     ``use_cache=False`` nothing is read or written. The model is float32, on CPU, in eval mode.
     """
     if not use_cache:
@@ -285,3 +452,13 @@ def build_tiny_llama(
     model, tokenizer = _build_fresh(name)
     _save_atomically(model, tokenizer, target, name)
     return model, tokenizer
+
+
+def build_tiny_llava(cache_dir: str | os.PathLike[str] | None = None, *, use_cache: bool = True) -> tuple[Any, Any]:
+    """``builtin:tiny-llava``: ``(LlavaForConditionalGeneration, LlavaProcessor)``."""
+    return build_tiny_llama(cache_dir, name="tiny-llava", use_cache=use_cache)
+
+
+def build_tiny_t5(cache_dir: str | os.PathLike[str] | None = None, *, use_cache: bool = True) -> tuple[Any, Any]:
+    """``builtin:tiny-t5``: ``(T5ForConditionalGeneration, tokenizer)``."""
+    return build_tiny_llama(cache_dir, name="tiny-t5", use_cache=use_cache)

@@ -141,7 +141,7 @@ def layers_tables(lay: dict[str, Any] | None, max_rows: int = 15) -> list[Any]:
 
     tables: list[Any] = []
     if lay and lay.get("status") == "ok":
-        for phase in ("prefill", "decode", "forward"):
+        for phase in ("encode", "prefill", "decode", "forward"):
             rows = [r for r in lay.get("modules", []) if r["phase"] == phase and r["depth"] > 0]
             if not rows:
                 continue
