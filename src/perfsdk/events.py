@@ -40,6 +40,12 @@ class Step:
     ``token_times_ns[k]`` is when the k-th generated position (for the whole batch) was ready on
     the host, on the session clock. ``output_tokens[i]`` counts request ``i``'s real tokens: it
     stops at (and includes) the EOS token, padding is never counted.
+
+    ``instrumented_by`` names the collectors that add instrumentation to this step (FLOPs
+    counting, forward hooks, a profiler): such a step is not a measured step, and latency,
+    throughput, energy and utilization figures leave it out. ``replay_of`` is the index of the
+    timed step it repeats (same inputs and settings) when the session ran it as an instrumented
+    copy.
     """
 
     kind: StepKind
@@ -56,6 +62,13 @@ class Step:
     outputs: Any = None
     error: BaseException | None = None
     gen_kwargs: dict[str, Any] = field(default_factory=dict)
+    instrumented_by: list[str] = field(default_factory=list)
+    replay_of: int | None = None
+
+    @property
+    def instrumented(self) -> bool:
+        """Whether some collector instrumented this step (it is then left out of the statistics)."""
+        return bool(self.instrumented_by)
 
     @property
     def first_token_ns(self) -> int | None:
@@ -81,6 +94,7 @@ class Window:
 
     ``name`` is ``session``, ``step:N``, ``prefill``, ``decode`` or ``stage:<name>``; ``kind`` is
     the part before the colon; ``step_index`` is set for step, prefill and decode windows.
+    ``instrumented`` is set on the windows of an instrumented step (see :class:`Step`).
     """
 
     name: str
@@ -90,6 +104,7 @@ class Window:
     step_index: int | None = None
     warmup: bool = False
     parent: Window | None = None
+    instrumented: bool = False
 
     @property
     def duration_s(self) -> float | None:

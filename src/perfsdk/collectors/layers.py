@@ -1,7 +1,9 @@
 """Per-module timing through forward hooks, split into prefill and decode.
 
-The ``layers`` collector answers "which layers take the time". On the selected measured steps it
-puts a forward pre-hook and a forward hook on the model's modules, timestamps each call on the
+The ``layers`` collector answers "which layers take the time". For the selected measured steps
+it gets instrumented copies (same inputs, run by the session after the timed steps, left out of
+every other statistic; see ``instrumentation`` in the configuration), puts a forward pre-hook
+and a forward hook on the model's modules, timestamps each call on the
 session clock (synchronizing CUDA first when the model runs there, so a timestamp means "the
 work before it has finished", not "it was launched"), and removes every hook when the step
 ends, whether it succeeded or raised.
@@ -18,7 +20,7 @@ rotary embedding and the LM head — divided by the step time. What is missing i
 modules (masks, cache updates, sampling, ``generate`` bookkeeping).
 
 Overhead: hooks slow the model down. ``overhead_pct`` compares the instrumented steps with the
-measured steps of the same shape that were *not* instrumented (same kind, batch, input token
+measured steps of the same shape (the timed originals of the copies) (same kind, batch, input token
 counts and number of generated positions), with medians so that one preempted step does not
 decide it: ``(sum_k n_k * median_instrumented_k / sum_k n_k * median_baseline_k - 1) * 100`` over
 the shapes ``k`` that have both, ``n_k`` instrumented steps each. ``hook_time_s`` is the time spent inside the hook functions themselves
@@ -340,6 +342,7 @@ class LayersCollector(Collector):
     Result: ClassVar[type[BaseModel]] = LayersResult
     default_enabled: ClassVar[bool] = False
     description: ClassVar[str] = "per-layer forward times (hooks), by module and type, prefill vs decode"
+    instruments_steps: ClassVar[bool] = True
 
     def __init__(self, config: BaseModel | None = None) -> None:
         super().__init__(config)
@@ -458,13 +461,15 @@ class LayersCollector(Collector):
 
     # -- lifecycle ------------------------------------------------------------------------
 
-    @hookimpl
-    def perfsdk_before_generate(self, session: Session, step: Step) -> None:
-        if step.warmup:
-            return
+    def wants_to_instrument(self, session: Any, step: Step) -> bool:
+        """The selected measured steps (``steps``: first N or every Nth)."""
         ordinal = self._ordinal
         self._ordinal += 1
-        if not self.cfg.steps.selects(ordinal):
+        return self.cfg.steps.selects(ordinal)
+
+    @hookimpl
+    def perfsdk_before_generate(self, session: Session, step: Step) -> None:
+        if self.name not in step.instrumented_by:
             return
         model = step.model
         try:
