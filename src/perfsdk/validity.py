@@ -593,15 +593,24 @@ class ValidityMonitor:
 VERDICT_STYLE = {"valid": "green", "noisy": "yellow", "invalid": "red"}
 
 
-def summary_line(v: Validity | None) -> str:
-    """One line for the terminal: the verdict and its reasons (rich markup)."""
+def summary_lines(v: Validity | None) -> list[str]:
+    """Terminal lines (rich markup): the verdict with its reasons, then instrumented steps left out."""
+    from rich.markup import escape
+
     if v is None:
-        return "validity: [dim]unknown (stored before verdicts)[/]"
+        return ["validity: [dim]unknown (stored before verdicts)[/]"]
     style = VERDICT_STYLE.get(v.verdict, "white")
     line = f"validity: [{style}]{v.verdict}[/]"
     if v.reasons:
-        line += " — " + "; ".join(v.reasons)
-    return line
+        line += " — " + escape("; ".join(v.reasons))
+    lines = [line]
+    if v.instrumented.steps:
+        by = ", ".join(f"{k} {n}" for k, n in v.instrumented.by_collector.items())
+        what = f"{v.instrumented.copies} cop{'y' if v.instrumented.copies == 1 else 'ies'} of timed steps"
+        if v.instrumented.in_place:
+            what += f", {v.instrumented.in_place} timed in place"
+        lines.append(f"[dim]instrumented steps: {what} ({escape(by)}), left out of every statistic[/]")
+    return lines
 
 
 def report_html(v: Validity | None) -> str:

@@ -174,7 +174,7 @@ class UtilizationCollector(Collector):
             "t_s": s.clock.since_origin_s(t_ns),
             "phase": s.phase,
             "warmup": s.in_warmup,
-            "instrumented": s.in_instrumented,
+            "instrumented": getattr(s, "in_instrumented", False),
             "cpu_process_pct": self._proc.cpu_percent(None),
             "cpu_system_pct": self._sys.percent(),
             "rss_bytes": self._rss(t_ns) if self._rss is not None else None,

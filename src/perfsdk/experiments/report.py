@@ -298,6 +298,10 @@ def run_sections(store: Store, run: RunResult) -> list[Section]:
         s.html.append(_table(["latency", "count", "mean ms", "p50 ms", "p90 ms", "p95 ms", "p99 ms", "max ms"], stat_rows))
     secs.append(s)
 
+    from perfsdk.validity import report_html
+
+    secs.append(Section("Validity", html=[report_html(run.validity)]))
+
     s = Section("Latency")
     cdf = latency_cdf(request_samples(store, run))
     if cdf:

@@ -12,6 +12,7 @@ KEY_COLUMNS = [
     "run_id",
     "name",
     "status",
+    "validity.verdict",
     "started_at",
     "model.model_id",
     "model.dtype",
