@@ -423,6 +423,7 @@ class ValidityMonitor:
         if self.tree_s is None:
             try:
                 self._tree = _TreeCpu()
+                self._tree.refresh_children()
                 self.tree_s = self._tree
             except Exception as exc:
                 self.notes.append(f"contention: this process's CPU time cannot be read ({exc!r})")
