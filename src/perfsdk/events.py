@@ -22,6 +22,7 @@ class LoadEvent:
     load_s: float
     source: Literal["config", "adopted"]
     model_id: str | None = None
+    import_s: float = 0.0
 
 
 @dataclass

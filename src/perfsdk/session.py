@@ -374,10 +374,15 @@ class Session:
         self._ensure_started()
         prev, self.phase = self.phase, "load"
         t0 = self.clock.now_ns()
+        import_s = 0.0
         if model is None:
-            from perfsdk.models.loader import load_model
+            from perfsdk.models.loader import load_prepared, prepare_load
 
-            model, loaded_tok = load_model(self.config.model)
+            # one-time imports and set-up first, timed apart: load_s is the model's own
+            prepared = prepare_load(self.config.model)
+            t_ready = self.clock.now_ns()
+            import_s, t0 = (t_ready - t0) / 1e9, t_ready
+            model, loaded_tok = load_prepared(prepared)
             tokenizer = tokenizer if tokenizer is not None else loaded_tok
             source = "config"
             model_id: str | None = self.config.model.id
@@ -397,7 +402,10 @@ class Session:
                                              quantization=quant)
         except Exception as exc:
             self.record_error("session", "describe_model", exc)
-        self.load_event = LoadEvent(model=model, tokenizer=tokenizer, load_s=load_s, source=source, model_id=model_id)  # type: ignore[arg-type]
+        if self.model_info is not None and source == "config":
+            self.model_info = self.model_info.model_copy(update={"import_s": import_s})
+        self.load_event = LoadEvent(model=model, tokenizer=tokenizer, load_s=load_s, source=source, model_id=model_id,  # type: ignore[arg-type]
+                                    import_s=import_s)
         self._dispatch("perfsdk_load", session=self, event=self.load_event)
         return model, tokenizer
 
