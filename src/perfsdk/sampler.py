@@ -66,6 +66,11 @@ class Sampler:
         return [p.name for p in self._probes]
 
     @property
+    def intervals_s(self) -> dict[str, float]:
+        """Each probe's interval, in seconds."""
+        return {p.name: p.interval_ns / 1e9 for p in self._probes}
+
+    @property
     def running(self) -> bool:
         return self._thread is not None and self._thread.is_alive()
 

@@ -561,7 +561,7 @@ class ValidityMonitor:
         wall = None
         if measured:
             wall = (max(st.end_ns or 0 for st in measured) - min(st.start_ns for st in measured)) / 1e9
-        intervals = [p.interval_ns / 1e9 for p in session.sampler._probes if p.name != "validity"]
+        intervals = [iv for name, iv in session.sampler.intervals_s.items() if name != "validity"]
         samples = SampleFigures(timed_steps=len(measured), latency_samples=latency_samples(measured),
                                 min_samples=self.cfg.min_samples, timed_wall_s=wall,
                                 sampler_interval_s=min(intervals) if intervals else None)
