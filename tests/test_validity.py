@@ -17,7 +17,7 @@ import perfsdk
 from perfsdk.config import ConfigError, ValidityConfig
 from perfsdk.events import Step
 from perfsdk.schemas import ContentionFigures, InstrumentedFigures, SampleFigures, StabilityFigures, ThrottleFigures
-from perfsdk.validity import CpuClocks, ValidityMonitor, judge, latency_samples, stability, throttle_figures
+from perfsdk.validity import KINDS, CpuClocks, ValidityMonitor, judge, latency_samples, stability, throttle_figures
 
 
 def _step(index: int, duration_ms: float, batch: int = 2, tokens: int = 8, start_ms: float | None = None) -> Step:
@@ -91,8 +91,8 @@ def test_judge_each_kind_and_the_verdict() -> None:
     assert v == "noisy" and r == ["throttled: CPU clock fell 20.0% (3000 -> 2400 MHz); GPU slowed down: hw-thermal "
                                   "(clock limit 10%)"]
     # every reason starts with one of the six kinds
-    kinds = {"contention", "unstable", "drift", "few-samples", "instrumented", "throttled"}
-    assert all(x.split(":")[0] in kinds for x in r)
+    assert set(KINDS) == {"contention", "unstable", "drift", "few-samples", "instrumented", "throttled"}
+    assert all(x.split(":")[0] in KINDS for x in r)
 
 
 def test_thresholds_are_validated_and_errors_name_the_field() -> None:

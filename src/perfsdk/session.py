@@ -650,6 +650,7 @@ class Session:
                 kwargs = dict(b.kwargs)
                 step = self._new_step(b.of.kind, b.model, kwargs, b.args)
                 step.gen_kwargs = dict(b.of.gen_kwargs)
+                step.warmup = False  # a copy of a timed step, even if run inside s.warmup()
                 step.instrumented_by = list(b.collectors)
                 step.replay_of = b.of.index
                 _set_rng_state(b.rng)

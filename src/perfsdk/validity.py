@@ -72,6 +72,7 @@ GPU_THROTTLE_BITS = {
     0x80: "hw-power-brake",
 }
 TIMED_PHASES = frozenset({"prefill", "decode", "forward"})
+#: The kinds a reason starts with.
 KINDS = ("contention", "unstable", "drift", "few-samples", "instrumented", "throttled")
 
 
@@ -531,6 +532,8 @@ class ValidityMonitor:
             row["gpu_reasons"] = reasons
             self._gpu_status = "ok"
         except Exception as exc:
+            if self._gpu_status != f"unavailable: NVML read failed ({exc!r})":
+                log.warning("NVML read for the validity verdict failed", error=repr(exc))
             self._gpu_status = f"unavailable: NVML read failed ({exc!r})"
 
     # -- the verdict ----------------------------------------------------------------------------
