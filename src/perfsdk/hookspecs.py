@@ -85,7 +85,8 @@ def perfsdk_session_start(session: Session) -> None:
 @hookspec
 def perfsdk_load(session: Session, event: LoadEvent) -> None:
     """Called after ``s.load()``. ``event`` has ``model``, ``tokenizer``, ``load_s``,
-    ``source`` (``config`` or ``adopted``) and the model id."""
+    ``import_s`` (one-time imports before loading, timed apart), ``source`` (``config`` or
+    ``adopted``) and the model id."""
 
 
 @hookspec
