@@ -131,3 +131,38 @@ def test_a_sampled_copy_draws_the_same_tokens_and_the_random_state_is_restored()
     assert not torch.equal(first.outputs, second.outputs)  # sampling: the timed steps differ
     assert torch.equal(copy0.outputs, first.outputs) and torch.equal(copy1.outputs, second.outputs)
     assert torch.equal(torch.random.get_rng_state(), state)  # as if no copy had run
+
+
+class Inspecting(nn.Module):
+    """Records, at every call, whether anything instruments it: forward hooks on it, a dispatch
+    mode (the FLOPs counter) or a running profiler."""
+
+    def __init__(self, session_ref: list[Any]) -> None:
+        super().__init__()
+        self.lin = nn.Linear(8, 8)
+        self.session_ref = session_ref
+        self.calls: list[tuple[bool, bool]] = []
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        hooked = bool(self._forward_hooks or self._forward_pre_hooks or self.lin._forward_hooks)
+        dispatch = torch._C._len_torch_dispatch_stack() > 0
+        profiled = torch.autograd._profiler_enabled()
+        self.calls.append((self.session_ref[0].in_instrumented, hooked or dispatch or profiled))
+        return self.lin(x)
+
+
+def test_timed_steps_run_bare_with_every_instrumenting_collector_on() -> None:
+    ref: list[Any] = []
+    model = Inspecting(ref)
+    cfg = {"collectors": {"flops": {"steps": "all"}, "layers": {"steps": {"every": 1}},
+                          "torch_profiler": {"steps": {"every": 1}, "save_traces": False}}}
+    s = perfsdk.session(cfg, store=None)
+    ref.append(s)
+    with s:
+        for _ in range(3):
+            s.forward(model, torch.ones(2, 8))
+    timed = [inst for copy, inst in model.calls if not copy]
+    copies = [inst for copy, inst in model.calls if copy]
+    assert timed == [False, False, False]  # nothing on the timed steps
+    assert copies == [True] * 9  # three collectors x three steps, each copy instrumented
+    assert s.result.collectors["latency"]["steps"] == 3 and s.result.collectors["latency"]["instrumented_steps"] == 9
