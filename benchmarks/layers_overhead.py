@@ -43,8 +43,11 @@ def run_config(model: Any, settings: dict[str, Any], args: argparse.Namespace) -
     torch.manual_seed(0)
     ids = torch.randint(3, model.config.vocab_size, (args.batch, args.tokens))
     mask = torch.ones_like(ids)
+    # replay: false hooks every other timed step itself, so hooked and plain steps alternate under
+    # the same machine load (by default the session would hook copies run after the timed steps)
     cfg = {"collectors": {"latency": False, "memory": False,
-                          "layers": {"steps": {"every": 2}, **settings}}}
+                          "layers": {"steps": {"every": 2}, **settings}},
+           "instrumentation": {"replay": False}}
     gen = dict(input_ids=ids, attention_mask=mask, max_new_tokens=args.new_tokens,
                min_new_tokens=args.new_tokens, do_sample=False)
     with perfsdk.session(cfg, store=None) as s:

@@ -83,8 +83,9 @@ def test_fake_powercap_session_reads_packages_and_dram(tmp_path: Path, tiny: tup
         reads[p.parent.name] = reads.get(p.parent.name, -1) + 1
         return str(reads[p.parent.name] * 1000)
 
-    energy = EnergyCollector(EnergyConfig(rapl_root=str(tmp_path), sources=["rapl"], codecarbon={"enabled": False}),
-                             rapl_read_text=read_text)
+    # at 1 W a 2**32 µJ counter takes 71 minutes to wrap: no sampler poll adds a read to count
+    energy = EnergyCollector(EnergyConfig(rapl_root=str(tmp_path), sources=["rapl"], codecarbon={"enabled": False},
+                                          rapl_max_power_w=1.0), rapl_read_text=read_text)
     with perfsdk.session({"collectors": {"utilization": False}}, store=None, collectors=[energy]) as s:
         _generate(s, tiny, n=1, warmup=0)
     res = s.result.collectors["energy"]

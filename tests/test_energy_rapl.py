@@ -127,3 +127,153 @@ def test_nested_layout_subzones_inside_package_folder(tmp_path: Path) -> None:
     src = RaplSource(str(tmp_path))
     assert src.open()[0]
     assert sorted(c.scope for c in src.channels) == ["dram", "package"]
+
+
+# -- counters exact over any window: polling between edges, accumulation across wraps -----------
+
+
+class FakeClock:
+    """The source's read clock, moved by hand (nanoseconds)."""
+
+    def __init__(self) -> None:
+        self.t = 0
+
+    def __call__(self) -> int:
+        return self.t
+
+    def at(self, seconds: float) -> int:
+        self.t = int(round(seconds * 1e9))
+        return self.t
+
+
+R30 = 30_000_000  # 30 J: at 10 W the counter wraps every 3 s
+
+
+def _two_packages(tmp_path: Path) -> Path:
+    return make_powercap_tree(tmp_path, {"intel-rapl:0": ("package-0", 0, R30), "intel-rapl:1": ("package-1", 0, R30)})
+
+
+def _advance(tree: Path, t: float, w0: float = 10.0, w1: float = 5.0) -> None:
+    """Counters of a 10 W and a 5 W package at time t, wrapped like the hardware does."""
+    set_energy_uj(tree, "intel-rapl:0", int(round(w0 * t * 1e6)) % R30)
+    set_energy_uj(tree, "intel-rapl:1", int(round(w1 * t * 1e6)) % R30)
+
+
+def test_poll_interval_follows_range_and_max_power(tmp_path: Path) -> None:
+    src = RaplSource(str(_two_packages(tmp_path)), max_power_w=20.0)
+    assert src.open()[0]
+    # 30 J at 20 W wraps in 1.5 s at the fastest; read twice per wrap
+    assert src.poll_interval_s() == pytest.approx(0.75)
+    src = RaplSource(str(tmp_path), max_power_w=1e9)
+    src.open()
+    assert src.poll_interval_s() == 0.001  # never faster than 1 ms
+    assert RaplSource(str(tmp_path)).poll_interval_s() is None  # not opened: no zones, nothing to poll
+
+
+def test_several_wraps_inside_one_window_are_exact(tmp_path: Path) -> None:
+    tree = _two_packages(tmp_path)
+    clock = FakeClock()
+    src = RaplSource(str(tree), max_power_w=20.0, clock_ns=clock)
+    assert src.open()[0]
+    meter = EnergyMeter([src])
+    meter.open(1, "session", clock.at(0.0))
+    # 7 s: package-0 wraps twice (at 3 s and 6 s), package-1 once (at 6 s); polled every 0.5 s
+    for k in range(1, 14):
+        _advance(tree, k * 0.5)
+        src.poll(clock.at(k * 0.5))
+    _advance(tree, 7.0)
+    (row,) = meter.close(1, clock.at(7.0))
+    assert row.energy_j == pytest.approx((10 + 5) * 7.0)  # 105 J, not the 5.7 W x 7 s of one-wrap arithmetic
+    assert row.power_w == pytest.approx(15.0)
+    assert not row.low_confidence and row.note is None
+
+
+def test_edges_too_far_apart_are_low_confidence_not_silently_short(tmp_path: Path) -> None:
+    tree = _two_packages(tmp_path)
+    clock = FakeClock()
+    src = RaplSource(str(tree), max_power_w=20.0, clock_ns=clock)
+    src.open()
+    meter = EnergyMeter([src])
+    meter.open(1, "session", clock.at(0.0))
+    _advance(tree, 7.0)  # no poll in between: the wraps cannot be seen
+    (row,) = meter.close(1, clock.at(7.0))
+    assert row.energy_j is not None and row.energy_j < 105.0
+    assert row.low_confidence and "short by whole counter ranges" in (row.note or "")
+
+
+def test_wrap_exactly_at_a_window_edge(tmp_path: Path) -> None:
+    tree = _two_packages(tmp_path)
+    clock = FakeClock()
+    src = RaplSource(str(tree), max_power_w=20.0, clock_ns=clock)
+    src.open()
+    meter = EnergyMeter([src])
+    meter.open(1, "session", clock.at(0.0))
+    for k in range(1, 6):
+        _advance(tree, k * 0.5)
+        src.poll(clock.at(k * 0.5))
+    _advance(tree, 3.0)  # package-0 reads exactly 0 here: 30 J = one full range
+    assert (tree / "intel-rapl:0" / "energy_uj").read_text().strip() == "0"
+    t_edge = clock.at(3.0)
+    meter.open(2, "step:0", t_edge)
+    for k in range(7, 10):
+        _advance(tree, k * 0.5)
+        src.poll(clock.at(k * 0.5))
+    _advance(tree, 5.0)
+    (step,) = meter.close(2, clock.at(5.0))
+    (session,) = meter.close(1, clock.at(5.0))
+    assert step.energy_j == pytest.approx(15 * 2.0)
+    assert session.energy_j == pytest.approx(15 * 5.0)
+    assert not step.low_confidence and not session.low_confidence
+
+
+def test_failed_read_in_the_middle_labels_the_window(tmp_path: Path) -> None:
+    tree = _two_packages(tmp_path)
+    clock = FakeClock()
+    failing: set[float] = set()
+
+    def read_text(p: Path) -> str:
+        if p.name == "energy_uj" and p.parent.name == "intel-rapl:0" and clock.t / 1e9 in failing:
+            raise OSError(5, "Input/output error")
+        return p.read_text()
+
+    src = RaplSource(str(tree), read_text, max_power_w=20.0, clock_ns=clock)
+    src.open()
+    meter = EnergyMeter([src])
+    meter.open(1, "a", clock.at(0.0))
+    failing.add(1.0)  # one poll fails; the next good read comes 1 s after the last: still within a wrap
+    for k in range(1, 5):
+        _advance(tree, k * 0.5)
+        src.poll(clock.at(k * 0.5))
+    (a,) = meter.close(1, clock.at(2.0))
+    assert a.energy_j == pytest.approx(15 * 2.0)  # exact, yet labelled
+    assert a.low_confidence and a.note is not None and "1 counter read(s) failed" in a.note
+    assert "short" not in a.note
+
+    meter.open(2, "b", clock.at(2.0))
+    failing.update({2.5, 3.0, 3.5, 4.0})  # 2.5 s without a good read: longer than the 1.5 s wrap time
+    for k in range(5, 11):
+        _advance(tree, k * 0.5)
+        src.poll(clock.at(k * 0.5))
+    (b,) = meter.close(2, clock.at(5.0))
+    assert b.low_confidence and "short by whole counter ranges" in (b.note or "")
+    assert "4 failed read(s)" in (b.note or "")
+
+    meter.open(3, "c", clock.at(5.0))  # reads are good again: the next window is clean
+    for k in range(11, 13):
+        _advance(tree, k * 0.5)
+        src.poll(clock.at(k * 0.5))
+    (c,) = meter.close(3, clock.at(6.0))
+    assert c.energy_j == pytest.approx(15.0) and not c.low_confidence
+
+
+def test_session_polls_counters_on_the_shared_sampler(tmp_path: Path) -> None:
+    import perfsdk
+    from perfsdk.collectors.energy import EnergyCollector, EnergyConfig
+
+    _two_packages(tmp_path)
+    energy = EnergyCollector(EnergyConfig(rapl_root=str(tmp_path), sources=["rapl"], codecarbon={"enabled": False},
+                                          rapl_max_power_w=20.0))
+    with perfsdk.session({"collectors": {"utilization": False, "memory": False}}, store=None,
+                         collectors=[energy]) as s:
+        stats = s.sampler.stats()
+    assert stats["energy-counters"]["interval_s"] == pytest.approx(0.75)

@@ -12,7 +12,7 @@ import pytest
 
 from perfsdk.experiments.compare import (CompareError, bootstrap_change, compare, parse_threshold, samples_for,
                                          slower_than)
-from perfsdk.schemas import RunResult
+from perfsdk.schemas import RunResult, Validity
 from perfsdk.store import Store
 
 
@@ -29,14 +29,15 @@ def _requests(seed: int, scale: float, n_steps: int = 50, batch: int = 4) -> lis
     return rows
 
 
-def _save(store: Store, run_id: str, rows: list[dict[str, Any]], tags: dict[str, str] | None = None) -> None:
+def _save(store: Store, run_id: str, rows: list[dict[str, Any]], tags: dict[str, str] | None = None,
+          validity: Validity | None = None) -> None:
     tput = sum(r["output_tokens"] for r in rows) / sum(max(r["e2e_s"] for r in rows if r["step"] == s)
                                                        for s in {r["step"] for r in rows})
     run = RunResult(run_id=run_id, name="cmp", status="ok", started_at=datetime(2026, 1, 1, tzinfo=timezone.utc),
                     perfsdk_version="0", collectors={"latency": {"output_tokens_per_s": tput,
                                                                  "ttft_s": {"p50": 0.02}},
                                                      "memory": {"rss_peak_bytes": 1000}},
-                    tags=tags or {})
+                    tags=tags or {}, validity=validity)
     store.save(run, series={"requests": rows})
 
 
@@ -157,3 +158,40 @@ def test_single_step_runs_get_no_verdict(tmp_path: Path) -> None:
     assert res[0].significant is None and res[0].verdict == "too few steps"
     assert res[0].change is not None and res[0].change > 0.5
     assert not slower_than(res, 0.05)
+
+
+def test_compare_says_when_a_run_is_not_valid_and_does_not_judge_invalid_ones(tmp_path: Path,
+                                                                              perfsdk_cli: Any) -> None:
+    store = Store(tmp_path / "s")
+    valid = Validity(verdict="valid")
+    noisy = Validity(verdict="noisy", reasons=["contention: other processes used 48.0% of the CPUs"])
+    invalid = Validity(verdict="invalid", reasons=["few-samples: no timed step finished"])
+    _save(store, "base", _requests(1, 1.0), validity=valid)
+    _save(store, "slow-noisy", _requests(2, 1.10), validity=noisy)
+    _save(store, "slow-invalid", _requests(2, 1.10), validity=invalid)
+    _save(store, "same", _requests(3, 1.0), validity=valid)
+    # a noisy run is judged, and the output says it is noisy and why
+    r = perfsdk_cli(["compare", "base", "slow-noisy", "--store", str(tmp_path / "s"), "--fail-if-slower", "5%"])
+    assert r.exit_code == 1, r.output
+    assert "validity: slow-noisy is noisy: contention: other processes used 48.0% of the CPUs" in r.output
+    # an invalid run is not judged: its own exit status
+    r = perfsdk_cli(["compare", "base", "slow-invalid", "--store", str(tmp_path / "s"), "--fail-if-slower", "5%"])
+    assert r.exit_code == 3, r.output
+    assert "NOT JUDGED: invalid run(s) slow-invalid" in r.output
+    assert "validity: slow-invalid is invalid: few-samples: no timed step finished" in r.output
+    res = compare(store, ["base", "slow-invalid"], seed=0)
+    assert all(c.candidate_verdict == "invalid" and not c.judged for c in res) and not slower_than(res, 0.05)
+    # a judged regression beside an unjudged comparison still fails
+    r = perfsdk_cli(["compare", "base", "slow-noisy", "slow-invalid", "--store", str(tmp_path / "s"),
+                     "--fail-if-slower", "5%"])
+    assert r.exit_code == 1, r.output
+    # without --fail-if-slower nothing is judged: exit 0; --json lists the verdicts
+    r = perfsdk_cli(["compare", "base", "slow-invalid", "same", "--store", str(tmp_path / "s"), "--json"])
+    assert r.exit_code == 0, r.output
+    data = json.loads(r.output)
+    assert data["not_judged"] == ["slow-invalid"]
+    assert data["validity"] == ["slow-invalid is invalid: few-samples: no timed step finished"]
+    assert {(c["candidate"], c["candidate_verdict"], c["judged"]) for c in data["comparisons"]} == {
+        ("slow-invalid", "invalid", False), ("same", "valid", True)}
+    r = perfsdk_cli(["compare", "base", "same", "--store", str(tmp_path / "s"), "--fail-if-slower", "5%"])
+    assert r.exit_code == 0 and "validity:" not in r.output

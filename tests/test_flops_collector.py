@@ -31,10 +31,12 @@ def fwd_macs(b: int, new: int, ctx: int) -> int:
     return LAYERS * (b * new * lin + 2 * b * HEADS * new * ctx * HD) + b * HID * VOCAB
 
 
-def run_session(model: torch.nn.Module, settings: dict, steps: int = 3, b: int = 2, t: int = 5, g: int = 4):  # type: ignore[no-untyped-def]
+def run_session(model: torch.nn.Module, settings: dict, steps: int = 3, b: int = 2, t: int = 5, g: int = 4,  # type: ignore[no-untyped-def]
+                replay: bool = True):
     torch.manual_seed(1)
     ids = torch.randint(1, VOCAB, (b, t))
-    with perfsdk.session({"collectors": {"flops": settings}}, store=None) as s:
+    cfg = {"collectors": {"flops": settings}, "instrumentation": {"replay": replay}}
+    with perfsdk.session(cfg, store=None) as s:
         s.load(model=model, tokenizer=None)
         for _ in range(steps):
             s.generate(model, input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=g,
@@ -57,6 +59,11 @@ def test_collector_counts_prefill_and_decode_exactly() -> None:
     assert (r["backend"], r["method"]) == ("torch", "capture")
     assert "no causal halving" in r["convention"]
     assert r["steps_counted"] == 1 and r["steps_measured"] == 3  # first step of each shape only
+    # counted on an instrumented copy of the first timed step, run after the three timed ones
+    assert r["counted_steps"][0]["step"] == 3 and r["counted_steps"][0]["replay_of"] == 0
+    assert res.collectors["latency"]["steps"] == 3 and res.collectors["latency"]["instrumented_steps"] == 1
+    assert res.validity is not None and res.validity.instrumented.copies == 1
+    assert not any(r.startswith("instrumented") for r in res.validity.reasons)
     assert r["output_tokens"] == b * g
     assert r["flops_per_output_token"] == r["flops_total"] / (b * g)
     assert r["achieved_flops_per_s"] > 0
@@ -74,10 +81,20 @@ def test_collector_all_steps_and_no_peak() -> None:
     r_hw = s_hw.result.collectors["flops"]  # type: ignore[union-attr]
     assert r_hw["peak_tflops"] > 0 and r_hw["mfu_pct"] > 0, r_hw["notes"]
     r = s.result.collectors["flops"]  # type: ignore[union-attr]
-    assert r["steps_counted"] == 2
+    assert r["steps_counted"] == 2 and [c["replay_of"] for c in r["counted_steps"]] == [0, 1]
     assert r["flops_total"] == 2 * 2 * sum([fwd_macs(2, 5, 5)] + [fwd_macs(2, 1, 5 + k) for k in range(1, 4)])
     assert r["mfu_pct"] is None and r["peak_tflops"] is None
-    assert any("counter's overhead" in n for n in r["notes"])  # every step was counted
+    # achieved FLOP/s from the timed originals, which the counter never slowed
+    assert not any("counter's overhead" in n for n in r["notes"])
+    # counting the timed steps themselves leaves none to time: the run says so
+    s = run_session(tiny(), {"steps": "all"}, steps=2, replay=False)
+    r = s.result.collectors["flops"]  # type: ignore[union-attr]
+    assert r["steps_counted"] == 2 and [c["replay_of"] for c in r["counted_steps"]] == [None, None]
+    assert any("counter's overhead" in n for n in r["notes"])
+    v = s.result.validity  # type: ignore[union-attr]
+    assert v.verdict == "invalid" and v.instrumented.in_place == 2
+    assert any(x.startswith("instrumented: 2 timed step(s) instrumented in place by flops") for x in v.reasons)
+    assert "few-samples: no timed step finished" in v.reasons
 
 
 def test_collector_quantized_model_labeled() -> None:

@@ -54,13 +54,17 @@ def test_phase_split_coverage_and_hook_removal(llama: nn.Module) -> None:
     with perfsdk.session(cfg, store=None) as s:
         s.load(model=llama, tokenizer=None)
         out = gen(s, llama, B, T, G)
-        assert hook_count(llama) == 0  # removed right after the step
-        gen(s, llama, B, T, G)  # same shape, not instrumented: the overhead baseline
+        assert hook_count(llama) == 0  # timed steps are never hooked
+        gen(s, llama, B, T, G)  # same shape: the overhead baseline
     assert out.shape == (B, T + G)
-    assert hook_count(llama) == 0
+    assert hook_count(llama) == 0  # removed right after the instrumented copy
     res = s.result.collectors["layers"]
     assert res["status"] == "ok"
-    assert res["steps_instrumented"] == 1 and res["step_indices"] == [0]
+    # hooked: a copy of the first timed step (same inputs), run after both timed steps
+    assert res["steps_instrumented"] == 1 and res["step_indices"] == [2]
+    assert [(st.index, st.instrumented_by, st.replay_of) for st in s.steps] == [
+        (0, [], None), (1, [], None), (2, ["layers"], 0)]
+    assert s.result.collectors["latency"]["steps"] == 2 and s.result.collectors["latency"]["instrumented_steps"] == 1
     phases = {p["phase"]: p for p in res["phases"]}
     assert set(phases) == {"prefill", "decode"}
     # exactly one prefill forward and G-1 decode forwards for G generated tokens
@@ -91,8 +95,8 @@ def test_phase_split_coverage_and_hook_removal(llama: nn.Module) -> None:
     assert 50.0 <= res["coverage_pct"] <= 100.0
     assert res["coverage_pct"] == pytest.approx(cov / res["step_time_s"] * 100)
     assert res["forward_coverage_pct"] <= 100.0
-    # overhead against the un-instrumented step of the same shape
-    assert res["overhead_compared_steps"] == 1 and res["overhead_baseline_steps"] == 1
+    # overhead against the timed steps of the same shape
+    assert res["overhead_compared_steps"] == 1 and res["overhead_baseline_steps"] == 2
     assert isinstance(res["overhead_pct"], float)
     # 32 modules x 2 hooks x G forwards
     assert res["hook_calls"] == 32 * 2 * G
@@ -111,19 +115,46 @@ class FailsOnSecondForward(LlamaForCausalLM):
         return super().forward(*args, **kwargs)
 
 
+class FailsInTheCopy(LlamaForCausalLM):
+    """A 4-token generate is 4 forwards; the 6th (the copy's first decode step) raises."""
+
+    calls = 0
+
+    def forward(self, *args, **kwargs):  # type: ignore[no-untyped-def]
+        type(self).calls += 1
+        if type(self).calls == 6:
+            raise RuntimeError("boom in the instrumented copy")
+        return super().forward(*args, **kwargs)
+
+
 def test_hooks_removed_when_step_raises() -> None:
-    model = tiny_llama(FailsOnSecondForward)
+    model = tiny_llama(FailsInTheCopy)
     assert hook_count(model) == 0
-    with pytest.raises(RuntimeError, match="boom in decode"):
-        with perfsdk.session({"collectors": {"layers": {}}}, store=None) as s:
-            s.load(model=model, tokenizer=None)
-            gen(s, model, 1, 8, 4)
+    with perfsdk.session({"collectors": {"layers": {}}}, store=None) as s:
+        s.load(model=model, tokenizer=None)
+        gen(s, model, 1, 8, 4)
     assert hook_count(model) == 0
-    assert FailsOnSecondForward.calls == 2
+    assert FailsInTheCopy.calls == 6
     res = s.result.collectors["layers"]
     assert res["status"] == "unavailable"
     assert res["steps_failed"] == 1 and res["steps_instrumented"] == 0
     assert "failed" in res["reason"]
+    assert s.result.status == "partial"
+    assert [(e.source, e.hook, e.message) for e in s.result.errors] == [
+        ("session", "instrumented step", "boom in the instrumented copy")]
+    assert s.result.collectors["latency"]["steps"] == 1  # the timed step still counts
+
+
+def test_timed_step_raising_runs_no_copy() -> None:
+    model = tiny_llama(FailsOnSecondForward)
+    with pytest.raises(RuntimeError, match="boom in decode"):
+        with perfsdk.session({"collectors": {"layers": {}}}, store=None) as s:
+            s.load(model=model, tokenizer=None)
+            gen(s, model, 1, 8, 4)
+    assert hook_count(model) == 0 and FailsOnSecondForward.calls == 2
+    res = s.result.collectors["layers"]
+    assert res["status"] == "unavailable" and res["steps_instrumented"] == 0
+    assert "1 instrumented step(s) not run: the session ended with an error" in s.result.validity.notes
 
 
 def test_forward_on_sequential_with_event_log() -> None:
@@ -139,7 +170,7 @@ def test_forward_on_sequential_with_event_log() -> None:
     assert y.shape == (3, 4)
     assert hook_count(model) == 0
     res = s.result.collectors["layers"]
-    assert res["step_indices"] == [1, 2]
+    assert res["step_indices"] == [3, 4]  # copies of the timed steps 1 and 2
     assert [(p["phase"], p["forwards"]) for p in res["phases"]] == [("forward", 2)]
     assert res["coverage_modules"] == ["0", "1", "2"]
     fwd = rows(res, "forward")
@@ -149,12 +180,13 @@ def test_forward_on_sequential_with_event_log() -> None:
     assert fwd["2"]["input_shapes"] == [[3, 16]]
     assert fwd[ROOT_PATH]["module_type"] == "Sequential" and fwd["1"]["module_type"] == "ReLU"
     assert 0 < res["coverage_pct"] <= 100.0
-    # both measured steps were instrumented: nothing to compare with
-    assert res["overhead_pct"] is None and res["overhead_reason"]
+    # both timed steps stay measured: the copies compare with them
+    assert res["overhead_compared_steps"] == 2 and res["overhead_baseline_steps"] == 2
+    assert res["overhead_pct"] is not None and res["overhead_reason"] is None
     events = s.series["layers_events"]
     assert res["events_series"] == "layers_events" and res["events"] == len(events) == 8
     assert [e["path"] for e in events] == [ROOT_PATH, "0", "1", "2"] * 2
-    assert [e["step"] for e in events] == [1] * 4 + [2] * 4
+    assert [e["step"] for e in events] == [3] * 4 + [4] * 4
     starts = [e["start_s"] for e in events[:4]]
     assert starts == sorted(starts)
     assert events[1]["input_shapes"] == [[3, 8]] and events[0]["phase"] == "forward"
@@ -190,8 +222,9 @@ def test_every_nth_step_and_overhead() -> None:
             s.forward(model, x)
     res = s.result.collectors["layers"]
     assert res["steps_selection"] == "every 2"
-    assert res["step_indices"] == [1, 3]
-    assert res["overhead_compared_steps"] == 2 and res["overhead_baseline_steps"] == 2
+    assert res["step_indices"] == [5, 6]  # copies of timed steps 1 and 3
+    assert [st.replay_of for st in s.steps[5:]] == [1, 3]
+    assert res["overhead_compared_steps"] == 2 and res["overhead_baseline_steps"] == 4
     assert res["overhead_pct"] is not None and res["overhead_reason"] is None
 
 
@@ -265,7 +298,20 @@ def test_steps_also_profiled_left_out_of_overhead() -> None:
         for _ in range(4):
             s.forward(model, x)
     res = s.result.collectors["layers"]
-    assert s.result.collectors["torch_profiler"]["step_indices"] == [0]
-    assert res["step_indices"] == [0, 1] and res["steps_also_profiled"] == [0]
-    # step 0 (layers + profiler) is left out; step 1 is compared with steps 2 and 3
-    assert res["overhead_compared_steps"] == 1 and res["overhead_baseline_steps"] == 2
+    # each instrumenting collector gets copies of its own: 4 and 6 for layers, 5 for the profiler
+    assert [(st.index, st.instrumented_by, st.replay_of) for st in s.steps[4:]] == [
+        (4, ["layers"], 0), (5, ["torch_profiler"], 0), (6, ["layers"], 1)]
+    assert s.result.collectors["torch_profiler"]["step_indices"] == [5]
+    assert res["step_indices"] == [4, 6] and res["steps_also_profiled"] == []
+    assert res["overhead_compared_steps"] == 2 and res["overhead_baseline_steps"] == 4
+    # asked to share, the profiler and the hooks instrument one copy together
+    cfg["instrumentation"] = {"share_steps": True}
+    with perfsdk.session(cfg, store=None) as s:
+        for _ in range(4):
+            s.forward(model, x)
+    res = s.result.collectors["layers"]
+    assert [(st.index, st.instrumented_by) for st in s.steps[4:]] == [(4, ["layers", "torch_profiler"]), (5, ["layers"])]
+    assert s.result.collectors["torch_profiler"]["step_indices"] == [4]
+    assert res["step_indices"] == [4, 5] and res["steps_also_profiled"] == [4]
+    # the shared copy is left out; copy 5 is compared with the four timed steps
+    assert res["overhead_compared_steps"] == 1 and res["overhead_baseline_steps"] == 4

@@ -177,3 +177,22 @@ def test_missing_pad_token_is_set() -> None:
     loader._prepare_tokenizer(tok, model)
     assert tok.pad_token == "</s>"
     assert model.generation_config.pad_token_id == 2
+
+
+def test_session_load_times_imports_apart_from_loading() -> None:
+    import perfsdk
+    from perfsdk.models.loader import load_prepared, prepare_load
+
+    prep = prepare_load(ModelConfig())
+    assert prep.kind == "builtin" and prep.model_class.__name__ == "AutoModelForCausalLM"
+    model, tok = load_prepared(prep)
+    assert type(model).__name__ == "LlamaForCausalLM" and tok is not None
+    with perfsdk.session({"collectors": {"energy": False, "utilization": False}}, store=None) as s:
+        s.load()
+    info = s.result.model
+    assert info is not None and info.load_s is not None and info.load_s > 0
+    assert info.import_s is not None and info.import_s >= 0
+    assert s.load_event is not None and s.load_event.import_s == info.import_s
+    with perfsdk.session({"collectors": {"energy": False, "utilization": False}}, store=None) as s:
+        s.load(model=model, tokenizer=tok)  # adopted: nothing loaded, nothing imported
+    assert s.result.model.load_s is None and s.result.model.import_s is None

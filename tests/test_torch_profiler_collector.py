@@ -43,10 +43,11 @@ def test_generate_trace_and_top_operators() -> None:
     assert not torch.autograd._profiler_enabled()
     res = s.result.collectors["torch_profiler"]
     assert res["status"] == "ok"
-    assert res["steps_profiled"] == 1 and res["step_indices"] == [1]  # the first measured step
+    # a copy (step 3) of the first measured step (step 1), run after the timed steps
+    assert res["steps_profiled"] == 1 and res["step_indices"] == [3] and s.steps[3].replay_of == 1
     assert res["activities"] == ["cpu"] and res["sort_by"] == "self_cpu_time_s"
-    assert res["traces"] == ["torch_trace_step1.json"] and list(s.artifacts) == ["torch_trace_step1.json"]
-    trace = json.loads(s.artifacts["torch_trace_step1.json"])
+    assert res["traces"] == ["torch_trace_step3.json"] and list(s.artifacts) == ["torch_trace_step3.json"]
+    trace = json.loads(s.artifacts["torch_trace_step3.json"])
     names = {e.get("name") for e in trace["traceEvents"]}
     assert {"aten::linear", "aten::mm", "aten::embedding"} <= names
     ops = res["operators"]
@@ -82,34 +83,34 @@ def test_every_nth_step() -> None:
         for _ in range(3):
             s.forward(model, torch.ones(1, 4))
     res = s.result.collectors["torch_profiler"]
-    assert res["step_indices"] == [0, 2]
-    assert sorted(s.artifacts) == ["torch_trace_step0.json", "torch_trace_step2.json"]
+    assert res["step_indices"] == [3, 4] and [st.replay_of for st in s.steps[3:]] == [0, 2]
+    assert sorted(s.artifacts) == ["torch_trace_step3.json", "torch_trace_step4.json"]
     for data in s.artifacts.values():
         assert "traceEvents" in json.loads(data)
 
 
-class FailsOnSecondForward(LlamaForCausalLM):
-    """Raises in the first decode step, i.e. inside ``generate``."""
+class FailsInTheCopy(LlamaForCausalLM):
+    """A 4-token generate is 4 forwards; the 6th (the profiled copy's first decode step) raises."""
 
     calls = 0
 
     def forward(self, *args, **kwargs):  # type: ignore[no-untyped-def]
         type(self).calls += 1
-        if type(self).calls == 2:
+        if type(self).calls == 6:
             raise RuntimeError("boom in decode")
         return super().forward(*args, **kwargs)
 
 
 def test_profiler_stopped_when_step_raises() -> None:
-    model = tiny_llama(FailsOnSecondForward)
-    with pytest.raises(RuntimeError, match="boom in decode"):
-        with perfsdk.session({"collectors": {"torch_profiler": {}}}, store=None) as s:
-            s.load(model=model, tokenizer=None)
-            gen(s, model, 1, 8, 4)
+    model = tiny_llama(FailsInTheCopy)
+    with perfsdk.session({"collectors": {"torch_profiler": {}}}, store=None) as s:
+        s.load(model=model, tokenizer=None)
+        gen(s, model, 1, 8, 4)
     assert not torch.autograd._profiler_enabled()
     res = s.result.collectors["torch_profiler"]
     assert res["status"] == "unavailable" and res["steps_failed"] == 1
     assert s.artifacts == {}
+    assert s.result.status == "partial" and s.result.errors[0].message == "boom in decode"
     # a later profiler can start: nothing was left running
     with perfsdk.session({"collectors": {"torch_profiler": {}}}, store=None) as s2:
         s2.forward(nn.Linear(2, 2), torch.ones(1, 2))
@@ -171,8 +172,8 @@ def test_stored_trace_and_csv_export(tmp_path) -> None:  # type: ignore[no-untyp
         s.forward(nn.Sequential(nn.Linear(4, 4), nn.ReLU()), torch.ones(2, 4))
     store = Store(str(tmp_path))
     run = store.get(s.result.run_id)
-    assert "torch_trace_step0.json" in run.artifacts
-    stored = tmp_path / "runs" / run.run_id / run.artifacts["torch_trace_step0.json"]
+    assert "torch_trace_step1.json" in run.artifacts  # the profiled copy of timed step 0
+    stored = tmp_path / "runs" / run.run_id / run.artifacts["torch_trace_step1.json"]
     assert "traceEvents" in json.loads(stored.read_text())
     assert len(store.read_series(run.run_id, "layers_events")) == 3  # root + 2 children
     assert len(run.collectors["torch_profiler"]["operators"]) == 3

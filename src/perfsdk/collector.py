@@ -24,6 +24,7 @@ from typing import IO, TYPE_CHECKING, Any, ClassVar
 from pydantic import BaseModel, ConfigDict
 
 if TYPE_CHECKING:
+    from perfsdk.events import Step
     from perfsdk.schemas import RunResult
     from perfsdk.store import Store
 
@@ -144,6 +145,11 @@ class Collector:
 
     Presentation and merging are class methods that receive the typed ``Result``; override the
     ones you need (see ``docs/hooks.md``, "The collector contract").
+
+    A collector that slows the steps it looks at (operation counting, forward hooks, a profiler)
+    sets ``instruments_steps = True`` and answers :meth:`wants_to_instrument`; the session then
+    gives it instrumented steps of its own (see ``docs/hooks.md``, "Instrumented steps"), which
+    every statistic leaves out.
     """
 
     name: ClassVar[str] = ""
@@ -157,8 +163,24 @@ class Collector:
     #: Title of this collector's summary block and report section (defaults to ``name``).
     title: ClassVar[str] = ""
 
+    #: True for a collector that adds instrumentation to the steps it selects. The session asks
+    #: such a collector :meth:`wants_to_instrument` before every timed step.
+    instruments_steps: ClassVar[bool] = False
+
     def __init__(self, config: BaseModel | None = None) -> None:
         self.config = config if config is not None else self.Config()
+
+    def wants_to_instrument(self, session: Any, step: Step) -> bool:
+        """Whether to instrument a step like ``step`` (asked only when ``instruments_steps``).
+
+        Asked once per timed step (never for warm-up or instrumented steps), right before its
+        ``perfsdk_before_generate``; ``step`` has its kind, index, batch size, inputs and
+        generation settings. Answering ``True`` books an instrumented step of the same shape
+        for this collector: by default the session repeats the step with the same inputs after
+        the timed steps (``instrumentation.replay``). That step carries this collector's name in
+        ``step.instrumented_by``; instrument in ``perfsdk_before_generate`` only when it does.
+        """
+        return False
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.name!r}>"

@@ -187,6 +187,46 @@ class WorkloadConfig(_Strict):
         return self
 
 
+class InstrumentationConfig(_Strict):
+    """Where collectors that instrument steps (``flops``, ``layers``, ``torch_profiler``) get them."""
+
+    replay: bool = Field(
+        default=True,
+        description="Instrument copies of the timed steps (same inputs, run after the timed steps), so every timed "
+        "step stays measured. false: instrument the timed steps themselves; they are then left out of the "
+        "statistics and the run's validity says so.")
+    share_steps: bool = Field(
+        default=False,
+        description="Let several instrumenting collectors instrument the same step (their overheads then add up "
+        "in each other's figures). false: each gets a step of its own.")
+
+
+class ValidityConfig(_Strict):
+    """Thresholds of the run's validity verdict (``valid`` / ``noisy`` / ``invalid``)."""
+
+    max_contention_pct: float = Field(
+        default=10.0, ge=0, le=100,
+        description="noisy when other processes used more than this share (%) of all CPUs while timed steps ran")
+    invalid_contention_pct: float | None = Field(
+        default=None, ge=0, le=100, description="invalid when other processes used more than this share (%); none: never")
+    max_cv: float = Field(
+        default=0.15, gt=0,
+        description="noisy when the coefficient of variation of step latency (steps of the same shape) is above this")
+    max_drift_pct: float = Field(
+        default=10.0, gt=0,
+        description="noisy when the last third of timed steps is slower or faster than the first third by more (%)")
+    min_samples: int = Field(
+        default=100, ge=1,
+        description="noisy below this many latency samples (requests; steps for forward): tail percentiles are "
+        "extrapolations")
+    max_freq_drop_pct: float = Field(
+        default=10.0, gt=0,
+        description="throttled (noisy) when the CPU or GPU clock falls by more than this (%) between the first "
+        "and the last third of the timed steps")
+    sample_interval_s: float = Field(
+        default=0.5, gt=0, le=60, description="how often clocks, throttling and GPU processes are read")
+
+
 class Config(_Strict):
     """A whole benchmark: model, workload, collectors, exporters, store.
 
@@ -202,6 +242,8 @@ class Config(_Strict):
     exporters: list[str] = Field(default_factory=lambda: ["json"])
     store: str | None = "perfsdk-results"
     tags: dict[str, str] = Field(default_factory=dict)
+    instrumentation: InstrumentationConfig = Field(default_factory=InstrumentationConfig)
+    validity: ValidityConfig = Field(default_factory=ValidityConfig)
 
     @field_validator("tags", mode="before")
     @classmethod

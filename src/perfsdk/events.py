@@ -22,6 +22,7 @@ class LoadEvent:
     load_s: float
     source: Literal["config", "adopted"]
     model_id: str | None = None
+    import_s: float = 0.0
 
 
 @dataclass
@@ -52,6 +53,12 @@ class Step:
     model's vision or audio tower and projector), ``encode_end_ns`` is when that ``encode``
     phase ended and ``prefill`` began; ``vision_tokens[i]`` is the real number of vision (or
     audio) tokens request ``i`` got, read from the features the tower produced.
+
+    ``instrumented_by`` names the collectors that add instrumentation to this step (FLOPs
+    counting, forward hooks, a profiler): such a step is not a measured step, and latency,
+    throughput, energy and utilization figures leave it out. ``replay_of`` is the index of the
+    timed step it repeats (same inputs and settings) when the session ran it as an instrumented
+    copy.
     """
 
     kind: StepKind
@@ -72,6 +79,13 @@ class Step:
     labels: list[str | None] | None = None
     encode_end_ns: int | None = None
     vision_tokens: list[int] | None = None
+    instrumented_by: list[str] = field(default_factory=list)
+    replay_of: int | None = None
+
+    @property
+    def instrumented(self) -> bool:
+        """Whether some collector instrumented this step (it is then left out of the statistics)."""
+        return bool(self.instrumented_by)
 
     @property
     def first_token_ns(self) -> int | None:
@@ -105,6 +119,7 @@ class Window:
     ``name`` is ``session``, ``step:N``, ``encode``, ``prefill``, ``decode`` or ``stage:<name>``;
     ``kind`` is the part before the colon; ``step_index`` is set for step, encode, prefill and
     decode windows.
+    ``instrumented`` is set on the windows of an instrumented step (see :class:`Step`).
     """
 
     name: str
@@ -114,6 +129,7 @@ class Window:
     step_index: int | None = None
     warmup: bool = False
     parent: Window | None = None
+    instrumented: bool = False
 
     @property
     def duration_s(self) -> float | None:

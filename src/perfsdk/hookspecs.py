@@ -17,6 +17,7 @@ registers for its own lifetime)::
     perfsdk_load(session, event)              # s.load()
     perfsdk_tokenize(session, event)          # s.tokenize()
     for each s.generate() / s.forward():
+        (Collector.wants_to_instrument(session, step), instrumenting collectors, timed steps only)
         perfsdk_before_generate(session, step)
         perfsdk_window_open(session, window)  # "step:N", then "encode" or "prefill" (generate only)
         perfsdk_window_close / open           # "encode" closes and "prefill" opens when the encoder
@@ -26,6 +27,8 @@ registers for its own lifetime)::
         perfsdk_after_generate(session, step)
     perfsdk_window_open / close               # "stage:<name>" around each s.stage() block
     perfsdk_window_close(session, window)     # window "session"
+    for each instrumented copy booked by wants_to_instrument (step.instrumented_by set):
+        perfsdk_before_generate / window hooks / perfsdk_after_generate, as above
     perfsdk_finalize(session) -> Result | None
 
 Lifecycle hooks are dispatched one implementation at a time: an exception in one collector is
@@ -86,7 +89,8 @@ def perfsdk_session_start(session: Session) -> None:
 @hookspec
 def perfsdk_load(session: Session, event: LoadEvent) -> None:
     """Called after ``s.load()``. ``event`` has ``model``, ``tokenizer``, ``load_s``,
-    ``source`` (``config`` or ``adopted``) and the model id."""
+    ``import_s`` (one-time imports before loading, timed apart), ``source`` (``config`` or
+    ``adopted``) and the model id."""
 
 
 @hookspec

@@ -48,7 +48,8 @@ class HookTimes:
         self.budget_ns = int((budget_s() if budget is None else budget) * 1e9)
         self.entries: dict[tuple[str, str], _Entry] = {}
 
-    def add(self, owner: str, hook: str, dt_ns: int) -> None:
+    def add(self, owner: str, hook: str, dt_ns: int, measured: bool = True) -> None:
+        """Count one call; ``measured=False`` (an instrumented step) is never over budget."""
         e = self.entries.get((owner, hook))
         if e is None:
             e = self.entries[(owner, hook)] = _Entry()
@@ -56,7 +57,7 @@ class HookTimes:
         e.total_ns += dt_ns
         if dt_ns > e.max_ns:
             e.max_ns = dt_ns
-        if hook in MEASURED_PATH_HOOKS and dt_ns > self.budget_ns:
+        if measured and hook in MEASURED_PATH_HOOKS and dt_ns > self.budget_ns:
             e.over_budget += 1
             if e.over_budget == 1:
                 log.warning("slow hook perturbs the measurement", plugin=owner, hook=hook,

@@ -26,6 +26,9 @@ class _Probe:
     calls: int = 0
     errors: int = 0
     last_error: str | None = None
+    start_now: bool = True
+    last_ns: int | None = None
+    max_gap_ns: int = 0
 
 
 class Sampler:
@@ -45,16 +48,27 @@ class Sampler:
         self.started_ns: int | None = None
         self.stopped_ns: int | None = None
 
-    def add_probe(self, name: str, fn: Callable[[int], None], interval_s: float) -> None:
-        """Call ``fn(t_ns)`` every ``interval_s`` seconds while the sampler runs."""
+    def add_probe(self, name: str, fn: Callable[[int], None], interval_s: float, *, start_now: bool = True) -> None:
+        """Call ``fn(t_ns)`` every ``interval_s`` seconds while the sampler runs.
+
+        The first call comes when the sampler starts, or one interval later with
+        ``start_now=False`` (for probes such as counter polls that the window edges already read).
+        Each probe's longest gap between two calls is kept (:meth:`stats`): a starved sampler
+        thread shows there.
+        """
         if interval_s <= 0:
             raise ValueError(f"sampler probe {name}: interval_s must be > 0")
         with self._lock:
-            self._probes.append(_Probe(name, fn, int(interval_s * 1e9)))
+            self._probes.append(_Probe(name, fn, int(interval_s * 1e9), start_now=start_now))
 
     @property
     def probes(self) -> list[str]:
         return [p.name for p in self._probes]
+
+    @property
+    def intervals_s(self) -> dict[str, float]:
+        """Each probe's interval, in seconds."""
+        return {p.name: p.interval_ns / 1e9 for p in self._probes}
 
     @property
     def running(self) -> bool:
@@ -67,7 +81,8 @@ class Sampler:
         now = self._clock_ns()
         self.started_ns = now
         for p in self._probes:
-            p.next_ns = now
+            p.next_ns = now if p.start_now else now + p.interval_ns
+            p.last_ns = now
         self._thread = threading.Thread(target=self._run, name="perfsdk-sampler", daemon=True)
         self._thread.start()
 
@@ -86,6 +101,9 @@ class Sampler:
             self._call(p, now)
 
     def _call(self, p: _Probe, now: int) -> None:
+        if p.last_ns is not None and now - p.last_ns > p.max_gap_ns:
+            p.max_gap_ns = now - p.last_ns
+        p.last_ns = now
         try:
             p.fn(now)
             p.calls += 1
@@ -116,4 +134,5 @@ class Sampler:
             self.cpu_time_s += time.thread_time() - t0
 
     def stats(self) -> dict[str, dict[str, object]]:
-        return {p.name: {"calls": p.calls, "errors": p.errors, "last_error": p.last_error} for p in self._probes}
+        return {p.name: {"calls": p.calls, "errors": p.errors, "last_error": p.last_error,
+                         "interval_s": p.interval_ns / 1e9, "max_gap_s": p.max_gap_ns / 1e9} for p in self._probes}

@@ -69,7 +69,10 @@ class ModelInfo(_Frozen):
     head_dim: int | None = None
     vocab_size: int | None = None
     max_position_embeddings: int | None = None
-    load_s: float | None = None
+    load_s: float | None = Field(default=None, description="Loading the model and tokenizer (one-time imports excluded).")
+    import_s: float | None = Field(
+        default=None, description="One-time imports and set-up before loading (transformers' lazy modules, model "
+                                  "class, tokenizer library), timed separately from load_s.")
 
 
 class WorkloadInfo(_Frozen):
@@ -119,6 +122,92 @@ class ErrorRecord(_Frozen):
     traceback: str | None = None
 
 
+Verdict = Literal["valid", "noisy", "invalid"]
+
+
+class ContentionFigures(_Frozen):
+    """CPU used by other processes while timed steps ran (``/proc/stat`` busy time minus this
+    process tree's), and other processes on the GPUs in use (NVML)."""
+
+    status: Literal["ok", "unavailable"] = "ok"
+    reason: str | None = None
+    timed_s: float = Field(default=0.0, description="Wall time the readings cover: the timed steps and their hooks.")
+    system_busy_cpu_s: float | None = None
+    own_cpu_s: float | None = Field(default=None, description="CPU time of this process and its children.")
+    other_cpu_s: float | None = None
+    other_cpu_cores: float | None = Field(default=None, description="other_cpu_s / timed_s: CPUs kept busy by others.")
+    other_cpu_pct: float | None = Field(default=None, description="other_cpu_s / (timed_s x logical CPUs) x 100.")
+    logical_cpus: int | None = None
+    gpu_status: str | None = Field(default=None, description="ok, or why GPU processes were not read.")
+    gpu_other_pids: list[int] = Field(default_factory=list, description="Other processes seen on the GPUs in use.")
+
+
+class StabilityFigures(_Frozen):
+    """Spread and drift of step latency, over timed steps of the same shape (each step's time
+    divided by the median of its shape)."""
+
+    steps: int = Field(default=0, description="Timed steps in shapes that occur at least twice.")
+    shapes: int = 0
+    cv: float | None = Field(default=None, description="Coefficient of variation (std / mean).")
+    drift_pct: float | None = Field(
+        default=None, description="Median of the last third of those steps over the first third, minus 1, in %.")
+
+
+class SampleFigures(_Frozen):
+    """How much the statistics rest on."""
+
+    timed_steps: int = 0
+    latency_samples: int = Field(default=0, description="Requests of timed generate steps plus timed forward steps.")
+    min_samples: int = 0
+    timed_wall_s: float | None = Field(default=None, description="First timed step start to last timed step end.")
+    sampler_interval_s: float | None = Field(default=None, description="Shortest interval of the sampler's probes.")
+
+
+class InstrumentedFigures(_Frozen):
+    """Steps that collectors instrumented (left out of every statistic)."""
+
+    steps: int = 0
+    copies: int = Field(default=0, description="Instrumented copies of timed steps, run after them.")
+    in_place: int = Field(default=0, description="Timed steps instrumented themselves (instrumentation.replay: false).")
+    by_collector: dict[str, int] = Field(default_factory=dict)
+    time_s: float = Field(default=0.0, description="Time spent in instrumented steps.")
+
+
+class ThrottleFigures(_Frozen):
+    """Clock and throttling readings taken while timed steps ran (cpufreq in sysfs, NVML)."""
+
+    samples: int = 0
+    cpu_freq_first_mhz: float | None = Field(default=None, description="Median CPU clock, first third of samples.")
+    cpu_freq_last_mhz: float | None = Field(default=None, description="Median CPU clock, last third of samples.")
+    cpu_freq_change_pct: float | None = None
+    cpu_throttle_events: int | None = Field(
+        default=None, description="Increase of the thermal throttle counters of all CPUs, where readable.")
+    gpu_sm_clock_first_mhz: float | None = None
+    gpu_sm_clock_last_mhz: float | None = None
+    gpu_sm_clock_change_pct: float | None = None
+    gpu_throttle_reasons: list[str] = Field(default_factory=list)
+    notes: list[str] = Field(default_factory=list)
+
+
+class Validity(_Frozen):
+    """Whether the run's numbers can be trusted: ``valid``, ``noisy`` or ``invalid``.
+
+    Each reason starts with its kind (``contention``, ``unstable``, ``drift``, ``few-samples``,
+    ``instrumented``, ``throttled``); the figures behind them and the thresholds applied are
+    kept beside them.
+    """
+
+    verdict: Verdict
+    reasons: list[str] = Field(default_factory=list)
+    notes: list[str] = Field(default_factory=list)
+    contention: ContentionFigures = Field(default_factory=ContentionFigures)
+    stability: StabilityFigures = Field(default_factory=StabilityFigures)
+    samples: SampleFigures = Field(default_factory=SampleFigures)
+    instrumented: InstrumentedFigures = Field(default_factory=InstrumentedFigures)
+    throttling: ThrottleFigures = Field(default_factory=ThrottleFigures)
+    thresholds: dict[str, Any] = Field(default_factory=dict)
+
+
 class RankResult(_Frozen):
     """One rank's share of a distributed run."""
 
@@ -158,6 +247,8 @@ class RunResult(_Frozen):
     run_id: str
     name: str
     status: RunStatus
+    validity: Validity | None = Field(default=None, description="Verdict on the run's numbers (runs stored before "
+                                                                "verdicts existed have none).")
     started_at: datetime
     finished_at: datetime | None = None
     duration_s: float | None = None

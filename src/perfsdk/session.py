@@ -17,6 +17,7 @@ import time
 import traceback
 import uuid
 from collections.abc import Iterator
+from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any, Literal
 
@@ -108,6 +109,36 @@ def _eos_ids(model: Any, kwargs: dict[str, Any]) -> set[int]:
         return set()
 
 
+@dataclass
+class _BookedStep:
+    """An instrumented copy of a timed step, to run after the timed steps."""
+
+    of: Step
+    model: Any
+    args: tuple[Any, ...]
+    kwargs: dict[str, Any]
+    inference_mode: bool
+    collectors: list[str]
+    rng: Any
+
+
+def _rng_state() -> Any:
+    """torch's random state (CPU, and CUDA when initialized), so a copy samples like its original."""
+    import torch
+
+    cuda = torch.cuda.get_rng_state_all() if torch.cuda.is_available() and torch.cuda.is_initialized() else None
+    return torch.random.get_rng_state(), cuda
+
+
+def _set_rng_state(state: Any) -> None:
+    import torch
+
+    cpu, cuda = state
+    torch.random.set_rng_state(cpu)
+    if cuda is not None:
+        torch.cuda.set_rng_state_all(cuda)
+
+
 def count_output_tokens(token_rows: list[list[int]], batch_size: int, eos: set[int]) -> list[int]:
     """Real output tokens per request: up to and including the first EOS, padding excluded.
 
@@ -189,6 +220,13 @@ class Session:
         self._step_counter = 0
         # id(input tensor) -> (the tensor, its labels): kept alive so that the id stays unique
         self._labelled_inputs: dict[int, tuple[Any, list[str | None]]] = {}
+        self._instrumenting = [c for c in self.collectors.values() if getattr(type(c), "instruments_steps", False)]
+        self._booked: list[_BookedStep] = []
+        self._in_instrumented = False
+        self.instrumentation_notes: list[str] = []
+        from perfsdk.validity import ValidityMonitor
+
+        self.validity_monitor = ValidityMonitor(self.config.validity)
         self.hook_times = HookTimes()
         self.rank_info = distributed.attach(self)  # same run id on all ranks; only rank 0 stores
 
@@ -261,7 +299,7 @@ class Session:
                 function(*[kwargs[a] for a in argnames])
             except Exception as exc:
                 self.record_error(owner, hook, exc)
-            self.hook_times.add(owner, hook, time.perf_counter_ns() - t0)
+            self.hook_times.add(owner, hook, time.perf_counter_ns() - t0, measured=not self._in_instrumented)
 
     def record_error(self, source: str, hook: str | None, exc: BaseException) -> None:
         """Record an isolated failure; the run becomes ``partial``."""
@@ -290,6 +328,7 @@ class Session:
 
             torch.set_num_threads(self.config.workload.threads)
         self._dispatch("perfsdk_session_start", session=self)
+        self.validity_monitor.attach(self)
         self.start_ns = self.clock.now_ns()
         self._session_window = self._open_window("session", "session")
         self.sampler.start()
@@ -298,7 +337,8 @@ class Session:
     def _open_window(self, name: str, kind: str, step_index: int | None = None, parent: Window | None = None,
                      t_ns: int | None = None) -> Window:
         w = Window(name=name, kind=kind, start_ns=t_ns if t_ns is not None else self.clock.now_ns(sync=True),  # type: ignore[arg-type]
-                   step_index=step_index, warmup=self._warmup_depth > 0, parent=parent)
+                   step_index=step_index, warmup=self._warmup_depth > 0, parent=parent,
+                   instrumented=self._in_instrumented)
         self.windows.append(w)
         self._dispatch("perfsdk_window_open", session=self, window=w)
         return w
@@ -312,6 +352,11 @@ class Session:
     @property
     def in_warmup(self) -> bool:
         return self._warmup_depth > 0
+
+    @property
+    def in_instrumented(self) -> bool:
+        """True while an instrumented step runs (samplers tag what they read then)."""
+        return self._in_instrumented
 
     @contextlib.contextmanager
     def warmup(self) -> Iterator[None]:
@@ -331,10 +376,15 @@ class Session:
         self._ensure_started()
         prev, self.phase = self.phase, "load"
         t0 = self.clock.now_ns()
+        import_s = 0.0
         if model is None:
-            from perfsdk.models.loader import load_model
+            from perfsdk.models.loader import load_prepared, prepare_load
 
-            model, loaded_tok = load_model(self.config.model)
+            # one-time imports and set-up first, timed apart: load_s is the model's own
+            prepared = prepare_load(self.config.model)
+            t_ready = self.clock.now_ns()
+            import_s, t0 = (t_ready - t0) / 1e9, t_ready
+            model, loaded_tok = load_prepared(prepared)
             tokenizer = tokenizer if tokenizer is not None else loaded_tok
             source = "config"
             model_id: str | None = self.config.model.id
@@ -354,7 +404,10 @@ class Session:
                                              quantization=quant)
         except Exception as exc:
             self.record_error("session", "describe_model", exc)
-        self.load_event = LoadEvent(model=model, tokenizer=tokenizer, load_s=load_s, source=source, model_id=model_id)  # type: ignore[arg-type]
+        if self.model_info is not None and source == "config":
+            self.model_info = self.model_info.model_copy(update={"import_s": import_s})
+        self.load_event = LoadEvent(model=model, tokenizer=tokenizer, load_s=load_s, source=source, model_id=model_id,  # type: ignore[arg-type]
+                                    import_s=import_s)
         self._dispatch("perfsdk_load", session=self, event=self.load_event)
         return model, tokenizer
 
@@ -500,10 +553,18 @@ class Session:
         import torch
 
         self._ensure_started()
+        streamer = kwargs.pop("streamer", None)
         step = self._new_step("generate", model, kwargs)
         step.gen_kwargs = {k: v for k, v in kwargs.items() if not hasattr(v, "shape")}
+        self._book_instrumentation(step, model, (), kwargs, True)
+        return self._run_generate(step, model, kwargs, streamer)
+
+    def _run_generate(self, step: Step, model: Any, kwargs: dict[str, Any], streamer: Any) -> Any:
+        import torch
+
+        measured = self._begin_step(step)
         self._dispatch("perfsdk_before_generate", session=self, step=step)
-        timer = _TokenTimer(self, step, chained=kwargs.pop("streamer", None))
+        timer = _TokenTimer(self, step, chained=streamer)
         prev_phase = self.phase
         # Windows open before the start stamp and close after the end stamp, so the hooks that
         # read counters at the edges stay outside the measured interval.
@@ -538,6 +599,7 @@ class Session:
             self._finish_generate_counts(step, timer, model, kwargs, out)
             self.steps.append(step)
             self._dispatch("perfsdk_after_generate", session=self, step=step)
+            self._end_step(step, measured)
         return out
 
     def _encode_tracker(self, step: Step, model: Any, kwargs: dict[str, Any]) -> Any:
@@ -588,10 +650,16 @@ class Session:
 
     def forward(self, model: Any, *args: Any, inference_mode: bool = True, **kwargs: Any) -> Any:
         """Time one forward call of any ``nn.Module`` (``model(*args, **kwargs)``)."""
-        import torch
-
         self._ensure_started()
         step = self._new_step("forward", model, kwargs, args)
+        self._book_instrumentation(step, model, args, kwargs, inference_mode)
+        return self._run_forward(step, model, args, kwargs, inference_mode)
+
+    def _run_forward(self, step: Step, model: Any, args: tuple[Any, ...], kwargs: dict[str, Any],
+                     inference_mode: bool) -> Any:
+        import torch
+
+        measured = self._begin_step(step)
         self._dispatch("perfsdk_before_generate", session=self, step=step)
         prev_phase = self.phase
         self._step_window = self._open_window(f"step:{step.index}", "step", step.index, self._parent_window())
@@ -614,7 +682,90 @@ class Session:
             step.output_tokens = []
             self.steps.append(step)
             self._dispatch("perfsdk_after_generate", session=self, step=step)
+            self._end_step(step, measured)
         return out
+
+    # -- instrumented steps ---------------------------------------------------------------
+
+    def _begin_step(self, step: Step) -> bool:
+        """Mark an instrumented step as running; start the contention reading of a measured one."""
+        self._in_instrumented = step.instrumented
+        measured = not step.warmup and not step.instrumented
+        if measured:
+            self.validity_monitor.step_begin()
+        return measured
+
+    def _end_step(self, step: Step, measured: bool) -> None:
+        self._in_instrumented = False
+        if measured:
+            self.validity_monitor.step_end()
+
+    def _book_instrumentation(self, step: Step, model: Any, args: tuple[Any, ...], kwargs: dict[str, Any],
+                              inference_mode: bool) -> None:
+        """Ask the instrumenting collectors about a timed step; book their instrumented steps.
+
+        With ``instrumentation.replay`` (the default) each collector that wants the step gets a
+        copy of its own (one shared copy with ``share_steps``), run after the timed steps by
+        :meth:`run_instrumented`. Without it, the first one instruments the timed step itself
+        and any other gets a copy.
+        """
+        if step.warmup or not self._instrumenting:
+            return
+        wanting: list[str] = []
+        for col in self._instrumenting:
+            try:
+                if col.wants_to_instrument(self, step):
+                    wanting.append(col.name)
+            except Exception as exc:
+                self.record_error(col.name, "wants_to_instrument", exc)
+        if not wanting:
+            return
+        cfg = self.config.instrumentation
+        groups = [wanting] if cfg.share_steps else [[name] for name in wanting]
+        if not cfg.replay:
+            step.instrumented_by = groups.pop(0)
+        if groups:
+            rng = _rng_state()
+            for names in groups:
+                self._booked.append(_BookedStep(step, model, tuple(args), dict(kwargs), inference_mode, names, rng))
+
+    def run_instrumented(self) -> int:
+        """Run the instrumented steps booked so far; return how many ran.
+
+        Each repeats a timed step: same model, inputs and settings, and torch's random state as
+        it was before that step (so sampling draws the same tokens). The session calls this when
+        it ends, after closing the session window; call it earlier to instrument before changing
+        the model. Copies of timed steps that failed are not run.
+        """
+        booked, self._booked = self._booked, []
+        if not booked:
+            return 0
+        saved = _rng_state()
+        ran = 0
+        try:
+            for b in booked:
+                if b.of.error is not None or b.of.end_ns is None:
+                    self.instrumentation_notes.append(
+                        f"step {b.of.index} failed: its instrumented copy for {', '.join(b.collectors)} was not run")
+                    continue
+                kwargs = dict(b.kwargs)
+                step = self._new_step(b.of.kind, b.model, kwargs, b.args)
+                step.gen_kwargs = dict(b.of.gen_kwargs)
+                step.warmup = False  # a copy of a timed step, even if run inside s.warmup()
+                step.instrumented_by = list(b.collectors)
+                step.replay_of = b.of.index
+                _set_rng_state(b.rng)
+                ran += 1
+                try:
+                    if step.kind == "generate":
+                        self._run_generate(step, b.model, kwargs, None)
+                    else:
+                        self._run_forward(step, b.model, b.args, kwargs, b.inference_mode)
+                except Exception as exc:
+                    self.record_error("session", "instrumented step", exc)
+        finally:
+            _set_rng_state(saved)
+        return ran
 
     @contextlib.contextmanager
     def stage(self, name: str) -> Iterator[Window]:
@@ -665,8 +816,14 @@ class Session:
 
     @property
     def measured_steps(self) -> list[Step]:
-        """Steps that count: not warm-up, finished without error."""
-        return [s for s in self.steps if not s.warmup and s.error is None and s.end_ns is not None]
+        """Steps that count: not warm-up, not instrumented, finished without error."""
+        return [s for s in self.steps
+                if not s.warmup and not s.instrumented_by and s.error is None and s.end_ns is not None]
+
+    @property
+    def instrumented_steps(self) -> list[Step]:
+        """Steps a collector instrumented (left out of every statistic)."""
+        return [s for s in self.steps if s.instrumented_by]
 
     # -- finalize -------------------------------------------------------------------------
 
@@ -687,6 +844,17 @@ class Session:
                 self._close_window(w, self.end_ns)
         if self._session_window is not None:
             self._close_window(self._session_window, self.end_ns)
+        if exc is None and not self.interrupted:
+            try:
+                self.run_instrumented()
+            except BaseException as replay_exc:  # an interrupt while instrumenting: keep what was collected
+                self.record_error("session", "instrumented step", replay_exc)
+                if isinstance(replay_exc, KeyboardInterrupt):
+                    self.interrupted = "interrupted while running instrumented steps"
+        elif self._booked:
+            self.instrumentation_notes.append(
+                f"{len(self._booked)} instrumented step(s) not run: the session ended with an error")
+            self._booked = []
         self.sampler.stop()
         collected: dict[str, dict[str, Any]] = {}
         typed: dict[str, Any] = {}
@@ -708,6 +876,11 @@ class Session:
             if stored is not None:
                 collected[owner] = stored
                 typed[owner] = res
+        validity = None
+        try:
+            validity = self.validity_monitor.finalize(self)
+        except Exception as vexc:
+            self.record_error("session", "validity", vexc)
         status = "ok"
         if exc is not None or self.interrupted:
             status = "failed"
@@ -727,6 +900,7 @@ class Session:
             run_id=self.run_id,
             name=self.config.name,
             status=status,  # type: ignore[arg-type]
+            validity=validity,
             started_at=self.started_at or finished,
             finished_at=finished,
             duration_s=(self.end_ns - (self.start_ns or self.end_ns)) / 1e9,

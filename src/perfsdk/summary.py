@@ -84,6 +84,10 @@ def print_summary(run: RunResult, console: Console | None = None, run_dir: str |
     status_style = {"ok": "green", "partial": "yellow", "failed": "red"}[run.status]
     model = run.model.model_id if run.model else "-"
     console.print(f"[bold]{run.name}[/] run [cyan]{run.run_id}[/] status [{status_style}]{run.status}[/]  model {model}")
+    from perfsdk.validity import summary_lines
+
+    for line in summary_lines(run.validity):
+        console.print(line)
     blocks = collector_blocks(run, registry)
     for b in blocks:
         for table in b.tables:

@@ -24,7 +24,7 @@ from perfsdk.energy.base import EnergySource
 from perfsdk.energy.codecarbon_source import CodeCarbonReading, CodeCarbonSource
 from perfsdk.energy.estimated import EstimatedSource
 from perfsdk.energy.nvml import NvmlReader, NvmlSource
-from perfsdk.energy.rapl import DEFAULT_ROOT, RaplSource
+from perfsdk.energy.rapl import DEFAULT_ROOT, RAPL_MAX_POWER_W, RaplSource
 from perfsdk.energy.windows import EnergyMeter, WindowEnergy
 from perfsdk.plugins import hookimpl
 
@@ -58,6 +58,10 @@ class EnergyConfig(CollectorConfig):
     sources: list[SourceName] | None = Field(
         default=None, description="sources to read; default: every available one of nvml, rapl, codecarbon")
     rapl_root: str = Field(default=DEFAULT_ROOT, description="powercap folder (containers may mount it elsewhere)")
+    rapl_max_power_w: float = Field(
+        default=RAPL_MAX_POWER_W, gt=0,
+        description="generous upper bound of one RAPL zone's power: counters are read at least twice per the "
+        "shortest time they can take to wrap at this power")
     estimated: bool = Field(default=False, description="add the opt-in 'estimated' source (TDP x utilization)")
     cpu_tdp_w: float | None = Field(default=None, gt=0, description="CPU TDP for the estimated source")
     power_interval_s: float = Field(default=0.1, gt=0, description="power sampling interval for integrated/estimated")
@@ -83,6 +87,7 @@ class EnergyWindow(_Frozen):
     low_confidence: bool = False
     confidence_note: str | None = None
     warmup: bool = False
+    instrumented: bool = False
     step_index: int | None = None
     samples: int = 0
     co2_kg: float | None = None
@@ -155,6 +160,8 @@ class EnergyResult(CollectorResult):
     co2_kg: float | None = None
     codecarbon: CodeCarbonDetail | None = None
     warmup_windows: int = 0
+    instrumented_windows: int = Field(
+        default=0, description="Windows of instrumented steps (FLOPs counting, hooks, profiler), left out of the figures.")
     edge_reads: int = 0
     notes: list[str] = Field(default_factory=list)
 
@@ -197,7 +204,7 @@ class EnergyCollector(Collector):
         opened: list[EnergySource] = []
         candidates: list[tuple[str, Callable[[], EnergySource]]] = [
             ("nvml", lambda: NvmlSource(self._nvml_reader)),
-            ("rapl", lambda: RaplSource(self.cfg.rapl_root, self._rapl_read_text)),
+            ("rapl", lambda: RaplSource(self.cfg.rapl_root, self._rapl_read_text, self.cfg.rapl_max_power_w)),
         ]
         for name, make in candidates:
             if not self._selected(name):
@@ -232,6 +239,14 @@ class EnergyCollector(Collector):
         self.meter = EnergyMeter(self._open_sources())
         if self.meter.wants_power_samples:
             session.sampler.add_probe("energy-power", self.meter.sample_power, self.cfg.power_interval_s)
+        polled = [(src, iv) for src in self.meter.sources if (iv := src.poll_interval_s()) is not None]
+        if polled:
+            # Counters that wrap are read often enough to see every wrap, whatever the windows.
+            def poll(t_ns: int) -> None:
+                for src, _ in polled:
+                    src.poll(t_ns)
+
+            session.sampler.add_probe("energy-counters", poll, min(iv for _, iv in polled), start_now=False)
         cc = self.cfg.codecarbon
         if not (cc.enabled and self._selected("codecarbon")):
             why = "disabled (collectors.energy.codecarbon.enabled)" if not cc.enabled else \
@@ -247,7 +262,8 @@ class EnergyCollector(Collector):
     @hookimpl(trylast=True)
     def perfsdk_window_open(self, session: Session, window: Window) -> None:
         if self.meter is not None and self.meter.sources:
-            self.meter.open(id(window), window.name, window.start_ns, window.warmup, window.step_index)
+            self.meter.open(id(window), window.name, window.start_ns, window.warmup, window.step_index,
+                            window.instrumented)
 
     @hookimpl(tryfirst=True)
     def perfsdk_window_close(self, session: Session, window: Window) -> None:
@@ -335,15 +351,16 @@ def _host_total(key: str, per_rank: list[tuple[str, float]]) -> float:
 
 
 def _entry(w: WindowEnergy) -> EnergyWindow:
-    note = None
-    if w.duration_s < w.channel.update_period_s:
+    note = w.note  # a counter read failed inside the window
+    if note is None and w.duration_s < w.channel.update_period_s:
         note = f"window shorter than the {w.channel.update_period_s * 1000:g} ms counter update period"
-    elif w.low_confidence:
+    elif note is None and w.low_confidence:
         note = "fewer than two power samples in the window"
     return EnergyWindow(window=w.window, source=w.channel.source, scope=w.channel.scope, device=w.channel.device,
                         device_name=w.channel.device_name, energy_j=w.energy_j, duration_s=w.duration_s,
                         power_w=w.power_w, method=w.channel.method, low_confidence=w.low_confidence,
-                        confidence_note=note, warmup=w.warmup, step_index=w.step_index, samples=w.samples)
+                        confidence_note=note, warmup=w.warmup, instrumented=w.instrumented,
+                        step_index=w.step_index, samples=w.samples)
 
 
 def _phase_of(name: str) -> list[str]:
@@ -368,12 +385,13 @@ def build_result(col: EnergyCollector, session: Session) -> EnergyResult:
 
     windows = [_entry(w) for w in closed]
     warmup_windows = len({(w.window, w.start_ns) for w in closed if w.warmup})
+    instrumented_windows = len({(w.window, w.start_ns) for w in closed if w.instrumented})
 
     # per phase and per channel key: windows that count (not warm-up, measured steps only)
     acc: dict[str, dict[str, list[WindowEnergy]]] = defaultdict(lambda: defaultdict(list))
     skipped_err = 0
     for w in closed:
-        if w.warmup:
+        if w.warmup or w.instrumented:
             continue
         if w.step_index is not None and w.step_index not in measured:
             skipped_err += 1
@@ -482,4 +500,5 @@ def build_result(col: EnergyCollector, session: Session) -> EnergyResult:
                         j_per_output_token_per_phase=per_phase_jpt,
                         j_per_output_token_by_source=j_per_tok, output_tokens_per_j_by_source=tok_per_j,
                         per_phase=per_phase, co2_kg=co2, codecarbon=detail,
-                        warmup_windows=warmup_windows, edge_reads=meter.edge_reads if meter else 0, notes=notes)
+                        warmup_windows=warmup_windows, instrumented_windows=instrumented_windows,
+                        edge_reads=meter.edge_reads if meter else 0, notes=notes)

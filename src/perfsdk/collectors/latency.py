@@ -11,8 +11,11 @@ Definitions (per request, on the session clock; warm-up steps excluded):
   encode phase); decode = e2e - TTFT.
 - vision tokens = the real number of vision (or audio) tokens each request got, read from the
   features the tower and projector produced (not from the placeholder tokens in the prompt).
-- Throughput = tokens / wall time of the timed steps (first timed start -> last timed end),
-  not tokens / mean latency.
+- Throughput = tokens / wall time of the timed steps (first timed start -> last timed end,
+  less the time of any instrumented step inside that span), not tokens / mean latency.
+
+Steps that a collector instrumented (``step.instrumented_by``: FLOPs counting, forward hooks,
+the profiler) are left out of every figure and counted in ``instrumented_steps``.
 """
 
 from __future__ import annotations
@@ -63,6 +66,7 @@ class LatencyResult(CollectorResult):
     vision_tokens_per_request: Stats = Field(default_factory=Stats)
     steps: int = 0
     warmup_steps: int = 0
+    instrumented_steps: int = Field(default=0, description="Steps instrumented by a collector, left out of every figure.")
     failed_steps: int = 0
     eos_stopped_requests: int = 0
     wall_s: float | None = None
@@ -167,8 +171,11 @@ class LatencyCollector(Collector):
                     rows.append({"step": st.index, "position": k, "t_s": (t - st.start_ns) / 1e9,
                                  "t_session_s": session.clock.since_origin_s(t)})
         wall = None
+        instrumented = [s for s in session.steps if s.instrumented_by]
         if steps:
-            wall = (max(s.end_ns for s in steps) - min(s.start_ns for s in steps)) / 1e9
+            first, last = min(s.start_ns for s in steps), max(s.end_ns for s in steps)
+            inside = sum(s.duration_s or 0.0 for s in instrumented if first <= s.start_ns < last)
+            wall = (last - first) / 1e9 - inside
         per_s = (lambda n: n / wall if wall and wall > 0 else None)
         stages: dict[str, list[float]] = {}
         for w in session.windows:
@@ -203,6 +210,7 @@ class LatencyCollector(Collector):
             vision_tokens_per_request=summarize(vision),
             steps=len(steps),
             warmup_steps=sum(1 for s in session.steps if s.warmup),
+            instrumented_steps=len(instrumented),
             failed_steps=sum(1 for s in session.steps if s.error is not None),
             eos_stopped_requests=eos_stops,
             wall_s=wall,
@@ -479,7 +487,7 @@ POOLED_FIELDS = {"ttft_s": "ttft_s", "tpot_s": "tpot_s", "itl_s": "itl_s", "e2e_
                  "prefill_s": "prefill_s", "decode_s": "decode_s", "forward_s": "forward_s",
                  "tokenize_s": "tokenize_s", "vision_tokens_per_request": "vision_tokens"}
 #: Counters summed over ranks.
-SUMMED_FIELDS = ("input_tokens", "output_tokens", "requests", "vision_tokens", "warmup_steps", "failed_steps",
+SUMMED_FIELDS = ("input_tokens", "output_tokens", "requests", "vision_tokens", "warmup_steps", "failed_steps", "instrumented_steps",
                  "eos_stopped_requests")
 
 

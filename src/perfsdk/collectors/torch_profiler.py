@@ -1,7 +1,9 @@
 """Operator profiling with ``torch.profiler`` on selected steps.
 
 The ``torch_profiler`` collector starts a ``torch.profiler.profile`` right before a selected step
-and stops it right after — also when the step raises. Each profiled step leaves a
+and stops it right after — also when the step raises. The profiled steps are instrumented copies
+of the selected measured steps (same inputs, run by the session after the timed steps), so the
+profiler's slowdown never enters the latency figures. Each profiled step leaves a
 Chrome/Perfetto trace with the run (artifact ``torch_trace_step<N>.json``, open it in
 ``chrome://tracing`` or https://ui.perfetto.dev), and the operators of all profiled steps are
 aggregated into a table of the top operators by self CPU time (self CUDA time when CUDA was
@@ -10,8 +12,8 @@ profiled), with memory when ``profile_memory`` is on.
 Stopping the profiler is all that happens between steps; the operator table and the traces are
 built at the end of the run, so the profiles of the selected steps are held in memory until then.
 
-The profiler slows the step down a lot (every operator is recorded): the latency of profiled
-steps is not representative. Profile a few steps (``steps: {first: 1}``, the default, or
+The profiler slows the step down a lot (every operator is recorded): the time of a profiled
+step is not representative, and it is left out of every statistic. Profile a few steps (``steps: {first: 1}``, the default, or
 ``{every: N}``) and read the times as relative weights.
 """
 
@@ -103,6 +105,7 @@ class TorchProfilerCollector(Collector):
     Result: ClassVar[type[BaseModel]] = TorchProfilerResult
     default_enabled: ClassVar[bool] = False
     description: ClassVar[str] = "torch.profiler traces of selected steps and the top operators"
+    instruments_steps: ClassVar[bool] = True
     title: ClassVar[str] = "Operators (torch.profiler)"
 
     @classmethod
@@ -172,13 +175,15 @@ class TorchProfilerCollector(Collector):
         self._activities = chosen
         return acts
 
-    @hookimpl
-    def perfsdk_before_generate(self, session: Session, step: Step) -> None:
-        if step.warmup:
-            return
+    def wants_to_instrument(self, session: Any, step: Step) -> bool:
+        """The selected measured steps (``steps``: first N or every Nth)."""
         ordinal = self._ordinal
         self._ordinal += 1
-        if not self.cfg.steps.selects(ordinal):
+        return self.cfg.steps.selects(ordinal)
+
+    @hookimpl
+    def perfsdk_before_generate(self, session: Session, step: Step) -> None:
+        if self.name not in step.instrumented_by:
             return
         try:
             import torch

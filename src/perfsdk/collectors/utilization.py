@@ -68,6 +68,8 @@ class UtilizationResult(CollectorResult):
     interval_s: float
     samples: int
     warmup_samples: int = 0
+    instrumented_samples: int = Field(
+        default=0, description="Samples taken while an instrumented step ran, left out of every statistic.")
     cpu_process_pct: Stats
     cpu_system_pct: Stats
     rss_bytes: Stats
@@ -204,6 +206,7 @@ class UtilizationCollector(Collector):
             "t_s": s.clock.since_origin_s(t_ns),
             "phase": s.phase,
             "warmup": s.in_warmup,
+            "instrumented": getattr(s, "in_instrumented", False),
             "cpu_process_pct": self._proc.cpu_percent(None),
             "cpu_system_pct": self._sys.percent(),
             "rss_bytes": self._rss(t_ns) if self._rss is not None else None,
@@ -248,6 +251,8 @@ def summarize_rows(rows: list[dict[str, Any]], interval_s: float, gpu_names: lis
                      "consecutive GPU samples may repeat the same reading")
     by_phase: dict[str, list[dict[str, Any]]] = defaultdict(list)
     warm = 0
+    instrumented = [r for r in rows if r.get("instrumented")]
+    rows = [r for r in rows if not r.get("instrumented")]
     for r in rows:
         if r.get("warmup"):
             warm += 1
@@ -264,6 +269,8 @@ def summarize_rows(rows: list[dict[str, Any]], interval_s: float, gpu_names: lis
         run_s = (sampler.stopped_ns - sampler.started_ns) / 1e9
     if warm:
         notes.append(f"{warm} warm-up samples counted in the overall statistics, left out of per_phase")
+    if instrumented:
+        notes.append(f"{len(instrumented)} samples taken during instrumented steps left out of every statistic")
     if not rows:
         notes.append("no samples were taken (the run was shorter than one interval, or the sampler did not run)")
     return UtilizationResult(
@@ -271,6 +278,7 @@ def summarize_rows(rows: list[dict[str, Any]], interval_s: float, gpu_names: lis
         interval_s=interval_s,
         samples=len(rows),
         warmup_samples=warm,
+        instrumented_samples=len(instrumented),
         cpu_process_pct=_stats(rows, "cpu_process_pct"),
         cpu_system_pct=_stats(rows, "cpu_system_pct"),
         rss_bytes=_stats(rows, "rss_bytes"),

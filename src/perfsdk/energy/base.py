@@ -70,6 +70,19 @@ class EnergySource:
         """Joules between two raw readings of ``channel``; ``None`` if either is missing."""
         return None
 
+    def window_note(self, channel: Channel, start: Any, end: Any) -> str | None:
+        """Why a window between two raw readings is low-confidence although both were read
+        (e.g. a failed read between them); ``None`` when nothing is wrong."""
+        return None
+
+    def poll_interval_s(self) -> float | None:
+        """How often the shared sampler must read the counters so that none wraps unseen;
+        ``None`` for counters that do not wrap in practice."""
+        return None
+
+    def poll(self, t_ns: int) -> None:
+        """Read the counters once from the sampler thread (see :meth:`poll_interval_s`)."""
+
     def read_power(self) -> dict[Channel, float | None]:
         """Instantaneous watts per power channel (``None`` = failed read)."""
         return {}

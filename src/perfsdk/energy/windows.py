@@ -29,6 +29,8 @@ class WindowEnergy:
     samples: int = 0
     warmup: bool = False
     step_index: int | None = None
+    instrumented: bool = False
+    note: str | None = None
 
     @property
     def duration_s(self) -> float:
@@ -42,8 +44,9 @@ class WindowEnergy:
 
     @property
     def low_confidence(self) -> bool:
-        """Shorter than the channel's update period, or integrated from under two samples."""
-        if self.duration_s < self.channel.update_period_s:
+        """Shorter than the channel's update period, integrated from under two samples, or a
+        counter whose reading inside the window failed (``note`` says what)."""
+        if self.note is not None or self.duration_s < self.channel.update_period_s:
             return True
         return self.channel.method != "counter" and self.samples < 2
 
@@ -98,7 +101,7 @@ class EnergyMeter:
         self.traces: dict[Channel, PowerTrace] = {c: PowerTrace() for c in self.power_channels}
         self._lock = threading.Lock()
         self._last_edge: tuple[int, dict[Channel, Any]] | None = None
-        self._open: dict[int, tuple[str, int, dict[Channel, Any], bool, int | None]] = {}
+        self._open: dict[int, tuple[str, int, dict[Channel, Any], bool, int | None, bool]] = {}
         self.closed: list[WindowEnergy] = []
         self.edge_reads = 0
 
@@ -129,25 +132,29 @@ class EnergyMeter:
         self._last_edge = (t_ns, readings)
         return readings
 
-    def open(self, token: int, name: str, t_ns: int, warmup: bool = False, step_index: int | None = None) -> None:
+    def open(self, token: int, name: str, t_ns: int, warmup: bool = False, step_index: int | None = None,
+             instrumented: bool = False) -> None:
         """Start window ``name`` (``token`` identifies this instance, e.g. ``id(window)``)."""
-        self._open[token] = (name, t_ns, self.edge(t_ns), warmup, step_index)
+        self._open[token] = (name, t_ns, self.edge(t_ns), warmup, step_index, instrumented)
 
     def close(self, token: int, t_ns: int) -> list[WindowEnergy]:
         """End a window: one :class:`WindowEnergy` per channel (``energy_j=None`` if missing)."""
         opened = self._open.pop(token, None)
         if opened is None:
             return []
-        name, t0, start, warmup, step_index = opened
+        name, t0, start, warmup, step_index, instrumented = opened
         end = self.edge(t_ns)
         out = []
         for ch in self.counter_channels:
-            e = self._owner[ch].delta_j(ch, start.get(ch), end.get(ch))
-            out.append(WindowEnergy(name, ch, t0, t_ns, e, 2 if e is not None else 0, warmup, step_index))
+            src = self._owner[ch]
+            e = src.delta_j(ch, start.get(ch), end.get(ch))
+            note = src.window_note(ch, start.get(ch), end.get(ch))
+            out.append(WindowEnergy(name, ch, t0, t_ns, e, 2 if e is not None else 0, warmup, step_index,
+                                    instrumented, note))
         for ch in self.power_channels:
             with self._lock:
                 e, n = self.traces[ch].energy_j(t0, t_ns)
-            out.append(WindowEnergy(name, ch, t0, t_ns, e, n, warmup, step_index))
+            out.append(WindowEnergy(name, ch, t0, t_ns, e, n, warmup, step_index, instrumented))
         self.closed.extend(out)
         return out
 

@@ -137,6 +137,13 @@ class MetricComparison:
     samples: tuple[int, int] | None = None
     point: str | None = None
     note: str | None = None
+    baseline_verdict: str | None = None  # the runs' validity verdicts (None: stored before verdicts)
+    candidate_verdict: str | None = None
+
+    @property
+    def judged(self) -> bool:
+        """False when either run is ``invalid``: such a comparison passes no judgement."""
+        return "invalid" not in (self.baseline_verdict, self.candidate_verdict)
 
     @property
     def slowdown(self) -> float | None:
@@ -159,6 +166,7 @@ class MetricComparison:
         d = asdict(self)
         d["verdict"] = self.verdict
         d["slowdown"] = self.slowdown
+        d["judged"] = self.judged
         return d
 
 
@@ -206,6 +214,31 @@ def _lower_is_better(metric: str) -> bool | None:
 def compare_runs(store: Store, baseline: RunResult, candidate: RunResult, metrics: Sequence[str] = DEFAULT_METRICS,
                  *, stat: str = "mean", n_boot: int = 2000, seed: int = 0, point: str | None = None) -> list[MetricComparison]:
     """Compare ``candidate`` with ``baseline`` on every metric."""
+    out = _compare_runs(store, baseline, candidate, metrics, stat=stat, n_boot=n_boot, seed=seed, point=point)
+    va, vb = verdict_of(baseline), verdict_of(candidate)
+    for c in out:
+        c.baseline_verdict, c.candidate_verdict = va, vb
+    return out
+
+
+def verdict_of(run: RunResult) -> str | None:
+    """The run's validity verdict, ``None`` for runs stored before verdicts existed."""
+    return run.validity.verdict if run.validity is not None else None
+
+
+def validity_notes(runs: Sequence[RunResult]) -> list[str]:
+    """One line per run that is not ``valid``: its verdict and reasons."""
+    out = []
+    for r in runs:
+        if r.validity is None:
+            out.append(f"{r.run_id}: no validity verdict (stored before runs had one)")
+        elif r.validity.verdict != "valid":
+            out.append(f"{r.run_id} is {r.validity.verdict}: " + ("; ".join(r.validity.reasons) or "-"))
+    return out
+
+
+def _compare_runs(store: Store, baseline: RunResult, candidate: RunResult, metrics: Sequence[str],
+                  *, stat: str, n_boot: int, seed: int, point: str | None) -> list[MetricComparison]:
     ra, rb = run_row(baseline), run_row(candidate)
     out = []
     for m in metrics:
@@ -294,8 +327,9 @@ def _point_label(run: RunResult) -> str:
 
 def slower_than(results: Sequence[MetricComparison], threshold: float) -> list[MetricComparison]:
     """Comparisons where B is significantly worse than A by more than ``threshold`` (a fraction):
-    the estimated slowdown exceeds it and the 95 % interval excludes zero."""
-    return [c for c in results if c.significant and c.slowdown is not None and c.slowdown > threshold]
+    the estimated slowdown exceeds it and the 95 % interval excludes zero. Comparisons with an
+    ``invalid`` run are never judged (see :attr:`MetricComparison.judged`)."""
+    return [c for c in results if c.judged and c.significant and c.slowdown is not None and c.slowdown > threshold]
 
 
 def parse_threshold(text: str) -> float:

@@ -18,6 +18,9 @@ from rich.table import Table
 from perfsdk.plugins import hookimpl
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
+#: ``perfsdk compare --fail-if-slower``: a baseline or candidate run is ``invalid``, so (part of)
+#: the comparison passed no judgement; nothing judged was slower.
+EXIT_NOT_JUDGED = 3
 
 
 def _usage(message: str) -> None:
@@ -220,14 +223,22 @@ def sweep_cmd(sweep_file: str, store_dir: str | None, executor: str, resume: boo
                    "result field. Default: the first four.")
 @click.option("--stat", default="mean", show_default=True, help="Statistic compared: mean, p50, p90, p95, p99.")
 @click.option("--fail-if-slower", "fail_if_slower", default=None, metavar="PCT",
-              help="Exit 1 when a candidate is significantly worse than the baseline by more than PCT (e.g. 5%).")
+              help="Exit 1 when a candidate is significantly worse than the baseline by more than PCT (e.g. 5%); "
+                   "exit 3 when nothing was worse but a run involved is invalid (not judged).")
 @click.option("--bootstrap", "n_boot", default=2000, show_default=True, help="Bootstrap resamples.")
 @click.option("--seed", default=0, show_default=True, help="Seed of the bootstrap.")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 def compare_cmd(ids: tuple[str, ...], store_dir: str, metrics: tuple[str, ...], stat: str, fail_if_slower: str | None,
                 n_boot: int, seed: int, as_json: bool) -> None:
     """Compare runs or sweeps (by id) with the first one: relative change and significance."""
-    from perfsdk.experiments.compare import DEFAULT_METRICS, CompareError, compare, parse_threshold, slower_than
+    from perfsdk.experiments.compare import (
+        DEFAULT_METRICS,
+        CompareError,
+        compare,
+        parse_threshold,
+        slower_than,
+        validity_notes,
+    )
     from perfsdk.store import Store
 
     if not Path(store_dir).is_dir():
@@ -240,9 +251,15 @@ def compare_cmd(ids: tuple[str, ...], store_dir: str, metrics: tuple[str, ...], 
         _usage(str(err))
         return
     failing = slower_than(results, threshold) if threshold is not None else []
+    not_judged = sorted({rid for c in results for rid, v in ((c.baseline, c.baseline_verdict),
+                                                              (c.candidate, c.candidate_verdict)) if v == "invalid"})
+    store = Store(store_dir)
+    involved = {c.baseline for c in results} | {c.candidate for c in results}
+    notes = validity_notes([store.get(rid) for rid in sorted(involved)])
     if as_json:
         click.echo(json.dumps({"baseline": ids[0], "stat": stat, "comparisons": [c.to_dict() for c in results],
-                               "fail_if_slower": threshold, "failed": bool(failing)}, indent=2))
+                               "fail_if_slower": threshold, "failed": bool(failing), "validity": notes,
+                               "not_judged": not_judged}, indent=2))
     else:
         t = Table(title=f"{stat}: candidates vs baseline {ids[0]}", show_edge=False)
         has_point = any(c.point for c in results)
@@ -255,15 +272,24 @@ def compare_cmd(ids: tuple[str, ...], store_dir: str, metrics: tuple[str, ...], 
             change = f"{c.change * 100:+.1f}%" if c.change is not None else "-"
             style = {"slower": "red", "faster": "green"}.get(c.verdict)
             verdict = f"[{style}]{c.verdict}[/]" if style else c.verdict
+            if not c.judged:
+                verdict += " [red](not judged)[/]"
             row = ([c.point or ""] if has_point else []) + [c.candidate, c.metric, _fmt(c.baseline_value),
                                                             _fmt(c.candidate_value), change, ci, verdict]
             t.add_row(*row)
         Console().print(t)
+        for note in notes:
+            click.echo(f"validity: {note}", err=True)
         if failing:
             worst = max(failing, key=lambda c: c.slowdown or 0)
             click.echo(f"FAIL: {worst.candidate} {worst.metric} is {worst.slowdown * 100:.1f}% worse than "  # type: ignore[operator]
                        f"{worst.baseline} (limit {threshold * 100:.1f}%)", err=True)  # type: ignore[operator]
-    sys.exit(EXIT_FAILED if failing else EXIT_OK)
+        elif threshold is not None and not_judged:
+            click.echo(f"NOT JUDGED: invalid run(s) {', '.join(not_judged)}: --fail-if-slower passes no judgement "
+                       "on them (exit 3)", err=True)
+    if failing:
+        sys.exit(EXIT_FAILED)
+    sys.exit(EXIT_NOT_JUDGED if threshold is not None and not_judged else EXIT_OK)
 
 
 @click.command("report")

@@ -253,6 +253,10 @@ def run_sections(store: Store, run: RunResult, registry: Any = None) -> list[Sec
     s.html.append(_table(["metric", "value"], [list(r) for r in headline_rows(run, reg)], "kv"))
     secs.append(s)
 
+    from perfsdk.validity import report_html
+
+    secs.append(Section("Validity", html=[report_html(run.validity)]))
+
     for name in ordered_collectors(run.collectors, reg):
         cls: type[Collector] | None = reg.collectors.get(name)
         result = run.collector_result(name, cls) if cls is not None else None

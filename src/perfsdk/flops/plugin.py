@@ -4,9 +4,12 @@ The collector counts the real run. By default (``steps: first``) it counts the f
 step of each distinct shape — (kind, batch size, padded input length, generation settings) —
 because counting runs every operation through a Python dispatch hook, which slows the counted
 step down; the counted step's FLOPs are then exact for that shape. ``steps: all`` counts every
-measured step. Totals (``flops_total`` …) are over the counted steps. Achieved FLOP/s divide
-those FLOPs by the durations of measured steps of the same shape that were *not* counted, when
-there are any (otherwise by the counted step's own, slowed, duration — then ``notes`` says so).
+measured step. The counted steps are instrumented copies of the measured ones (same inputs, run
+by the session after the timed steps), so the counter's slowdown never enters the latency
+figures. Totals (``flops_total`` …) are over the counted steps. Achieved FLOP/s divide those
+FLOPs by the durations of measured steps of the same shape (with
+``instrumentation.replay: false``, by the counted step's own, slowed, duration when no other
+step has its shape — then ``notes`` says so).
 
 Quantized models (torch dynamic int8, bitsandbytes) are counted on a weightless meta-device copy
 of the unquantized architecture with the same batch, input length and number of generated
@@ -57,6 +60,7 @@ class CountedStep(BaseModel):
     """One counted step."""
 
     step: int
+    replay_of: int | None = None
     kind: str
     batch_size: int
     input_tokens: int
@@ -176,6 +180,7 @@ class FlopsCollector(Collector):
     default_enabled = False
     description = "FLOPs/MACs of the run (encode/prefill/decode, per module), deviation from the analytic model, MFU"
     key_columns = ("flops_total", "mfu_pct")
+    instruments_steps = True
 
     @classmethod
     def summary_rows(cls, result: FlopsResult) -> list[tuple[str, str]]:
@@ -223,14 +228,18 @@ class FlopsCollector(Collector):
         self._notes: list[str] = []
         self._forward_rows: list[dict[str, Any]] = []
 
-    @hookimpl
-    def perfsdk_before_generate(self, session: Any, step: Step) -> None:
-        if step.warmup:
-            return
+    def wants_to_instrument(self, session: Any, step: Step) -> bool:
+        """The first measured step of each shape (``steps: first``), or every one (``all``)."""
         key = _step_shape(step)
         if self.cfg.steps == "first" and key in self._seen:
-            return
+            return False
         self._seen.add(key)
+        return True
+
+    @hookimpl
+    def perfsdk_before_generate(self, session: Any, step: Step) -> None:
+        if self.name not in step.instrumented_by:
+            return
         model = step.model
         from perfsdk.flops.counter import is_quantized
 
@@ -335,7 +344,7 @@ class FlopsCollector(Collector):
                 time_s += step.duration_s
                 if count.backend == "torch" and count.method == "capture":
                     slowed = True
-            rows.append(CountedStep(step=step.index, kind=step.kind, batch_size=step.batch_size,
+            rows.append(CountedStep(step=step.index, replay_of=step.replay_of, kind=step.kind, batch_size=step.batch_size,
                                     input_tokens=_padded_len(step), forwards=len(count.forwards) or 1,
                                     flops=count.flops_total, analytic_flops=analytic, duration_s=step.duration_s))
         if slowed:

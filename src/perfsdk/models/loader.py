@@ -14,6 +14,13 @@ first ones, more get freshly initialized ones. An unknown field is an error nami
 
 Every problem the user can fix is raised as :class:`~perfsdk.config.ConfigError` naming the
 field (``model.id: folder ./x not found``), which the CLI turns into exit code 2.
+
+Loading is two steps so that the load time is the model's: :func:`prepare_load` does what a
+process does only once — importing ``transformers`` and the model's own modules (resolved
+lazily by the library), the tokenizer library, building the library's one-time weight-name
+tables, building an embedded model on first use — and reads the configuration;
+:func:`load_prepared` then loads the weights and the tokenizer. The session times them apart
+(``import_s`` and ``load_s``).
 """
 
 from __future__ import annotations
@@ -22,6 +29,7 @@ import importlib.util
 import os
 import warnings
 from pathlib import Path
+from dataclasses import dataclass
 from typing import Any
 
 import structlog
@@ -284,15 +292,45 @@ def check_model_config(cfg: ModelConfig) -> None:
     _resolve_source(cfg, build=False)
 
 
-def load_model(cfg: ModelConfig) -> tuple[Any, Any]:
-    """Load ``cfg`` into ``(model, tokenizer)``: on its device, in its dtype, quantized, in eval mode.
+@dataclass
+class PreparedLoad:
+    """What :func:`prepare_load` resolved: where the checkpoint is, its configuration and class."""
 
-    The tokenizer is ``None`` when the checkpoint has none (e.g. a bare encoder folder); for a
-    vision-language model it is the processor (``AutoProcessor``), whose tokenizer is prepared
-    the same way. A missing pad token is set to the EOS (or UNK) token, and models that generate
-    pad on the left.
-    Raises :class:`~perfsdk.config.ConfigError` naming the field for anything the user can fix.
+    cfg: ModelConfig
+    device: str
+    kind: str
+    location: str
+    hf_config: Any
+    model_class: Any
+
+
+def _warm_library(hf_config: Any, cls: Any) -> None:
+    """Import the modules ``from_pretrained`` would import lazily and build its one-time tables.
+
+    Each part is best effort: a ``transformers`` version without it simply skips it, and what is
+    left is paid inside the load timer, as before.
     """
+    try:  # the concrete class (e.g. LlamaForCausalLM) imports the model's module and modeling_utils
+        mapping = getattr(cls, "_model_mapping", None)
+        if mapping is not None:
+            _ = mapping[type(hf_config)]
+    except (KeyError, ValueError, ImportError, AttributeError):
+        pass
+    try:  # the checkpoint key-renaming tables: about a thousand regular expressions, compiled once
+        from transformers import conversion_mapping
+
+        conversion_mapping.get_checkpoint_conversion_mapping(getattr(hf_config, "model_type", None))
+    except (ImportError, AttributeError, TypeError, ValueError):
+        pass
+    try:
+        import tokenizers  # noqa: F401
+        from transformers import AutoTokenizer, PreTrainedTokenizerFast  # noqa: F401
+    except ImportError:
+        pass
+
+
+def prepare_load(cfg: ModelConfig) -> PreparedLoad:
+    """Check ``cfg``, resolve the checkpoint, read its configuration and do the one-time imports."""
     from perfsdk.models.tiny import quiet_transformers
 
     device = resolve_device(cfg.device)
@@ -317,6 +355,28 @@ def load_model(cfg: ModelConfig) -> tuple[Any, Any]:
         name = next(iter(unused))
         raise ConfigError(f"model.config_overrides.{name}: not a field of {type(hf_config).__name__}")
 
+    cls = _model_class(hf_config)
+    _warm_library(hf_config, cls)
+    return PreparedLoad(cfg, device, kind, location, hf_config, cls)
+
+
+def load_model(cfg: ModelConfig) -> tuple[Any, Any]:
+    """Load ``cfg`` into ``(model, tokenizer)``: on its device, in its dtype, quantized, in eval mode.
+
+    The tokenizer is ``None`` when the checkpoint has none (e.g. a bare encoder folder); for a
+    vision-language model it is the processor (``AutoProcessor``), whose tokenizer is prepared
+    the same way. A missing pad token is set to the EOS (or UNK) token, and models that generate
+    pad on the left.
+    Raises :class:`~perfsdk.config.ConfigError` naming the field for anything the user can fix.
+    """
+    return load_prepared(prepare_load(cfg))
+
+
+def load_prepared(prep: PreparedLoad) -> tuple[Any, Any]:
+    """Load the weights and the tokenizer that :func:`prepare_load` resolved (see :func:`load_model`)."""
+    from perfsdk.models.tiny import quiet_transformers
+
+    cfg, device, kind, location, hf_config = prep.cfg, prep.device, prep.kind, prep.location, prep.hf_config
     kwargs: dict[str, Any] = {"dtype": resolve_dtype(cfg.dtype, device), "trust_remote_code": cfg.trust_remote_code}
     if cfg.config_overrides:
         kwargs["config"] = hf_config
@@ -328,7 +388,7 @@ def load_model(cfg: ModelConfig) -> tuple[Any, Any]:
         kwargs["quantization_config"] = bnb_config(cfg)
         kwargs["device_map"] = {"": device}
 
-    cls = _model_class(hf_config)
+    cls = prep.model_class
     try:
         with quiet_transformers():
             model = cls.from_pretrained(location, **kwargs)
