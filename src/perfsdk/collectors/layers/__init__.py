@@ -1,4 +1,4 @@
-"""Per-module timing through forward hooks, split into prefill and decode.
+"""Per-module timing through forward hooks, split into encode, prefill and decode.
 
 The ``layers`` collector answers "which layers take the time". On the selected measured steps it
 puts a forward pre-hook and a forward hook on the model's modules, timestamps each call on the
@@ -8,14 +8,21 @@ ends, whether it succeeded or raised.
 
 Phases: inside ``generate`` the first call of the top module is the prefill, every later call is
 one decode step; each module call is attributed to the phase of the top-module call that
-contains it. The context length of each top-level call is read from the KV cache it receives
-(cached positions + new positions). ``s.forward`` steps have a single phase, ``forward``.
+contains it. Calls inside the model's encode modules (an encoder-decoder's encoder, a vision or
+audio tower and its projector: :mod:`perfsdk.models.encode`) are ``encode``, whether
+``transformers`` runs them before the first top-module call (as ``generate`` does) or inside it;
+the encode phase's time is that of the outermost encode-module calls, and an encode call that
+ran inside a top-module call is taken out of that call's phase time. The context length of each
+top-level call is read from the KV cache it receives (cached positions + new positions).
+``s.forward`` steps have a single phase, ``forward``.
 
 Coverage: the time spent in the *coverage modules* — the top module's children, where a child
 that holds a block stack (an ``nn.ModuleList``/``nn.ModuleDict``) is replaced by its own
 children, so for a decoder LM these are the embedding, each decoder layer, the final norm, the
-rotary embedding and the LM head — divided by the step time. What is missing is the code between
-modules (masks, cache updates, sampling, ``generate`` bookkeeping).
+rotary embedding and the LM head; the encode modules are coverage modules too, unless coverage
+modules already sit inside them (a call nested in another coverage module's call counts once) —
+divided by the step time. What is missing is the code between modules (masks, cache updates,
+sampling, ``generate`` bookkeeping).
 
 Overhead: hooks slow the model down. ``overhead_pct`` compares the instrumented steps with the
 measured steps of the same shape that were *not* instrumented (same kind, batch, input token

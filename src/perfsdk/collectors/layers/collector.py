@@ -35,13 +35,13 @@ def _step_shape_key(step: Step) -> tuple[Any, ...]:
 
 
 class LayersCollector(Collector):
-    """Per-module forward times (hooks) for prefill and decode, with coverage and overhead."""
+    """Per-module forward times (hooks) for encode, prefill and decode, with coverage and overhead."""
 
     name: ClassVar[str] = "layers"
     Config: ClassVar[type[BaseModel]] = LayersConfig
     Result: ClassVar[type[BaseModel]] = LayersResult
     default_enabled: ClassVar[bool] = False
-    description: ClassVar[str] = "per-layer forward times (hooks), by module and type, prefill vs decode"
+    description: ClassVar[str] = "per-layer forward times (hooks), by module and type, encode / prefill / decode"
     title: ClassVar[str] = "Layers"
     key_columns: ClassVar[tuple[str, ...]] = ("coverage_pct",)
 
@@ -217,8 +217,7 @@ class LayersCollector(Collector):
             for fwd, ctx in enumerate(rec.context_lens):
                 if ctx is not None:
                     phase_ctx.setdefault(phase_of(rec.kind, fwd), []).append(ctx)
-            for i, fwd, t0, dur, shp in rec.calls:
-                phase = phase_of(rec.kind, fwd)
+            for i, fwd, t0, dur, shp, phase in rec.calls:
                 a = agg.setdefault((i, phase), [0, 0])
                 a[0] += 1
                 a[1] += dur
@@ -232,7 +231,16 @@ class LayersCollector(Collector):
                         "context_len": rec.context_lens[fwd] if 0 <= fwd < len(rec.context_lens) else None,
                     })
         root_i = next(i for i, t in enumerate(targets) if t.is_root)
-        phase_time: dict[str, float] = {ph: agg[(root_i, ph)][1] / 1e9 for ph in PHASES if (root_i, ph) in agg}
+        # per phase: [calls, total_ns] of the top module, with the encode passes as a phase of their own
+        phase_tot: dict[str, list[int]] = {ph: list(agg[(root_i, ph)]) for ph in PHASES if (root_i, ph) in agg}
+        for rec in self._records:
+            for enc_ns, nested_in in rec.encode_calls:
+                enc = phase_tot.setdefault("encode", [0, 0])
+                enc[0] += 1
+                enc[1] += enc_ns
+                if nested_in is not None and nested_in in phase_tot:
+                    phase_tot[nested_in][1] -= enc_ns
+        phase_time: dict[str, float] = {ph: v[1] / 1e9 for ph, v in phase_tot.items()}
 
         def share(x: float) -> float:
             return x / step_time * 100.0 if step_time > 0 else 0.0
@@ -268,15 +276,15 @@ class LayersCollector(Collector):
             rows = kept
         phases = []
         for ph in PHASES:
-            if (root_i, ph) not in agg:
+            if ph not in phase_tot:
                 continue
-            calls, tot_ns = agg[(root_i, ph)]
+            calls, tot_ns = phase_tot[ph]
             ctxs = phase_ctx.get(ph) or []
             phases.append(PhaseRow(phase=ph, forwards=calls, total_s=tot_ns / 1e9, mean_s=tot_ns / 1e9 / calls,
                                    share_pct=share(tot_ns / 1e9), context_len_min=min(ctxs) if ctxs else None,
                                    context_len_max=max(ctxs) if ctxs else None))
         cov_idx = [i for i, t in enumerate(targets) if t.in_coverage]
-        cov_s = sum(c[1] for (i, _), c in agg.items() if i in set(cov_idx)) / 1e9
+        cov_s = sum(rec.coverage_ns for rec in self._records) / 1e9
         root_s = sum(phase_time.values())
         if self.cfg.log_events:
             events.sort(key=lambda e: (e["step"], e["start_s"], e["depth"]))

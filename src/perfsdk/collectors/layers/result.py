@@ -8,8 +8,8 @@ from pydantic import Field
 
 from perfsdk.collector import CollectorResult
 
-LayerPhase = Literal["prefill", "decode", "forward"]
-PHASES: tuple[LayerPhase, ...] = ("prefill", "decode", "forward")
+LayerPhase = Literal["encode", "prefill", "decode", "forward"]
+PHASES: tuple[LayerPhase, ...] = ("encode", "prefill", "decode", "forward")
 
 #: A module setting worth showing (``in_features``, ``kernel_size``, ``eps`` ...).
 ParamValue = Union[bool, int, float, str, list[int], None]
@@ -51,7 +51,9 @@ class ModuleTypeRow(CollectorResult):
 
 
 class PhaseRow(CollectorResult):
-    """Top-module calls of one phase, summed over the instrumented steps."""
+    """Top-module calls of one phase, summed over the instrumented steps (for ``encode``: the
+    outermost encode-module calls; an encode pass inside a top-module call is taken out of that
+    call's phase)."""
 
     phase: LayerPhase
     forwards: int
@@ -109,7 +111,7 @@ class FunctionOpRow(CollectorResult):
 
 
 class LayersResult(CollectorResult):
-    """Where the step time goes, module by module, for prefill and decode."""
+    """Where the step time goes, module by module, for encode, prefill and decode."""
 
     status: Literal["ok", "unavailable"] = "ok"
     reason: str | None = None
