@@ -1,4 +1,10 @@
-"""The ``layers`` collector: lifecycle (which steps are instrumented) and the result it builds."""
+"""The ``layers`` collector: lifecycle (which steps are instrumented) and the result it builds.
+
+The selected measured steps get instrumented copies (same inputs, run by the session after the
+timed steps, left out of every other statistic; see ``instrumentation`` in the configuration):
+the hooks are put on for those copies only. ``overhead_pct`` compares each copy with the timed
+original of the same shape.
+"""
 
 from __future__ import annotations
 
@@ -44,6 +50,7 @@ class LayersCollector(Collector):
     description: ClassVar[str] = "per-layer forward times (hooks), by module and type, encode / prefill / decode"
     title: ClassVar[str] = "Layers"
     key_columns: ClassVar[tuple[str, ...]] = ("coverage_pct",)
+    instruments_steps: ClassVar[bool] = True
 
     def __init__(self, config: BaseModel | None = None) -> None:
         super().__init__(config)
@@ -64,13 +71,15 @@ class LayersCollector(Collector):
 
     # -- lifecycle ------------------------------------------------------------------------
 
-    @hookimpl
-    def perfsdk_before_generate(self, session: Session, step: Step) -> None:
-        if step.warmup:
-            return
+    def wants_to_instrument(self, session: Any, step: Step) -> bool:
+        """The selected measured steps (``steps``: first N or every Nth)."""
         ordinal = self._ordinal
         self._ordinal += 1
-        if not self.cfg.steps.selects(ordinal):
+        return self.cfg.steps.selects(ordinal)
+
+    @hookimpl
+    def perfsdk_before_generate(self, session: Session, step: Step) -> None:
+        if self.name not in step.instrumented_by:
             return
         model = step.model
         try:
