@@ -12,7 +12,7 @@ from typing import Literal
 OpCategory = Literal[
     "matmul", "attention", "norm", "activation", "softmax", "embedding", "elementwise", "other"
 ]
-Phase = Literal["prefill", "decode", "forward"]
+Phase = Literal["encode", "prefill", "decode", "forward"]
 
 
 @dataclass
