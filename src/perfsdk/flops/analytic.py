@@ -40,7 +40,13 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from perfsdk.capture import CONVENTION
-from perfsdk.models.arch import Architecture, UnsupportedArchitecture, architecture_from_config
+from perfsdk.models.arch import (
+    Architecture,
+    GenerateShape,
+    UnsupportedArchitecture,
+    architecture_from_config,
+    generate_shape,
+)
 
 #: Kept for callers that catch the analytic model's error by this name.
 UnsupportedConfig = UnsupportedArchitecture
@@ -110,43 +116,6 @@ def encode_macs(arch: Architecture, batch_size: int, encoder_tokens: int = 0, im
         )
     return ForwardMacs(linear=batch_size * encoder_tokens * enc.linear_macs_per_token(),
                        attention=attention_macs(enc, batch_size, encoder_tokens, 0))
-
-
-@dataclass(frozen=True)
-class GenerateShape:
-    """What each phase processes for ``generate`` (or a forward) of a model.
-
-    ``prompt_tokens``: the decoder's positions in its first forward (text plus image tokens for a
-    vision-language model, the single start token for an encoder-decoder).
-    """
-
-    batch_size: int
-    input_tokens: int
-    output_tokens: int
-    images: int
-    image_tokens: int
-    encoder_tokens: int
-    prompt_tokens: int
-
-
-def generate_shape(arch: Architecture, batch_size: int, input_tokens: int, output_tokens: int,
-                   images: int | None = None, decoder_tokens: int = 1) -> GenerateShape:
-    """Resolve what each phase processes; ``images`` defaults to one per sequence for a VLM.
-
-    ``input_tokens`` are the text tokens of the prompt (without image tokens); for an
-    encoder-decoder they are the encoder's input, and the decoder starts from
-    ``decoder_tokens`` positions.
-    """
-    if images is None:
-        images = 1 if arch.is_multimodal else 0
-    if images < 0:
-        raise ValueError(f"images must be >= 0, got {images}")
-    if images and not arch.is_multimodal:
-        raise ValueError(f"images: the {arch.model_type} architecture has no vision tower")
-    image_tokens = images * arch.image_tokens_per_image
-    if arch.is_encoder_decoder:
-        return GenerateShape(batch_size, input_tokens, output_tokens, 0, 0, input_tokens, decoder_tokens)
-    return GenerateShape(batch_size, input_tokens, output_tokens, images, image_tokens, 0, input_tokens + image_tokens)
 
 
 @dataclass

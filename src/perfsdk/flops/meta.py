@@ -34,6 +34,7 @@ from perfsdk.flops.analytic import generate_shape
 from perfsdk.flops.counter import FlopsCount, count_analytic, count_from_records
 from perfsdk.models.arch import (
     Architecture,
+    GenerateShape,
     UnknownModel,
     UnsupportedArchitecture,
     architecture_from_config,
@@ -131,13 +132,13 @@ class _Replay:
         self.arch = _architecture_or_none(self.cfg) if self.cfg is not None else None
         self.batch_size = batch_size
         self.dev = torch.device("meta")
+        self.shape: GenerateShape | None = None
         if self.arch is not None:
             self.shape = generate_shape(self.arch, batch_size, input_tokens, 0, images)
             self.prompt = self.shape.prompt_tokens
         else:
             if images:
                 raise ValueError("images: the model has no vision tower")
-            self.shape = None
             self.prompt = input_tokens
         self.input_tokens = input_tokens
         self.encoder_out: Any = None

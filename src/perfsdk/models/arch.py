@@ -680,6 +680,46 @@ def _llava(cfg: Any, arch_name: str | None) -> Architecture:
                    image_tokens_per_image=vision.patches_per_image + (1 if strategy == "full" else 0))
 
 
+# -- what each phase processes -----------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class GenerateShape:
+    """What each phase processes for ``generate`` (or a forward) of a model.
+
+    ``prompt_tokens``: the decoder's positions in its first forward (text plus image tokens for a
+    vision-language model, the single start token for an encoder-decoder).
+    """
+
+    batch_size: int
+    input_tokens: int
+    output_tokens: int
+    images: int
+    image_tokens: int
+    encoder_tokens: int
+    prompt_tokens: int
+
+
+def generate_shape(arch: Architecture, batch_size: int, input_tokens: int, output_tokens: int,
+                   images: int | None = None, decoder_tokens: int = 1) -> GenerateShape:
+    """Resolve what each phase processes; ``images`` defaults to one per sequence for a VLM.
+
+    ``input_tokens`` are the text tokens of the prompt (without image tokens); for an
+    encoder-decoder they are the encoder's input, and the decoder starts from
+    ``decoder_tokens`` positions.
+    """
+    if images is None:
+        images = 1 if arch.is_multimodal else 0
+    if images < 0:
+        raise ValueError(f"images must be >= 0, got {images}")
+    if images and not arch.is_multimodal:
+        raise ValueError(f"images: the {arch.model_type} architecture has no vision tower")
+    image_tokens = images * arch.image_tokens_per_image
+    if arch.is_encoder_decoder:
+        return GenerateShape(batch_size, input_tokens, output_tokens, 0, 0, input_tokens, decoder_tokens)
+    return GenerateShape(batch_size, input_tokens, output_tokens, images, image_tokens, 0, input_tokens + image_tokens)
+
+
 # -- naming a model -----------------------------------------------------------------------------
 
 
@@ -759,6 +799,7 @@ def resolve_architecture(model: str) -> Architecture:
 
 __all__ = [
     "Architecture",
+    "GenerateShape",
     "Linear",
     "MissingConfigField",
     "SUPPORTED_MODEL_TYPES",
@@ -769,6 +810,7 @@ __all__ = [
     "bundled_names",
     "check_required_fields",
     "config_from_dict",
+    "generate_shape",
     "resolve_architecture",
     "resolve_config",
 ]

@@ -287,26 +287,33 @@ def _fmt_s(v: float | None) -> str:
 @click.option("--batch-size", default=1, show_default=True, type=click.IntRange(min=1))
 @click.option("--input-tokens", default=128, show_default=True, type=click.IntRange(min=1))
 @click.option("--output-tokens", default=128, show_default=True, type=click.IntRange(min=1))
+@click.option("--images", default=None, type=click.IntRange(min=0),
+              help="Images per sequence of a vision-language model [default: 1]")
 @click.option("--dtype", default="bfloat16", show_default=True,
               type=click.Choice(["float32", "float16", "bfloat16", "float8_e4m3fn", "int8", "int4"]))
 @click.option("--top", "top_n", default=10, show_default=True, type=click.IntRange(min=0), help="Layers listed per phase")
 @click.option("--json", "as_json", is_flag=True, help="Print the full result as JSON")
 def simulate_command(model_spec: str, hardware: str, hardware_files: tuple[str, ...], mapping_file: str | None,
-                     batch_size: int, input_tokens: int, output_tokens: int, dtype: str, top_n: int,
-                     as_json: bool) -> None:
-    """Predict TTFT, TPOT, tokens/s, energy and memory fit of MODEL on HARDWARE (analytic ops)."""
-    from perfsdk.simulation.shape import resolve_model_shape
+                     batch_size: int, input_tokens: int, output_tokens: int, images: int | None, dtype: str,
+                     top_n: int, as_json: bool) -> None:
+    """Predict TTFT, TPOT, tokens/s, energy and memory fit of MODEL on HARDWARE (analytic ops).
+
+    Encoder-decoder (T5) and vision-language (LLaVA) models get an encode phase: the encoder, or
+    the vision tower and projector; TTFT spans encode and prefill.
+    """
+    from perfsdk.models.arch import resolve_architecture
 
     try:
         catalog = Catalog.load(hardware_files)
         profile = _profile(hardware, catalog)
         mapping = mapping_from(mapping_file)
-        shape = resolve_model_shape(model_spec)
+        arch = resolve_architecture(model_spec)
         sim_profiles = [profile] + ([catalog.get(p) for p in mapping.devices.values()] if mapping else [])
         if not mapping or not mapping.default:
             sim_profiles[0].dtype_key(dtype)
-        res = simulate_model(shape, profile, batch_size=batch_size, input_tokens=input_tokens,
-                             output_tokens=output_tokens, dtype=dtype, mapping=mapping, top_n=top_n, catalog=catalog)
+        res = simulate_model(arch, profile, batch_size=batch_size, input_tokens=input_tokens,
+                             output_tokens=output_tokens, dtype=dtype, mapping=mapping, top_n=top_n, catalog=catalog,
+                             images=images, name=model_spec)
     except (HardwareProfileError, MappingError, ValueError) as exc:
         _fail(str(exc))
         return
