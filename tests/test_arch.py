@@ -10,16 +10,8 @@ import transformers as tf
 from click.testing import CliRunner
 
 from perfsdk.flops.plugin import flops_command
-from perfsdk.models.arch import (
-    SUPPORTED_MODEL_TYPES,
-    MissingConfigField,
-    UnknownModel,
-    UnsupportedArchitecture,
-    architecture_from_config,
-    bundled_config,
-    bundled_names,
-    resolve_config,
-)
+from perfsdk.models.arch import SUPPORTED_MODEL_TYPES, MissingConfigField, UnsupportedArchitecture, architecture_from_config
+from perfsdk.models.resolve import UnknownModel, bundled_config, bundled_names, resolve_config
 from perfsdk.simulation.plugin import simulate_command
 
 H, L, NH, KV, INTER, V = 64, 2, 4, 2, 128, 256

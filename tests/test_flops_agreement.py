@@ -19,7 +19,8 @@ from click.testing import CliRunner
 from perfsdk.flops.analytic import analytic_generate
 from perfsdk.flops.meta import count_meta_generate, meta_model
 from perfsdk.flops.plugin import flops_command
-from perfsdk.models.arch import Architecture, architecture_from_config, bundled_config, bundled_names
+from perfsdk.models.arch import Architecture, architecture_from_config
+from perfsdk.models.resolve import bundled_config, bundled_names
 from perfsdk.simulation.analytic import generation_ops
 from perfsdk.simulation.plugin import simulate_command
 

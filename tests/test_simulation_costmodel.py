@@ -9,7 +9,8 @@ from perfsdk.ops import OpRecord
 from perfsdk.simulation.analytic import _Emitter, expected_active_experts, forward_ops, generation_ops
 from perfsdk.simulation.costmodel import cost_op
 from perfsdk.simulation.predictor import Simulator, rescale_ops, simulate_model
-from perfsdk.models.arch import architecture_from_config, resolve_architecture
+from perfsdk.models.arch import architecture_from_config
+from perfsdk.models.resolve import resolve_architecture
 
 PROFILE = HardwareProfile.model_validate({
     "name": "testdev", "kind": "gpu", "variant": "v", "source": "s",

@@ -2,8 +2,8 @@
 
 A model is named by a local folder holding ``config.json`` (or the file itself), a built-in
 name (``builtin:tiny-llama``), or a bundled config of a well-known architecture (see
-:func:`~perfsdk.models.arch.bundled_names`; names are resolved by
-:func:`perfsdk.models.arch.resolve_config`). The architecture is built from its config under
+:func:`~perfsdk.models.resolve.bundled_names`; names are resolved by
+:func:`perfsdk.models.resolve.resolve_config`). The architecture is built from its config under
 ``torch.device("meta")`` (``AutoModelForCausalLM``, ``AutoModelForSeq2SeqLM`` for
 encoder-decoders, ``AutoModelForImageTextToText`` for vision-language models): shapes only, no
 memory for weights, so a 70B configuration counts on a small machine.
@@ -32,16 +32,8 @@ import torch
 from perfsdk.capture import OperationCapture
 from perfsdk.flops.analytic import generate_shape
 from perfsdk.flops.counter import FlopsCount, count_analytic, count_from_records
-from perfsdk.models.arch import (
-    Architecture,
-    GenerateShape,
-    UnknownModel,
-    UnsupportedArchitecture,
-    architecture_from_config,
-    bundled_config,
-    bundled_names,
-    resolve_config,
-)
+from perfsdk.models.arch import Architecture, GenerateShape, UnsupportedArchitecture, architecture_from_config
+from perfsdk.models.resolve import UnknownModel, bundled_config, bundled_names, resolve_config
 
 log = structlog.get_logger("perfsdk.flops.meta")
 

@@ -332,13 +332,14 @@ def count_model(model: str, *, batch_size: int = 1, input_tokens: int = 128, out
     vision-language model's prompt also holds ``images`` (default 1 per sequence) times its image
     tokens. Returns the same fields as the collector's result plus ``model``, ``source``, the
     shape (``architecture``, ``images``, ``image_tokens``, ``encoder_tokens``, ``prompt_tokens``)
-    and ``forwards``. Raises :class:`~perfsdk.models.arch.UnknownModel`,
+    and ``forwards``. Raises :class:`~perfsdk.models.resolve.UnknownModel`,
     :class:`~perfsdk.models.arch.UnsupportedArchitecture` or ``ValueError``.
     """
     from perfsdk.flops.analytic import analytic_generate
     from perfsdk.flops.counter import BACKENDS, count_analytic, count_third_party
     from perfsdk.flops.meta import count_config, meta_model
-    from perfsdk.models.arch import architecture_from_config, resolve_config
+    from perfsdk.models.arch import architecture_from_config
+    from perfsdk.models.resolve import resolve_config
 
     if backend not in BACKENDS:
         raise ValueError(f"unknown backend {backend!r} (available: {', '.join(BACKENDS)})")
@@ -400,7 +401,8 @@ def flops_command(model: str, batch_size: int, input_tokens: int, output_tokens:
     encoder, or the vision tower and projector) to prefill and decode.
     """
     from perfsdk.flops.counter import BACKENDS, BackendUnavailable
-    from perfsdk.models.arch import UnknownModel, UnsupportedArchitecture
+    from perfsdk.models.arch import UnsupportedArchitecture
+    from perfsdk.models.resolve import UnknownModel
 
     if backend not in BACKENDS:
         click.echo(f"Error: unknown backend {backend!r} (available: {', '.join(BACKENDS)})", err=True)

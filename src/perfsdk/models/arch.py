@@ -33,11 +33,7 @@ that definition applies. A family not listed in :data:`SUPPORTED_MODEL_TYPES` is
 
 from __future__ import annotations
 
-import json
-import os
-from dataclasses import asdict, dataclass
-from importlib import resources
-from pathlib import Path
+from dataclasses import asdict, dataclass, replace
 from typing import Any, Literal
 
 NormKind = Literal["rms", "layer"]
@@ -672,8 +668,6 @@ def _llava(cfg: Any, arch_name: str | None) -> Architecture:
     bias = bool(_get(cfg, "multimodal_projector_bias", default=True))
     projector = (Linear("model.multi_modal_projector.linear_1", vision.hidden_size * n_features, text.hidden_size, bias),
                  Linear("model.multi_modal_projector.linear_2", text.hidden_size, text.hidden_size, bias))
-    from dataclasses import replace
-
     return replace(text, model_type="llava", architecture=arch_name, encoder=vision, projector=projector,
                    projector_act=str(_get(cfg, "projector_hidden_act", default="gelu")),
                    tie_word_embeddings=bool(_get(cfg, "tie_word_embeddings", default=text.tie_word_embeddings)),
@@ -720,97 +714,15 @@ def generate_shape(arch: Architecture, batch_size: int, input_tokens: int, outpu
     return GenerateShape(batch_size, input_tokens, output_tokens, images, image_tokens, 0, input_tokens + image_tokens)
 
 
-# -- naming a model -----------------------------------------------------------------------------
-
-
-class UnknownModel(ValueError):
-    """The model name is not a folder, a config file, a built-in or a bundled config."""
-
-
-def bundled_names() -> list[str]:
-    """Names of the bundled architecture configs (``gpt2``, ``llama-3-8b``, ``tiny-llava`` …)."""
-    root = resources.files("perfsdk.flops") / "configs"
-    return sorted(p.name[:-5] for p in root.iterdir() if p.name.endswith(".json"))
-
-
-def bundled_config(name: str) -> dict[str, Any]:
-    """The ``config.json`` dict of a bundled architecture (``perfsdk/flops/configs/<name>.json``)."""
-    if name not in bundled_names():
-        raise UnknownModel(f"no bundled config {name!r} (available: {', '.join(bundled_names())})")
-    data: dict[str, Any] = json.loads((resources.files("perfsdk.flops") / "configs" / f"{name}.json").read_text())
-    return data
-
-
-def resolve_config(model: str) -> tuple[Any, str]:
-    """The ``transformers`` config that ``model`` names, and where it came from.
-
-    Tried in order: ``builtin:<name>`` (an embedded model, or a bundled config of that name), a
-    folder holding ``config.json`` or the file itself, a bundled config of a well-known
-    architecture (:func:`bundled_names`), a Hugging Face id already in the local cache (no
-    network). Raises :class:`UnknownModel`, or :class:`UnsupportedArchitecture` for a config of a
-    family (or with a missing field) the reader does not describe.
-    """
-    if model.startswith("builtin:"):
-        name = model.split(":", 1)[1]
-        try:
-            from perfsdk.models.tiny import tiny_llama_config
-
-            return tiny_llama_config(name), "builtin"
-        except KeyError as exc:
-            if name in bundled_names():
-                return config_from_dict(bundled_config(name)), "builtin"
-            raise UnknownModel(str(exc.args[0]) if exc.args else str(exc)) from exc
-        except ImportError as exc:
-            raise UnknownModel(f"{model}: the embedded models are not available ({exc})") from exc
-    path = Path(os.path.expanduser(model))
-    if path.is_dir() and (path / "config.json").is_file():
-        path = path / "config.json"
-    if path.is_file():
-        try:
-            data = json.loads(path.read_text(encoding="utf-8"))
-        except (OSError, json.JSONDecodeError) as exc:
-            raise UnknownModel(f"{model}: cannot read config ({exc})") from exc
-        if not isinstance(data, dict):
-            raise UnknownModel(f"{model}: not a config (a JSON object is expected)")
-        try:
-            return config_from_dict(data), f"file:{path}"
-        except UnsupportedArchitecture as exc:
-            raise type(exc)(f"{path}: {exc}") from None
-    key = model.lower().replace("_", "-")
-    if key in bundled_names():
-        return config_from_dict(bundled_config(key)), f"bundled:{key}"
-    if "/" in model and not model.startswith((".", "/", "~")):
-        try:
-            from transformers import AutoConfig
-
-            return AutoConfig.from_pretrained(model, local_files_only=True), f"hf-cache:{model}"
-        except Exception:
-            pass
-    raise UnknownModel(
-        f"unknown model {model!r}: not a folder with config.json, a config file, builtin:<name>, a Hugging Face id "
-        f"in the local cache, or one of the bundled configs ({', '.join(bundled_names())})"
-    )
-
-
-def resolve_architecture(model: str) -> Architecture:
-    """:func:`resolve_config` then :func:`architecture_from_config`."""
-    return architecture_from_config(resolve_config(model)[0])
-
-
 __all__ = [
     "Architecture",
     "GenerateShape",
     "Linear",
     "MissingConfigField",
     "SUPPORTED_MODEL_TYPES",
-    "UnknownModel",
     "UnsupportedArchitecture",
     "architecture_from_config",
-    "bundled_config",
-    "bundled_names",
     "check_required_fields",
     "config_from_dict",
     "generate_shape",
-    "resolve_architecture",
-    "resolve_config",
 ]

@@ -301,7 +301,7 @@ def simulate_command(model_spec: str, hardware: str, hardware_files: tuple[str, 
     Encoder-decoder (T5) and vision-language (LLaVA) models get an encode phase: the encoder, or
     the vision tower and projector; TTFT spans encode and prefill.
     """
-    from perfsdk.models.arch import resolve_architecture
+    from perfsdk.models.resolve import resolve_architecture
 
     try:
         catalog = Catalog.load(hardware_files)
