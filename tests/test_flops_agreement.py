@@ -173,3 +173,24 @@ def test_flops_and_simulate_commands_report_encode(model: str) -> None:
     assert s["phases"]["encode"]["flops"] == a.flops_encode and s["phases"]["prefill"]["flops"] == a.flops_prefill
     assert s["ttft_s"] == pytest.approx(s["phases"]["encode"]["time_s"] + s["phases"]["prefill"]["time_s"])
     assert any(layer["phase"] == "encode" for layer in s["layers"])
+
+
+def test_collector_analytic_value_of_a_vlm_step_counts_its_images() -> None:
+    import torch
+
+    import perfsdk
+
+    cfg = tf.LlavaConfig(**{k: v for k, v in bundled_config("tiny-llava").items()
+                            if k not in ("model_type", "architectures")})
+    torch.manual_seed(0)
+    model = tf.LlavaForConditionalGeneration(cfg).eval()
+    # the processor's input_ids: 16 image tokens (id 4095) then 5 text tokens, one image each
+    ids = torch.cat([torch.full((2, 16), 4095), torch.randint(5, 100, (2, 5))], 1)
+    with perfsdk.session({"collectors": {"flops": {}, "utilization": False, "energy": False}}, store=None) as s:
+        s.load(model=model)
+        s.generate(model, input_ids=ids, attention_mask=torch.ones_like(ids), pixel_values=torch.randn(2, 3, 32, 32),
+                   max_new_tokens=3, min_new_tokens=3, do_sample=False)
+    f = s.result.collectors["flops"]
+    expected = analytic_generate(cfg, 2, 5, 3, images=1).flops_total
+    assert f["analytic_flops_total"] == expected == f["flops_total"] and f["deviation_pct"] == 0.0
+    assert s.result.model is not None and (s.result.model.model_type, s.result.model.num_layers) == ("llava", 2)
