@@ -194,3 +194,15 @@ def test_collector_analytic_value_of_a_vlm_step_counts_its_images() -> None:
     expected = analytic_generate(cfg, 2, 5, 3, images=1).flops_total
     assert f["analytic_flops_total"] == expected == f["flops_total"] and f["deviation_pct"] == 0.0
     assert s.result.model is not None and (s.result.model.model_type, s.result.model.num_layers) == ("llava", 2)
+
+
+@pytest.mark.parametrize("model", ["gpt2", "tiny-llava", "tiny-t5"])
+def test_plain_forward_on_the_meta_device(model: str) -> None:
+    from perfsdk.flops.meta import count_config
+    from perfsdk.models.resolve import resolve_config
+
+    cfg, _ = resolve_config(model)
+    c = count_config(cfg, 2, 6, 0)
+    a = analytic_generate(cfg, 2, 6, 0)  # one forward, logits for every position
+    assert c.method == "meta-device capture"
+    assert (c.flops_encode, c.flops_forward) == (a.flops_encode, a.flops_prefill) and c.flops_total == a.flops_total

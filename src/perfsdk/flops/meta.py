@@ -187,8 +187,9 @@ def count_meta_generate(model: torch.nn.Module, batch_size: int, input_tokens: i
     if output_tokens < 1:
         with torch.inference_mode(), OperationCapture(model, phase="forward", context_len=p) as cap:
             rep.encode(cap)
-            rep.forward(cap, p, rep.new_cache() if rep.encoder_out is not None else None, "forward", 0, p,
-                        logits_to_keep=0)
+            # a fresh cache: without one, transformers derives positions from the mask by value
+            # (impossible on the meta device); logits for every position, as a plain forward
+            rep.forward(cap, p, rep.new_cache(), "forward", 0, p, logits_to_keep=0)
         res = count_from_records(cap.records, "torch", "meta-device capture")
         return res
     n_dec = output_tokens - 1
