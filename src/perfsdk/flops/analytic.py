@@ -43,13 +43,9 @@ from perfsdk.capture import CONVENTION
 from perfsdk.models.arch import (
     Architecture,
     GenerateShape,
-    UnsupportedArchitecture,
     architecture_from_config,
     generate_shape,
 )
-
-#: Kept for callers that catch the analytic model's error by this name.
-UnsupportedConfig = UnsupportedArchitecture
 
 
 @dataclass
@@ -230,7 +226,6 @@ __all__ = [
     "AnalyticFlops",
     "ForwardMacs",
     "GenerateShape",
-    "UnsupportedConfig",
     "analytic_forward",
     "analytic_generate",
     "attention_macs",

@@ -49,6 +49,10 @@ class MissingConfigField(UnsupportedArchitecture):
     """A field the architecture depends on is absent from the config."""
 
 
+class InvalidConfig(UnsupportedArchitecture):
+    """``transformers`` rejects the config (a value its family does not accept)."""
+
+
 @dataclass(frozen=True)
 class Linear:
     """One weight matrix applied at every position: ``in_features -> out_features``.
@@ -425,7 +429,7 @@ def check_required_fields(data: dict[str, Any], where: str = "") -> None:
     at = f"{where}." if where else ""
     model_type = data.get("model_type")
     if not model_type:
-        raise MissingConfigField(f"config {where or ''} has no model_type".replace("  ", " "))
+        raise MissingConfigField(f"config field {at}model_type is missing: it names the architecture")
     model_type = str(model_type)
     if model_type == "llava":
         for key in ("text_config", "vision_config"):
@@ -455,9 +459,15 @@ def config_from_dict(data: dict[str, Any]) -> Any:
     check_required_fields(data)
     data = dict(data)
     model_type = data.pop("model_type")
-    for k in ("_name_or_path", "architectures", "transformers_version", "torch_dtype", "dtype"):
+    architectures = data.pop("architectures", None)
+    for k in ("_name_or_path", "transformers_version", "torch_dtype", "dtype"):
         data.pop(k, None)
-    cfg = AutoConfig.for_model(model_type, **data)
+    try:
+        cfg = AutoConfig.for_model(model_type, **data)
+    except Exception as exc:  # transformers validates values per family (strict dataclasses)
+        raise InvalidConfig(f"config of model_type {model_type!r} rejected by transformers: {exc}") from None
+    if architectures:
+        cfg.architectures = list(architectures)
     return cfg
 
 
@@ -717,6 +727,7 @@ def generate_shape(arch: Architecture, batch_size: int, input_tokens: int, outpu
 __all__ = [
     "Architecture",
     "GenerateShape",
+    "InvalidConfig",
     "Linear",
     "MissingConfigField",
     "SUPPORTED_MODEL_TYPES",
