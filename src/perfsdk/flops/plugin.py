@@ -149,22 +149,38 @@ def _padded_len(step: Step) -> int:
     return int(_step_shape(step)[2])
 
 
-def _analytic_for_step(model: Any, step: Step, positions: int) -> int | None:
-    from perfsdk.flops.analytic import analytic_forward, analytic_generate
+def _text_tokens_and_images(arch: Any, step: Step) -> tuple[int, int]:
+    """The prompt's text tokens and images per sequence of a step.
+
+    A vision-language model's ``input_ids`` already hold the image tokens the processor put in:
+    they are taken out of the text and counted as images (from ``pixel_values``).
+    """
+    tokens = _padded_len(step)
+    if arch is None or not arch.is_multimodal:
+        return tokens, 0
+    px = step.inputs.get("pixel_values") if step.inputs else None
+    shape = getattr(px, "shape", None)
+    images = int(shape[0]) // max(step.batch_size, 1) if shape is not None and len(shape) == 4 else 0
+    return tokens - images * arch.image_tokens_per_image, images
+
+
+def _architecture_of(model: Any) -> Any:
     from perfsdk.models.arch import architecture_from_config
 
-    cfg = getattr(model, "config", None)
-    if cfg is None:
+    try:
+        return architecture_from_config(model.config)
+    except (AttributeError, TypeError, ValueError):
+        return None
+
+
+def _analytic_for_step(model: Any, step: Step, positions: int) -> int | None:
+    from perfsdk.flops.analytic import analytic_forward, analytic_generate
+
+    arch = _architecture_of(model)
+    if arch is None:
         return None
     try:
-        arch = architecture_from_config(cfg)
-        tokens, images = _padded_len(step), 0
-        if arch.is_multimodal:
-            # the prompt's input_ids already hold the image tokens: count the images, keep the text
-            px = step.inputs.get("pixel_values") if step.inputs else None
-            shape = getattr(px, "shape", None)
-            images = int(shape[0]) // max(step.batch_size, 1) if shape is not None and len(shape) == 4 else 0
-            tokens -= images * arch.image_tokens_per_image
+        tokens, images = _text_tokens_and_images(arch, step)
         if step.kind == "generate":
             return analytic_generate(arch, step.batch_size, tokens, positions, images=images).flops_total
         keep = step.inputs.get("logits_to_keep") if step.inputs else None
@@ -244,15 +260,16 @@ class FlopsCollector(Collector):
 
         model = step.model
         positions = len(step.token_times_ns) if step.kind == "generate" else 0
-        b, t = step.batch_size, _padded_len(step)
+        arch = _architecture_of(model)
+        b, (t, images) = step.batch_size, _text_tokens_and_images(arch, step)
         quant = is_quantized(model)
         if self.cfg.backend == "analytic":
-            return count_analytic(model.config, b, t, positions)
+            return count_analytic(model.config, b, t, positions, images=images)
         if quant is not None:
             from perfsdk.flops.meta import count_meta_generate, meta_copy
 
             meta = meta_copy(model)
-            c = count_meta_generate(meta, b, t, positions)
+            c = count_meta_generate(meta, b, t, positions, images=images)
             c.method = f"meta-device copy of the unquantized architecture ({quant} model)"
             c.notes.append(f"{quant} layers counted with their unquantized shapes (same matrix products)")
             return c
