@@ -95,8 +95,11 @@ def test_decoder_families_agree_with_each_other_and_the_meta_count(family: str) 
     assert sim_flops(arch, b, t, g) == expected
     # the real transformers modules on the meta device count the same
     attn = "eager" if family == "gemma2" else "sdpa"  # Gemma2 has no SDPA path
-    meta = count_meta_generate(meta_model(cfg, attn_implementation=attn), b, t, g, exact=True)
+    model = meta_model(cfg, attn_implementation=attn)
+    meta = count_meta_generate(model, b, t, g, exact=True)
     assert {"encode": meta.flops_encode, "prefill": meta.flops_prefill, "decode": meta.flops_decode} == expected
+    # and the architecture's weights are the module's parameters, every one (biases, norms, experts)
+    assert arch.param_count() == sum(p.numel() for p in {id(p): p for p in model.parameters()}.values())
 
 
 def test_hand_formula_llama_2_7b_and_mixtral() -> None:

@@ -152,8 +152,9 @@ def _layer(e: _Emitter, m: Architecture, li: int, batch: int, tokens: int, past:
         width = m.cache_width()
         kv_old = int(batch * old * width * e.s)
         kv_in = int(batch * tokens * width * e.s)
+        heads, per_head = (1, width) if m.kv_lora_rank is not None else (m.num_kv_heads, m.head_dim)
         e._add(module_path=f"{attn}.kv_cache", op="cat", category="other",
-               input_shapes=[(batch, old, width)], output_shape=(batch, old + tokens, width),
+               input_shapes=[(batch, heads, old, per_head)], output_shape=(batch, heads, old + tokens, per_head),
                bytes_read=kv_old + kv_in, bytes_written=kv_old + kv_in, kv_bytes=kv_old,
                elements=batch * (old + tokens) * width)
     expand = m.key_linears()
