@@ -59,7 +59,7 @@ def main(argv: list[str] | None = None) -> int:
     from perfsdk.hardware.profile import profile_to_yaml
     from perfsdk.simulation.calibration import build_random_model, calibrate_here, measure_generate, profile_from_fit
     from perfsdk.simulation.predictor import simulate_model
-    from perfsdk.simulation.shape import shape_from_config
+    from perfsdk.models.arch import architecture_from_config
 
     torch.set_num_threads(args.threads)
     t0 = time.time()
@@ -86,8 +86,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"pass {p + 1}/{args.passes} done at {time.time() - t0:.0f} s", file=sys.stderr, flush=True)
     rows = []
     for spec, b, o in configs:
-        shape = shape_from_config(models[spec].config, name=spec)
-        pred = simulate_model(shape, profile, batch_size=b, input_tokens=INPUT_TOKENS, output_tokens=o,
+        shape = architecture_from_config(models[spec].config)
+        pred = simulate_model(shape, profile, name=spec, batch_size=b, input_tokens=INPUT_TOKENS, output_tokens=o,
                               dtype="float32")
         ttft, tpot = best[(spec, b, o)]
         row = {

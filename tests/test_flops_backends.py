@@ -8,7 +8,7 @@ import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from perfsdk.flops.analytic import analytic_generate, arch_from_config
+from perfsdk.flops.analytic import analytic_generate
 from perfsdk.flops.counter import count_analytic, count_generate, count_third_party, is_quantized
 from perfsdk.flops.meta import (
     UnknownModel,
@@ -19,6 +19,7 @@ from perfsdk.flops.meta import (
     meta_model,
     resolve_config,
 )
+from perfsdk.models.arch import architecture_from_config
 
 
 def tiny(attn: str = "sdpa") -> LlamaForCausalLM:
@@ -73,13 +74,13 @@ def test_bundled_configs_have_published_values() -> None:
     }
     for name, dims in expect.items():
         cfg, source = resolve_config(name)
-        s = arch_from_config(cfg)
+        s = architecture_from_config(cfg)
         assert source == f"bundled:{name}"
         assert (s.hidden_size, s.num_layers, s.num_heads, s.num_kv_heads, s.intermediate_size, s.vocab_size) == dims
-    assert arch_from_config(resolve_config("mixtral-8x7b")[0]).experts_per_token == 2
-    assert arch_from_config(resolve_config("mistral-7b")[0]).sliding_windows[0] == 4096
-    assert arch_from_config(resolve_config("qwen2-7b")[0]).sliding_windows == ()
-    assert arch_from_config(resolve_config("gpt2")[0]).tie_word_embeddings
+    assert architecture_from_config(resolve_config("mixtral-8x7b")[0]).experts_per_token == 2
+    assert architecture_from_config(resolve_config("mistral-7b")[0]).sliding_windows[0] == 4096
+    assert architecture_from_config(resolve_config("qwen2-7b")[0]).sliding_windows == ()
+    assert architecture_from_config(resolve_config("gpt2")[0]).tie_word_embeddings
 
 
 def test_resolve_folder_file_builtin_and_unknown(tmp_path) -> None:  # type: ignore[no-untyped-def]

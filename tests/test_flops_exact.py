@@ -6,9 +6,10 @@ import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM, MistralConfig, MistralForCausalLM, MixtralConfig, MixtralForCausalLM
 
-from perfsdk.flops.analytic import analytic_forward, analytic_generate, arch_from_config
+from perfsdk.flops.analytic import analytic_forward, analytic_generate
 from perfsdk.flops.counter import count_forward, count_generate, deviation_pct
 from perfsdk.flops.meta import count_meta_generate, meta_copy
+from perfsdk.models.arch import architecture_from_config
 
 HID, LAYERS, HEADS, INTER, VOCAB = 64, 2, 4, 128, 256
 HEAD_DIM = HID // HEADS
@@ -80,8 +81,9 @@ def test_gqa_kv_projections_sized_by_kv_heads() -> None:
     assert gqa.macs_total == hand_macs(b, t, t, t, 1)
     # k and v projections shrink from 4 to 1 head; attention keeps the 4 query heads
     assert mha.macs_total - gqa.macs_total == LAYERS * b * t * 2 * HID * 3 * HEAD_DIM
-    spec = arch_from_config(llama("sdpa", kv_heads=1).config)
-    assert spec.num_kv_heads == 1 and spec.attention_proj_macs() == HID * HID * 2 + 2 * HID * HEAD_DIM
+    arch = architecture_from_config(llama("sdpa", kv_heads=1).config)
+    assert arch.num_kv_heads == 1
+    assert sum(l.macs for l in arch.attention_linears()) == HID * HID * 2 + 2 * HID * HEAD_DIM
 
 
 def test_tied_embeddings_still_count_lm_head() -> None:

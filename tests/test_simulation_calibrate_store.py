@@ -25,7 +25,7 @@ from perfsdk.simulation.calibration import (
 from perfsdk.simulation.costmodel import cost_op
 from perfsdk.simulation.plugin import calibrate_command
 from perfsdk.simulation.predictor import simulate_model
-from perfsdk.simulation.shape import shape_from_config
+from perfsdk.models.arch import architecture_from_config
 
 
 def _cpu(**kw: object) -> HardwareProfile:
@@ -147,7 +147,7 @@ def test_calibrate_from_store_predicts_its_runs(tmp_path: Path) -> None:
     errs = []
     for m in used:
         name = "tiny-llama-small" if m.model == "builtin:tiny-llama-small" else "tiny-llama"
-        shape = shape_from_config(tiny_llama_config(name))
+        shape = architecture_from_config(tiny_llama_config(name))
         p = simulate_model(shape, prof, batch_size=m.batch_size, input_tokens=m.input_tokens,
                            output_tokens=m.output_tokens, dtype="float32")
         assert m.tpot_s is not None and p.tpot_s is not None

@@ -9,7 +9,8 @@ from perfsdk.ops import OpRecord
 from perfsdk.simulation.analytic import _Emitter, expected_active_experts, forward_ops, generation_ops
 from perfsdk.simulation.costmodel import cost_op
 from perfsdk.simulation.predictor import Simulator, rescale_ops, simulate_model
-from perfsdk.simulation.shape import ModelShape, resolve_model_shape
+from perfsdk.models.arch import architecture_from_config
+from perfsdk.models.resolve import resolve_architecture
 
 PROFILE = HardwareProfile.model_validate({
     "name": "testdev", "kind": "gpu", "variant": "v", "source": "s",
@@ -48,10 +49,13 @@ def test_single_linear_cost() -> None:
 
 
 def test_attention_at_known_context() -> None:
-    m = ModelShape(hidden_size=64, num_layers=1, num_heads=4, num_kv_heads=2, head_dim=16, intermediate_size=128,
-                   vocab_size=256)
+    from transformers import LlamaConfig, MistralConfig
+
+    dims = dict(hidden_size=64, num_hidden_layers=1, num_attention_heads=4, num_key_value_heads=2,
+                intermediate_size=128, vocab_size=256)
+    m = architecture_from_config(LlamaConfig(**dims))
     e = _Emitter("bfloat16", "decode", 1, 100)
-    e.attention("model.layers.0.self_attn.attn", batch=1, tokens=1, past=99, m=m)
+    e.attention("model.layers.0.self_attn.attn", batch=1, tokens=1, keys=m.keys_attended(0, 99, 1), m=m)
     op = e.ops[0]
     # 4 query heads x 100 keys; QK^T and PV: 4 FLOPs per score per head-dim element
     assert op.elements == 400
@@ -64,14 +68,14 @@ def test_attention_at_known_context() -> None:
     assert c.compute_s == pytest.approx(25_600 / 5e11)
     assert c.bound == "memory"
     # a sliding window of 64 caps the keys read
-    w = ModelShape(**{**m.to_dict(), "sliding_window": 64})
+    w = architecture_from_config(MistralConfig(**dims, sliding_window=64))
     e2 = _Emitter("bfloat16", "decode", 1, 100)
-    e2.attention("a", batch=1, tokens=1, past=99, m=w)
+    e2.attention("a", batch=1, tokens=1, keys=w.keys_attended(0, 99, 1), m=w)
     assert e2.ops[0].kv_bytes == 2 * 2 * 64 * 16 * 2
 
 
 def test_kv_traffic_grows_with_context_and_gqa() -> None:
-    m = resolve_model_shape("llama-3-8b")  # 8 KV heads of 32
+    m = resolve_architecture("llama-3-8b")  # 8 KV heads of 32
     ops = generation_ops(m, 1, 100, 3, "bfloat16")
     kv = {o.step: o.kv_bytes for o in ops if o.category == "attention" and o.module_path.startswith("model.layers.0.")}
     per_token = 2 * 8 * 128 * 2
@@ -89,7 +93,7 @@ def test_per_element_rates_replace_flops() -> None:
 def test_moe_active_experts() -> None:
     assert expected_active_experts(8, 2, 1) == 2
     assert expected_active_experts(8, 2, 100) == 8
-    m = resolve_model_shape("mixtral-8x7b")
+    m = resolve_architecture("mixtral-8x7b")
     decode = forward_ops(m, 1, 1, 10, "bfloat16", "decode", 1)
     experts = {o.module_path.split(".experts.")[1].split(".")[0] for o in decode if ".experts." in o.module_path
                and o.module_path.startswith("model.layers.0.")}
@@ -97,7 +101,7 @@ def test_moe_active_experts() -> None:
 
 
 def test_7b_decode_on_h100_is_memory_bound() -> None:
-    shape = resolve_model_shape("llama-2-7b")
+    shape = resolve_architecture("llama-2-7b")
     h100 = builtin_profiles()["h100-sxm"]
     res = simulate_model(shape, h100, batch_size=1, input_tokens=128, output_tokens=32, dtype="bfloat16")
     weights = shape.param_count() * 2
@@ -112,13 +116,13 @@ def test_7b_decode_on_h100_is_memory_bound() -> None:
 
 
 def test_70b_does_not_fit_on_one_l4() -> None:
-    res = simulate_model(resolve_model_shape("llama-2-70b"), builtin_profiles()["l4"], batch_size=1,
+    res = simulate_model(resolve_architecture("llama-2-70b"), builtin_profiles()["l4"], batch_size=1,
                          input_tokens=16, output_tokens=2, dtype="bfloat16")
     assert not res.fits_in_memory and res.memory_required_bytes > 24e9
 
 
 def test_sampled_decode_steps_match_full() -> None:
-    shape = resolve_model_shape("builtin:tiny-llama")
+    shape = resolve_architecture("builtin:tiny-llama")
     h100 = builtin_profiles()["h100-sxm"]
     full = simulate_model(shape, h100, output_tokens=200, max_decode_steps=1000)
     sampled = simulate_model(shape, h100, output_tokens=200, max_decode_steps=16)

@@ -52,6 +52,7 @@ class ModelInfo(_Frozen):
     model_id: str | None = None
     model_class: str | None = None
     architecture: str | None = None
+    model_type: str | None = None
     parameters: int | None = None
     weights_bytes: int | None = None
     dtype: str | None = None

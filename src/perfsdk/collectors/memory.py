@@ -106,7 +106,9 @@ class MemoryCollector(Collector):
         self.cuda_by_phase: dict[str, int] = {}
         self.samples = 0
         self.session: Any = None
-        self.max_kv: tuple[int, int] | None = None  # (batch, context)
+        self.max_kv: tuple[int, int, int] | None = None  # (batch, decoder context, encoder positions)
+        self._arch: Any = None  # the generating model's Architecture (None: not a described architecture)
+        self._arch_of: int | None = None
         self._statm = _StatmReader.open()
         self._children_cache: list[Any] = []
         self._children_at = -CHILDREN_REFRESH_NS
@@ -180,15 +182,30 @@ class MemoryCollector(Collector):
             return
         ids = step.inputs.get("input_ids")
         padded = int(ids.shape[1]) if ids is not None and hasattr(ids, "shape") else max(step.input_tokens or [0])
-        ctx = padded + len(step.token_times_ns)
-        cand = (step.batch_size, ctx)
-        if self.max_kv is None or cand[0] * cand[1] > self.max_kv[0] * self.max_kv[1]:
+        arch = self._architecture(step.model)
+        if arch is not None and arch.is_encoder_decoder:
+            # the decoder caches its own positions; cross-attention caches the encoder's
+            cand = (step.batch_size, len(step.token_times_ns), padded)
+        else:
+            cand = (step.batch_size, padded + len(step.token_times_ns), 0)
+        if self.max_kv is None or cand[0] * (cand[1] + cand[2]) > self.max_kv[0] * (self.max_kv[1] + self.max_kv[2]):
             self.max_kv = cand
+
+    def _architecture(self, model: Any) -> Any:
+        if model is None or id(model) == self._arch_of:
+            return self._arch
+        from perfsdk.models.arch import UnsupportedArchitecture, architecture_from_config
+
+        self._arch_of = id(model)
+        cfg = getattr(model, "config", None)
+        try:
+            self._arch = architecture_from_config(cfg) if cfg is not None else None
+        except (UnsupportedArchitecture, TypeError, ValueError):
+            self._arch = None
+        return self._arch
 
     @hookimpl
     def perfsdk_finalize(self, session: Any) -> MemoryResult:
-        from perfsdk.models.info import kv_cache_bytes
-
         self.end = process_tree_rss(self._proc)
         if self._statm is not None:
             self._statm.close()
@@ -197,9 +214,14 @@ class MemoryCollector(Collector):
         info = session.model_info
         cuda = self._cuda()
         kv = kv_tok = None
-        if info is not None and self.max_kv is not None:
-            kv = kv_cache_bytes(info, self.max_kv[0], self.max_kv[1])
-            kv_tok = kv_cache_bytes(info, 1, 1)
+        if self._arch is not None and self.max_kv is not None:
+            # KV cache from the architecture: per-layer sliding windows, GQA/MQA heads, latent
+            # attention, cross-attention; in the model's dtype
+            elem = {"float32": 4, "float16": 2, "bfloat16": 2, "float64": 8}.get((info.dtype if info else None)
+                                                                                 or "float32", 4)
+            b, ctx, enc = self.max_kv
+            kv = self._arch.kv_cache_bytes(b, ctx, elem, encoder_tokens=enc)
+            kv_tok = self._arch.kv_cache_bytes(1, 1, elem)
         return MemoryResult(
             rss_peak_bytes=max(self.peak, self.end),
             rss_start_bytes=self.start,

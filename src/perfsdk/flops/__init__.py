@@ -1,6 +1,7 @@
 """FLOPs: exact counts of real runs, weightless counts on the meta device, and the analytic model.
 
-- :mod:`perfsdk.flops.analytic` — the transformer formula from a ``transformers`` config.
+- :mod:`perfsdk.flops.analytic` — the transformer formula from the model's
+  :class:`~perfsdk.models.arch.Architecture` (read from its ``transformers`` config).
 - :mod:`perfsdk.flops.counter` — the ``torch`` (dispatch-level), ``ptflops``, ``fvcore`` and
   ``analytic`` backends and their common :class:`~perfsdk.flops.counter.FlopsCount`.
 - :mod:`perfsdk.flops.meta` — architectures on the meta device (local, built-in, bundled configs).
@@ -12,7 +13,7 @@ The counting convention is stated once in :mod:`perfsdk.capture` (``CONVENTION``
 from __future__ import annotations
 
 from perfsdk.capture import CONVENTION
-from perfsdk.flops.analytic import analytic_forward, analytic_generate, arch_from_config
+from perfsdk.flops.analytic import analytic_forward, analytic_generate
 from perfsdk.flops.counter import FlopsCount, count_forward, count_generate
 
 __all__ = [
@@ -20,7 +21,6 @@ __all__ = [
     "FlopsCount",
     "analytic_forward",
     "analytic_generate",
-    "arch_from_config",
     "count_forward",
     "count_generate",
 ]

@@ -25,13 +25,8 @@ import structlog
 import torch
 
 from perfsdk.capture import CONVENTION, PHASE_ORDER, OperationCapture
-from perfsdk.flops.analytic import (
-    ArchSpec,
-    ForwardMacs,
-    analytic_generate,
-    arch_from_config,
-    forward_macs,
-)
+from perfsdk.flops.analytic import ForwardMacs, analytic_generate, forward_macs
+from perfsdk.models.arch import Architecture, architecture_from_config
 from perfsdk.ops import OpRecord
 
 log = structlog.get_logger("perfsdk.flops")
@@ -46,18 +41,22 @@ class BackendUnavailable(RuntimeError):
 
 @dataclass
 class FlopsCount:
-    """FLOPs and MACs of one forward or ``generate`` call, by phase and module."""
+    """FLOPs and MACs of one forward or ``generate`` call, by phase and module.
+
+    Phases: ``encode`` (encoder, vision tower and projector), ``prefill``, ``decode``, and
+    ``forward`` for a plain forward; the total is their sum.
+    """
 
     backend: str
     method: str
+    flops_encode: int = 0
+    macs_encode: int = 0
     flops_prefill: int = 0
     flops_decode: int = 0
     macs_prefill: int = 0
     macs_decode: int = 0
     flops_forward: int = 0
     macs_forward: int = 0
-    flops_encode: int = 0
-    macs_encode: int = 0
     decode_forwards: int = 0
     modules: dict[str, int] = field(default_factory=dict)  # module path -> FLOPs
     module_types: dict[str, int] = field(default_factory=dict)  # class name -> FLOPs
@@ -90,14 +89,14 @@ class FlopsCount:
 
     def add(self, other: FlopsCount) -> None:
         """Accumulate another count (e.g. the next measured step) into this one."""
+        self.flops_encode += other.flops_encode
+        self.macs_encode += other.macs_encode
         self.flops_prefill += other.flops_prefill
         self.flops_decode += other.flops_decode
         self.macs_prefill += other.macs_prefill
         self.macs_decode += other.macs_decode
         self.flops_forward += other.flops_forward
         self.macs_forward += other.macs_forward
-        self.flops_encode += other.flops_encode
-        self.macs_encode += other.macs_encode
         self.decode_forwards += other.decode_forwards
         for mine, theirs in ((self.modules, other.modules), (self.module_types, other.module_types),
                              (self.categories, other.categories)):
@@ -117,15 +116,15 @@ def count_from_records(records: list[OpRecord], backend: str = "torch", method: 
     cats: dict[str, int] = defaultdict(int)
     fwd: dict[tuple[str, int], dict[str, Any]] = {}
     for r in records:
-        if r.phase == "prefill":
+        if r.phase == "encode":
+            c.flops_encode += r.flops
+            c.macs_encode += r.macs
+        elif r.phase == "prefill":
             c.flops_prefill += r.flops
             c.macs_prefill += r.macs
         elif r.phase == "decode":
             c.flops_decode += r.flops
             c.macs_decode += r.macs
-        elif r.phase == "encode":
-            c.flops_encode += r.flops
-            c.macs_encode += r.macs
         else:
             c.flops_forward += r.flops
             c.macs_forward += r.macs
@@ -163,21 +162,29 @@ def count_generate(model: torch.nn.Module, **generate_kwargs: Any) -> tuple[Any,
 # -- analytic ----------------------------------------------------------------------------------
 
 
-def count_analytic(cfg: Any, batch_size: int, input_tokens: int, output_tokens: int) -> FlopsCount:
+def count_analytic(cfg: Any, batch_size: int, input_tokens: int, output_tokens: int, *,
+                   images: int | None = None) -> FlopsCount:
     """The analytic model as a :class:`FlopsCount` (per part instead of per module)."""
-    spec = cfg if isinstance(cfg, ArchSpec) else arch_from_config(cfg)
-    a = analytic_generate(spec, batch_size, input_tokens, output_tokens)
+    arch = cfg if isinstance(cfg, Architecture) else architecture_from_config(cfg)
+    a = analytic_generate(arch, batch_size, input_tokens, output_tokens, images=images)
     c = FlopsCount(backend="analytic", method="analytic")
+    c.flops_encode, c.macs_encode = a.flops_encode, a.macs_encode
     if output_tokens < 1:
-        c.flops_forward, c.macs_forward = a.flops_total, a.macs_total
+        c.flops_forward, c.macs_forward = a.flops_prefill, a.macs_prefill
     else:
         c.flops_prefill, c.flops_decode = a.flops_prefill, a.flops_decode
         c.macs_prefill, c.macs_decode = a.macs_prefill, a.macs_decode
     c.decode_forwards = a.decode_forwards
-    c.categories = {"matmul": 2 * (a.parts_macs["linear"] + a.parts_macs["lm_head"]),
-                    "attention": 2 * a.parts_macs["attention"]}
-    c.modules = {"layers (linear)": 2 * a.parts_macs["linear"], "layers (attention)": 2 * a.parts_macs["attention"],
-                 "lm_head": 2 * a.parts_macs["lm_head"]}
+    p = a.parts_macs
+    c.categories = {k: v for k, v in {
+        "matmul": 2 * (p["linear"] + p["lm_head"] + p.get("projector", 0) + p.get("patch_embedding", 0)),
+        "attention": 2 * p["attention"]}.items() if v}
+    c.modules = {"layers (linear)": 2 * p["linear"], "layers (attention)": 2 * p["attention"],
+                 "lm_head": 2 * p["lm_head"]}
+    if p.get("patch_embedding"):
+        c.modules["patch embedding"] = 2 * p["patch_embedding"]
+    if p.get("projector"):
+        c.modules["projector"] = 2 * p["projector"]
     return c
 
 
@@ -253,7 +260,10 @@ def count_third_party(backend: str, model: torch.nn.Module, batch_size: int, inp
     """
     if backend not in ("ptflops", "fvcore"):
         raise ValueError(f"unknown third-party backend {backend!r}")
-    spec = arch_from_config(model.config)  # type: ignore[union-attr]
+    spec = architecture_from_config(model.config)  # type: ignore[union-attr]
+    if spec.encoder is not None:
+        raise BackendUnavailable(f"{backend} counts single decoder forwards; the {spec.kind} architecture "
+                                 f"{spec.model_type!r} is counted with the torch or analytic backend")
     dev = next(model.parameters()).device
     ids_pre = torch.zeros((batch_size, input_tokens), dtype=torch.long, device=dev)
     ids_dec = torch.zeros((batch_size, 1), dtype=torch.long, device=dev)
@@ -277,16 +287,16 @@ def count_third_party(backend: str, model: torch.nn.Module, batch_size: int, inp
         n_dec = max(output_tokens - 1, 0)
         if n_dec:
             one_macs = run(ids_dec)
-    pre_expected = forward_macs(spec, batch_size, input_tokens, input_tokens, 1)
+    pre_expected = forward_macs(spec, batch_size, input_tokens, 0, 1)
     pre_attn = pre_expected.attention
     if not sees_attention(pre_macs, pre_expected):
         pre_macs += pre_attn
         notes.append(f"{backend} did not count the (fused SDPA) attention: prefill attention "
                      f"({2 * pre_attn} FLOPs) filled from the analytic term")
     if n_dec:
-        one_expected = forward_macs(spec, batch_size, 1, 1, 1)
+        one_expected = forward_macs(spec, batch_size, 1, 0, 1)
         linear_per_step = one_macs - (one_expected.attention if sees_attention(one_macs, one_expected) else 0)
-        dec_attn = sum(forward_macs(spec, batch_size, 1, input_tokens + k, 1, decode=True).attention
+        dec_attn = sum(forward_macs(spec, batch_size, 1, input_tokens + k - 1, 1).attention
                        for k in range(1, output_tokens))
         dec_macs = n_dec * linear_per_step + dec_attn
         notes.append(f"{backend} counts single forwards, not generate: each of the {n_dec} decode steps' "

@@ -2,9 +2,15 @@
 
 A model is named by a local folder holding ``config.json`` (or the file itself), a built-in
 name (``builtin:tiny-llama``), or a bundled config of a well-known architecture (see
-:func:`bundled_names`). The architecture is built with ``AutoModelForCausalLM.from_config`` under
-``torch.device("meta")``: shapes only, no memory for weights, so a 70B configuration counts
-on a small machine.
+:func:`~perfsdk.models.resolve.bundled_names`; names are resolved by
+:func:`perfsdk.models.resolve.resolve_config`). The architecture is built from its config under
+``torch.device("meta")`` (``AutoModelForCausalLM``, ``AutoModelForSeq2SeqLM`` for
+encoder-decoders, ``AutoModelForImageTextToText`` for vision-language models): shapes only, no
+memory for weights, so a 70B configuration counts on a small machine.
+
+The encode phase runs first where the model has one: an encoder-decoder's encoder over the input
+tokens, or a vision-language model's vision tower and projector over blank images of the
+configured size (the text model's prompt then holds the image tokens as well).
 
 ``generate`` with ``G`` output tokens is replayed as transformers runs it: one prefill forward
 over the ``T`` input positions with a KV cache and last-position logits (it yields the first
@@ -17,95 +23,51 @@ window that fills during decode — every step is counted.
 
 from __future__ import annotations
 
-import json
-import os
 import re
-from importlib import resources
-from pathlib import Path
 from typing import Any
 
 import structlog
 import torch
 
 from perfsdk.capture import OperationCapture
-from perfsdk.flops.analytic import arch_from_config
+from perfsdk.flops.analytic import generate_shape
 from perfsdk.flops.counter import FlopsCount, count_analytic, count_from_records
+from perfsdk.models.arch import Architecture, GenerateShape, UnsupportedArchitecture, architecture_from_config
+from perfsdk.models.resolve import UnknownModel, bundled_config, bundled_names, resolve_config
 
 log = structlog.get_logger("perfsdk.flops.meta")
 
 
-class UnknownModel(ValueError):
-    """The model name is not a folder, a config file, a built-in or a bundled config."""
-
-
-def bundled_names() -> list[str]:
-    """Names of the bundled architecture configs (``gpt2``, ``llama-3-8b``, …)."""
-    root = resources.files("perfsdk.flops") / "configs"
-    return sorted(p.name[:-5] for p in root.iterdir() if p.name.endswith(".json"))
-
-
-def _bundled_dict(name: str) -> dict[str, Any]:
-    data: dict[str, Any] = json.loads((resources.files("perfsdk.flops") / "configs" / f"{name}.json").read_text())
-    return data
-
-
-def _config_from_dict(data: dict[str, Any]) -> Any:
-    from transformers import AutoConfig
-
-    data = dict(data)
-    model_type = data.pop("model_type", None)
-    if model_type is None:
-        raise UnknownModel("config has no model_type")
-    for k in ("_name_or_path", "architectures", "transformers_version", "torch_dtype", "dtype"):
-        data.pop(k, None)
-    return AutoConfig.for_model(model_type, **data)
-
-
-def resolve_config(model: str) -> tuple[Any, str]:
-    """The ``transformers`` config named by ``model`` and where it came from."""
-    if model.startswith("builtin:"):
-        name = model.split(":", 1)[1]
-        try:
-            from perfsdk.models.tiny import tiny_llama_config
-        except ImportError as exc:
-            raise UnknownModel(f"{model}: the embedded models are not available ({exc})") from exc
-        try:
-            return tiny_llama_config(name), "builtin"
-        except KeyError as exc:
-            raise UnknownModel(str(exc.args[0]) if exc.args else str(exc)) from exc
-    path = Path(os.path.expanduser(model))
-    if path.is_dir() and (path / "config.json").is_file():
-        path = path / "config.json"
-    if path.is_file():
-        try:
-            data = json.loads(path.read_text())
-        except (OSError, json.JSONDecodeError) as exc:
-            raise UnknownModel(f"{model}: cannot read config ({exc})") from exc
-        return _config_from_dict(data), f"file:{path}"
-    key = model.lower().replace("_", "-")
-    if key in bundled_names():
-        return _config_from_dict(_bundled_dict(key)), f"bundled:{key}"
-    raise UnknownModel(
-        f"unknown model {model!r}: not a folder with config.json, a config file, builtin:<name>, or one of the "
-        f"bundled configs ({', '.join(bundled_names())})"
-    )
+def _architecture_or_none(config: Any) -> Architecture | None:
+    try:
+        return architecture_from_config(config)
+    except (UnsupportedArchitecture, TypeError, ValueError):
+        return None
 
 
 def meta_model(config: Any, attn_implementation: str = "sdpa", dtype: torch.dtype | None = None) -> torch.nn.Module:
-    """Instantiate the causal-LM architecture of ``config`` on the meta device (no weights).
+    """Instantiate the generating architecture of ``config`` on the meta device (no weights).
 
+    Causal LMs through ``AutoModelForCausalLM``; encoder-decoders through
+    ``AutoModelForSeq2SeqLM``; vision-language models through ``AutoModelForImageTextToText``.
     Mixture-of-experts models are built in bfloat16 by default: PyTorch's meta kernel of the
     grouped GEMM their experts run accepts only bfloat16 (FLOPs do not depend on the dtype).
     """
-    from transformers import AutoModelForCausalLM
+    from transformers import AutoModelForCausalLM, AutoModelForImageTextToText, AutoModelForSeq2SeqLM
 
-    if dtype is None and arch_from_config(config).is_moe:
+    arch = _architecture_or_none(config)
+    if dtype is None and arch is not None and arch.is_moe:
         dtype = torch.bfloat16
     kwargs: dict[str, Any] = {"attn_implementation": attn_implementation}
     if dtype is not None:
         kwargs["dtype"] = dtype
+    auto: Any = AutoModelForCausalLM
+    if arch is not None and arch.is_encoder_decoder:
+        auto = AutoModelForSeq2SeqLM
+    elif arch is not None and arch.is_multimodal:
+        auto = AutoModelForImageTextToText
     with _quiet(), torch.device("meta"):
-        model = AutoModelForCausalLM.from_config(config, **kwargs)
+        model = auto.from_config(config, **kwargs)
     return model.eval()
 
 
@@ -137,46 +99,110 @@ def meta_copy(model: torch.nn.Module) -> torch.nn.Module:
     return meta_model(cfg, attn_implementation=impl if impl in ("eager", "sdpa") else "sdpa")
 
 
-def _new_cache(config: Any) -> Any:
+def _new_cache(config: Any, encoder_decoder: bool = False) -> Any:
     from transformers import DynamicCache
 
-    try:
-        return DynamicCache(config=config)
-    except TypeError:
-        return DynamicCache()
+    def one() -> Any:
+        try:
+            return DynamicCache(config=config)
+        except TypeError:
+            return DynamicCache()
+
+    if encoder_decoder:
+        from transformers import EncoderDecoderCache
+
+        return EncoderDecoderCache(one(), one())
+    return one()
 
 
-def _forward(model: torch.nn.Module, cap: OperationCapture | None, ids: torch.Tensor, cache: Any,
-             phase: str, step: int, context_len: int) -> None:
-    if cap is not None:
-        cap.set_phase(phase, step=step, context_len=context_len)  # type: ignore[arg-type]
-    model(input_ids=ids, past_key_values=cache, use_cache=True, logits_to_keep=1)
+class _Replay:
+    """Runs the forwards of ``generate`` on a meta-device model, phase by phase."""
+
+    def __init__(self, model: torch.nn.Module, batch_size: int, input_tokens: int, images: int | None) -> None:
+        self.model = model
+        self.cfg = getattr(model, "config", None)
+        self.arch = _architecture_or_none(self.cfg) if self.cfg is not None else None
+        self.batch_size = batch_size
+        self.dev = torch.device("meta")
+        self.shape: GenerateShape | None = None
+        if self.arch is not None:
+            self.shape = generate_shape(self.arch, batch_size, input_tokens, 0, images)
+            self.prompt = self.shape.prompt_tokens
+        else:
+            if images:
+                raise ValueError("images: the model has no vision tower")
+            self.prompt = input_tokens
+        self.input_tokens = input_tokens
+        self.encoder_out: Any = None
+
+    def _ids(self, n: int) -> torch.Tensor:
+        return torch.zeros((self.batch_size, n), dtype=torch.long, device=self.dev)
+
+    def encode(self, cap: OperationCapture | None) -> None:
+        """The encoder (encoder-decoder) or the vision tower and projector (vision-language)."""
+        arch = self.arch
+        if arch is None or arch.encoder is None or self.shape is None:
+            return
+        if cap is not None:
+            cap.set_phase("encode", step=0, context_len=self.shape.encoder_tokens or None)
+        if arch.is_encoder_decoder:
+            self.encoder_out = self.model.get_encoder()(input_ids=self._ids(self.input_tokens))  # type: ignore[operator]
+            return
+        n_img = self.batch_size * self.shape.images
+        if n_img:
+            vis = arch.encoder
+            px = torch.zeros((n_img, vis.num_channels, vis.image_size, vis.image_size), device=self.dev,
+                             dtype=next(self.model.parameters()).dtype)
+            self.model.get_image_features(pixel_values=px)  # type: ignore[operator]
+
+    def forward(self, cap: OperationCapture | None, new: int, cache: Any, phase: str, step: int, context_len: int,
+                logits_to_keep: int = 1) -> None:
+        if cap is not None:
+            cap.set_phase(phase, step=step, context_len=context_len)  # type: ignore[arg-type]
+        if self.arch is not None and self.arch.is_encoder_decoder:
+            self.model(encoder_outputs=self.encoder_out, decoder_input_ids=self._ids(new), past_key_values=cache,
+                       use_cache=True)
+        elif self.arch is not None and self.arch.is_multimodal and phase != "decode":
+            # the text model's prompt: text and image tokens, entering as embeddings
+            embeds = torch.zeros((self.batch_size, new, self.arch.hidden_size), device=self.dev,
+                                 dtype=next(self.model.parameters()).dtype)
+            self.model(inputs_embeds=embeds, past_key_values=cache, use_cache=cache is not None,
+                       logits_to_keep=logits_to_keep)
+        else:
+            self.model(input_ids=self._ids(new), past_key_values=cache, use_cache=cache is not None,
+                       logits_to_keep=logits_to_keep)
+
+    def new_cache(self) -> Any:
+        return _new_cache(self.cfg, self.arch is not None and self.arch.is_encoder_decoder)
 
 
 def count_meta_generate(model: torch.nn.Module, batch_size: int, input_tokens: int, output_tokens: int,
-                        *, exact: bool = False) -> FlopsCount:
-    """Count ``generate`` (``output_tokens`` tokens from ``input_tokens``) on a meta-device model."""
-    cfg = getattr(model, "config", None)
-    dev = torch.device("meta")
+                        *, exact: bool = False, images: int | None = None) -> FlopsCount:
+    """Count ``generate`` (``output_tokens`` tokens from ``input_tokens``) on a meta-device model.
+
+    ``images``: images per sequence of a vision-language model (default one).
+    """
+    rep = _Replay(model, batch_size, input_tokens, images)
+    p = rep.prompt
     if output_tokens < 1:
-        ids = torch.zeros((batch_size, input_tokens), dtype=torch.long, device=dev)
-        with torch.inference_mode(), OperationCapture(model, phase="forward", context_len=input_tokens) as cap:
-            model(input_ids=ids, use_cache=False)
+        with torch.inference_mode(), OperationCapture(model, phase="forward", context_len=p) as cap:
+            rep.encode(cap)
+            # a fresh cache: without one, transformers derives positions from the mask by value
+            # (impossible on the meta device); logits for every position, as a plain forward
+            rep.forward(cap, p, rep.new_cache(), "forward", 0, p, logits_to_keep=0)
         res = count_from_records(cap.records, "torch", "meta-device capture")
         return res
     n_dec = output_tokens - 1
-    spec = arch_from_config(cfg) if cfg is not None else None
-    windows = [w for w in (spec.sliding_windows if spec else ()) if w is not None]
-    bends = bool(windows) and input_tokens + n_dec > min(windows)
+    windows = [w for w in (rep.arch.sliding_windows if rep.arch else ()) if w is not None]
+    bends = bool(windows) and p + n_dec > min(windows)
     run_all = exact or bends or n_dec <= 3
     counted = n_dec if run_all else 3
-    one = torch.zeros((batch_size, 1), dtype=torch.long, device=dev)
     with torch.inference_mode(), OperationCapture(model) as cap:
-        cache = _new_cache(cfg)
-        ids = torch.zeros((batch_size, input_tokens), dtype=torch.long, device=dev)
-        _forward(model, cap, ids, cache, "prefill", 0, input_tokens)
+        rep.encode(cap)
+        cache = rep.new_cache()
+        rep.forward(cap, p, cache, "prefill", 0, p)
         for k in range(1, counted + 1):
-            _forward(model, cap, one, cache, "decode", k, input_tokens + k)
+            rep.forward(cap, 1, cache, "decode", k, p + k)
     result = count_from_records(cap.records, "torch", "meta-device capture")
     if run_all:
         return result
@@ -209,9 +235,9 @@ def count_meta_generate(model: torch.nn.Module, batch_size: int, input_tokens: i
     m1, m2, m3 = per_step_macs[1], per_step_macs[2], per_step_macs[3]
     if mods is None or types is None or cats is None or m3 - m2 != m2 - m1:
         log.info("decode FLOPs not affine in the context length; counting every step")
-        return count_meta_generate(model, batch_size, input_tokens, output_tokens, exact=True)
+        return count_meta_generate(model, batch_size, input_tokens, output_tokens, exact=True, images=images)
     dec_macs = n_dec * m1 + (m2 - m1) * n_dec * (n_dec - 1) // 2
-    pre = [r for r in cap.records if r.phase == "prefill"]
+    pre = [r for r in cap.records if r.phase in ("encode", "prefill")]
     res = count_from_records(pre, "torch", "meta-device capture")
     res.flops_decode = sum(mods.values())
     res.macs_decode = dec_macs
@@ -296,16 +322,21 @@ def _replicate_layers(one: FlopsCount, two: FlopsCount, full: int) -> FlopsCount
 
 
 def count_config(config: Any, batch_size: int, input_tokens: int, output_tokens: int, *,
-                 attn_implementation: str = "sdpa", exact: bool = False, full_depth: bool = False) -> FlopsCount:
+                 attn_implementation: str = "sdpa", exact: bool = False, full_depth: bool = False,
+                 images: int | None = None) -> FlopsCount:
     """Count a config on the meta device (falls back to the analytic model, labeled, on failure).
 
     By default a model whose decoder layers are identical is counted on 1- and 2-layer copies and
     the per-layer difference replicated (exact, and independent of depth: a 70B model counts as
-    fast as a 1B one); ``full_depth=True`` instantiates and runs every layer.
+    fast as a 1B one); ``full_depth=True`` instantiates and runs every layer. Encoder-decoder and
+    vision-language models are always counted at full depth.
 
     Mixture-of-experts routing sends each token to ``top_k`` experts; on the meta device the
     grouped expert GEMM still has the routed shapes (tokens x top_k rows), so the count is exact.
     """
+    arch = _architecture_or_none(config)
+    if arch is not None and arch.encoder is not None:
+        full_depth = True
     try:
         attr = _layers_attr(config)
         full = int(getattr(config, attr)) if attr else 0
@@ -326,10 +357,13 @@ def count_config(config: Any, batch_size: int, input_tokens: int, output_tokens:
                     return rep
                 log.info("layers differ; counting the full-depth model")
         model = meta_model(config, attn_implementation=attn_implementation)
-        return count_meta_generate(model, batch_size, input_tokens, output_tokens, exact=exact)
+        return count_meta_generate(model, batch_size, input_tokens, output_tokens, exact=exact, images=images)
     except Exception as exc:  # an architecture whose forward needs real values
+        if arch is None:
+            architecture_from_config(config)  # names the unsupported architecture
+            raise
         log.warning("meta-device count failed; using the analytic model", error=repr(exc))
-        c = count_analytic(config, batch_size, input_tokens, output_tokens)
+        c = count_analytic(arch, batch_size, input_tokens, output_tokens, images=images)
         c.backend = "torch"
         c.method = "analytic (the meta-device forward failed)"
         c.notes.append(f"meta-device forward failed ({type(exc).__name__}: {exc}); counted analytically")
@@ -338,6 +372,7 @@ def count_config(config: Any, batch_size: int, input_tokens: int, output_tokens:
 
 __all__ = [
     "UnknownModel",
+    "bundled_config",
     "bundled_names",
     "count_config",
     "count_meta_generate",

@@ -154,19 +154,44 @@ def _padded_len(step: Step) -> int:
     return int(_step_shape(step)[2])
 
 
-def _analytic_for_step(model: Any, step: Step, positions: int) -> int | None:
-    from perfsdk.flops.analytic import UnsupportedConfig, analytic_forward, analytic_generate
+def _text_tokens_and_images(arch: Any, step: Step) -> tuple[int, int]:
+    """The prompt's text tokens and images per sequence of a step.
 
-    cfg = getattr(model, "config", None)
-    if cfg is None:
+    A vision-language model's ``input_ids`` already hold the image tokens the processor put in:
+    they are taken out of the text and counted as images (from ``pixel_values``).
+    """
+    tokens = _padded_len(step)
+    if arch is None or not arch.is_multimodal:
+        return tokens, 0
+    px = step.inputs.get("pixel_values") if step.inputs else None
+    shape = getattr(px, "shape", None)
+    images = int(shape[0]) // max(step.batch_size, 1) if shape is not None and len(shape) == 4 else 0
+    return tokens - images * arch.image_tokens_per_image, images
+
+
+def _architecture_of(model: Any) -> Any:
+    from perfsdk.models.arch import architecture_from_config
+
+    try:
+        return architecture_from_config(model.config)
+    except (AttributeError, TypeError, ValueError):
+        return None
+
+
+def _analytic_for_step(model: Any, step: Step, positions: int) -> int | None:
+    from perfsdk.flops.analytic import analytic_forward, analytic_generate
+
+    arch = _architecture_of(model)
+    if arch is None:
         return None
     try:
+        tokens, images = _text_tokens_and_images(arch, step)
         if step.kind == "generate":
-            return analytic_generate(cfg, step.batch_size, _padded_len(step), positions).flops_total
+            return analytic_generate(arch, step.batch_size, tokens, positions, images=images).flops_total
         keep = step.inputs.get("logits_to_keep") if step.inputs else None
-        return analytic_forward(cfg, step.batch_size, _padded_len(step),
-                                int(keep) if isinstance(keep, int) and keep > 0 else None).flops_total
-    except (UnsupportedConfig, TypeError, ValueError):
+        return analytic_forward(arch, step.batch_size, tokens, int(keep) if isinstance(keep, int) and keep > 0 else None,
+                                images=images).flops_total
+    except (TypeError, ValueError):
         return None
 
 
@@ -282,15 +307,16 @@ class FlopsCollector(Collector):
 
         model = step.model
         positions = len(step.token_times_ns) if step.kind == "generate" else 0
-        b, t = step.batch_size, _padded_len(step)
+        arch = _architecture_of(model)
+        b, (t, images) = step.batch_size, _text_tokens_and_images(arch, step)
         quant = is_quantized(model)
         if self.cfg.backend == "analytic":
-            return count_analytic(model.config, b, t, positions)
+            return count_analytic(model.config, b, t, positions, images=images)
         if quant is not None:
             from perfsdk.flops.meta import count_meta_generate, meta_copy
 
             meta = meta_copy(model)
-            c = count_meta_generate(meta, b, t, positions)
+            c = count_meta_generate(meta, b, t, positions, images=images)
             c.method = f"meta-device copy of the unquantized architecture ({quant} model)"
             c.notes.append(f"{quant} layers counted with their unquantized shapes (same matrix products)")
             return c
@@ -364,33 +390,42 @@ class FlopsCollector(Collector):
 
 def count_model(model: str, *, batch_size: int = 1, input_tokens: int = 128, output_tokens: int = 32,
                 backend: str = "torch", attn_implementation: str = "sdpa", exact: bool = False,
-                top_n: int = 10, full_depth: bool = False) -> dict[str, Any]:
+                top_n: int = 10, full_depth: bool = False, images: int | None = None) -> dict[str, Any]:
     """Count ``model`` (folder, config file, ``builtin:<name>`` or bundled name) without weights.
 
-    Returns the same fields as the collector's result plus ``model``, ``source``, the shape and
-    ``forwards``. Raises :class:`~perfsdk.flops.meta.UnknownModel` or ``ValueError``.
+    ``input_tokens`` are the prompt's text tokens (an encoder-decoder's encoder input); a
+    vision-language model's prompt also holds ``images`` (default 1 per sequence) times its image
+    tokens. Returns the same fields as the collector's result plus ``model``, ``source``, the
+    shape (``architecture``, ``images``, ``image_tokens``, ``encoder_tokens``, ``prompt_tokens``)
+    and ``forwards``. Raises :class:`~perfsdk.models.resolve.UnknownModel`,
+    :class:`~perfsdk.models.arch.UnsupportedArchitecture` or ``ValueError``.
     """
     from perfsdk.flops.analytic import analytic_generate
     from perfsdk.flops.counter import BACKENDS, count_analytic, count_third_party
-    from perfsdk.flops.meta import count_config, meta_model, resolve_config
+    from perfsdk.flops.meta import count_config, meta_model
+    from perfsdk.models.arch import architecture_from_config
+    from perfsdk.models.resolve import resolve_config
 
     if backend not in BACKENDS:
         raise ValueError(f"unknown backend {backend!r} (available: {', '.join(BACKENDS)})")
     cfg, source = resolve_config(model)
+    arch = architecture_from_config(cfg)
+    analytic = analytic_generate(arch, batch_size, input_tokens, output_tokens, images=images)
     if backend == "analytic":
-        count = count_analytic(cfg, batch_size, input_tokens, output_tokens)
+        count = count_analytic(arch, batch_size, input_tokens, output_tokens, images=images)
     elif backend == "torch":
         count = count_config(cfg, batch_size, input_tokens, output_tokens, attn_implementation=attn_implementation,
-                             exact=exact, full_depth=full_depth)
+                             exact=exact, full_depth=full_depth, images=images)
     else:
         m = meta_model(cfg, attn_implementation=attn_implementation)
         count = count_third_party(backend, m, batch_size, input_tokens, output_tokens)
         count.method += " on the meta device"
-    analytic = analytic_generate(cfg, batch_size, input_tokens, output_tokens).flops_total
     out_tokens = batch_size * output_tokens if output_tokens > 0 else None
-    fields = result_fields(count, analytic, output_tokens=out_tokens, top_n=top_n)
-    return {"model": model, "source": source, "batch_size": batch_size, "input_tokens": input_tokens,
-            "output_tokens": output_tokens, **fields, "forwards": count.forwards}
+    fields = result_fields(count, analytic.flops_total, output_tokens=out_tokens, top_n=top_n)
+    return {"model": model, "source": source, "architecture": arch.kind, "batch_size": batch_size,
+            "input_tokens": input_tokens, "output_tokens": output_tokens, "images": analytic.images,
+            "image_tokens": analytic.image_tokens, "encoder_tokens": analytic.encoder_tokens,
+            "prompt_tokens": analytic.prompt_tokens, **fields, "forwards": count.forwards}
 
 
 from perfsdk.fmt import fmt_count as _fmt  # noqa: E402
@@ -402,6 +437,8 @@ from perfsdk.fmt import fmt_count as _fmt  # noqa: E402
 @click.option("--input-tokens", "-t", default=128, show_default=True, type=click.IntRange(min=1))
 @click.option("--output-tokens", "-g", default=32, show_default=True, type=click.IntRange(min=0),
               help="generated tokens; 0 counts one plain forward (logits for every position)")
+@click.option("--images", default=None, type=click.IntRange(min=0),
+              help="images per sequence of a vision-language model (their image tokens join the prompt) [default: 1]")
 @click.option("--backend", default="torch", show_default=True, help="torch | ptflops | fvcore | analytic")
 @click.option("--attn-implementation", default="sdpa", show_default=True, type=click.Choice(["sdpa", "eager"]))
 @click.option("--exact", is_flag=True, help="count every decode step instead of summing them in closed form")
@@ -409,15 +446,19 @@ from perfsdk.fmt import fmt_count as _fmt  # noqa: E402
               help="instantiate every decoder layer instead of replicating the count of identical layers")
 @click.option("--top", "top_n", default=10, show_default=True, type=click.IntRange(min=0))
 @click.option("--json", "as_json", is_flag=True, help="print the result as JSON")
-def flops_command(model: str, batch_size: int, input_tokens: int, output_tokens: int, backend: str,
-                  attn_implementation: str, exact: bool, full_depth: bool, top_n: int, as_json: bool) -> None:
+def flops_command(model: str, batch_size: int, input_tokens: int, output_tokens: int, images: int | None,
+                  backend: str, attn_implementation: str, exact: bool, full_depth: bool, top_n: int,
+                  as_json: bool) -> None:
     """Count the FLOPs of MODEL's generate without loading weights (meta device).
 
     MODEL is a folder with config.json, a config.json file, builtin:<name>, or a bundled
-    architecture (gpt2, llama-2-7b, llama-3-8b, llama-3-70b, mistral-7b, mixtral-8x7b, qwen2-7b).
+    architecture (gpt2, llama-2-7b, llama-3-8b, llama-3-70b, mistral-7b, mixtral-8x7b, qwen2-7b,
+    tiny-llava, tiny-t5). Encoder-decoder and vision-language models add an encode phase (the
+    encoder, or the vision tower and projector) to prefill and decode.
     """
     from perfsdk.flops.counter import BACKENDS, BackendUnavailable
-    from perfsdk.flops.meta import UnknownModel
+    from perfsdk.models.arch import UnsupportedArchitecture
+    from perfsdk.models.resolve import UnknownModel
 
     if backend not in BACKENDS:
         click.echo(f"Error: unknown backend {backend!r} (available: {', '.join(BACKENDS)})", err=True)
@@ -425,8 +466,11 @@ def flops_command(model: str, batch_size: int, input_tokens: int, output_tokens:
     try:
         res = count_model(model, batch_size=batch_size, input_tokens=input_tokens, output_tokens=output_tokens,
                           backend=backend, attn_implementation=attn_implementation, exact=exact, top_n=top_n,
-                          full_depth=full_depth)
-    except UnknownModel as exc:
+                          full_depth=full_depth, images=images)
+    except (UnknownModel, UnsupportedArchitecture) as exc:
+        click.echo(f"Error: {exc}", err=True)
+        sys.exit(2)
+    except ValueError as exc:  # a shape the model cannot take (images for a text-only model)
         click.echo(f"Error: {exc}", err=True)
         sys.exit(2)
     except BackendUnavailable as exc:
@@ -442,12 +486,18 @@ def flops_command(model: str, batch_size: int, input_tokens: int, output_tokens:
     from rich.table import Table
 
     console = Console()
-    t = Table(title=f"FLOPs of {model} — batch {batch_size}, {input_tokens} input, {output_tokens} output tokens")
+    shape = f"{input_tokens} input"
+    if res["images"]:
+        shape += f" + {res['images']} image(s) x {res['image_tokens'] // res['images']} image tokens"
+    t = Table(title=f"FLOPs of {model} — batch {batch_size}, {shape}, {output_tokens} output tokens")
     t.add_column("quantity")
     t.add_column("value", justify="right")
     t.add_column("exact", justify="right")
-    for key in ("flops_total", "flops_prefill", "flops_decode", "macs_total", "flops_per_output_token",
-                "analytic_flops_total"):
+    keys = ["flops_total", "flops_prefill", "flops_decode", "macs_total", "flops_per_output_token",
+            "analytic_flops_total"]
+    if res["flops_encode"]:
+        keys.insert(1, "flops_encode")
+    for key in keys:
         v = res.get(key)
         t.add_row(key, _fmt(v), f"{v:,}" if isinstance(v, int) else (f"{v:,.1f}" if isinstance(v, float) else "-"))
     t.add_row("deviation_pct", "-" if res["deviation_pct"] is None else f"{res['deviation_pct']:+.4f} %",

@@ -72,39 +72,32 @@ def _dtype_of(model: Any) -> str | None:
 
 
 def arch_fields(config: Any) -> dict[str, Any]:
-    """Architecture fields from a ``transformers`` config (None where absent).
+    """The ``model`` section's architecture fields, from the model's :class:`~perfsdk.models.arch.Architecture`.
 
-    For a vision-language model the layer, size and vocabulary fields are the language model's
-    (its text config); the architecture name is the whole model's.
+    For a vision-language model they describe its text decoder. A config of a family the
+    architecture reader does not describe leaves them unset (the model type is still recorded).
     """
     if config is None:
         return {}
-    top = config
-    get_text = getattr(config, "get_text_config", None)
-    if callable(get_text):  # a vision-language model: the language model's shape
-        try:
-            config = get_text(decoder=True) or config
-        except TypeError:
-            config = get_text() or config
-        except Exception:
-            config = top
-    get = lambda *names: next((getattr(config, n) for n in names if getattr(config, n, None) is not None), None)  # noqa: E731
-    heads = get("num_attention_heads", "n_head")
-    hidden = get("hidden_size", "n_embd", "d_model")
-    head_dim = get("head_dim")
-    if head_dim is None and heads and hidden:
-        head_dim = hidden // heads
+    from perfsdk.models.arch import UnsupportedArchitecture, architecture_from_config
+
+    name = (getattr(config, "architectures", None) or [None])[0] or getattr(config, "model_type", None)
+    base = {"architecture": name, "model_type": getattr(config, "model_type", None),
+            "attn_implementation": getattr(config, "_attn_implementation", None)}
+    try:
+        arch = architecture_from_config(config)
+    except (UnsupportedArchitecture, TypeError, ValueError):
+        return base
     return {
-        "architecture": (getattr(top, "architectures", None) or [None])[0] or getattr(top, "model_type", None),
-        "num_layers": get("num_hidden_layers", "n_layer", "num_layers"),
-        "hidden_size": hidden,
-        "intermediate_size": get("intermediate_size", "n_inner", "ffn_dim", "d_ff"),
-        "num_attention_heads": heads,
-        "num_key_value_heads": get("num_key_value_heads") or heads,
-        "head_dim": head_dim,
-        "vocab_size": get("vocab_size"),
-        "max_position_embeddings": get("max_position_embeddings", "n_positions"),
-        "attn_implementation": getattr(top, "_attn_implementation", None),
+        **base,
+        "num_layers": arch.num_layers,
+        "hidden_size": arch.hidden_size,
+        "intermediate_size": arch.intermediate_size,
+        "num_attention_heads": arch.num_heads,
+        "num_key_value_heads": arch.num_kv_heads,
+        "head_dim": arch.head_dim,
+        "vocab_size": arch.vocab_size,
+        "max_position_embeddings": arch.max_position_embeddings,
     }
 
 
@@ -190,13 +183,3 @@ def describe_model(model: Any, model_id: str | None = None, load_s: float | None
         **quant,
         **fields,
     )
-
-
-def kv_cache_bytes(info: ModelInfo, batch_size: int, context_len: int, dtype_bytes: int | None = None) -> int | None:
-    """KV-cache bytes for ``batch_size`` sequences of ``context_len`` tokens:
-    2 (K and V) × layers × KV heads × head dim × context × batch × bytes per element."""
-    if not (info.num_layers and info.num_key_value_heads and info.head_dim):
-        return None
-    if dtype_bytes is None:
-        dtype_bytes = {"float32": 4, "float16": 2, "bfloat16": 2, "float64": 8}.get(info.dtype or "float32", 4)
-    return 2 * info.num_layers * info.num_key_value_heads * info.head_dim * context_len * batch_size * dtype_bytes

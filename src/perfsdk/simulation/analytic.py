@@ -1,23 +1,33 @@
-"""Analytic operation lists: the ops a decoder-only transformer executes, without running it.
+"""Analytic operation lists: the ops a transformer executes, without running it.
 
-The fast path of ``perfsdk simulate``: from a :class:`ModelShape`, a batch size and token
-counts it emits one :class:`~perfsdk.ops.OpRecord` per operation of the prefill (step 0) and of
-every decode step (steps 1..G-1, each generating one token per sequence), with the same
-conventions as operation capture: ``flops`` = 2 per multiply-add, ``bytes_read`` includes weights
-and KV cache, ``kv_bytes`` is the KV-cache part. Module paths follow the Llama layout of
-``transformers`` (``model.layers.N.self_attn.q_proj`` ...).
+The fast path of ``perfsdk simulate``: from an :class:`~perfsdk.models.arch.Architecture`, a
+batch size and token counts it emits one :class:`~perfsdk.ops.OpRecord` per operation of the
+encode phase (the encoder of an encoder-decoder, or the vision tower and projector of a
+vision-language model; step 0), of the prefill (step 0) and of every decode step (steps 1..G-1,
+each generating one token per sequence), with the same conventions as operation capture:
+``flops`` = 2 per multiply-add, ``bytes_read`` includes weights and KV cache, ``kv_bytes`` is the
+KV-cache part. The weight matrices are the architecture's own lists
+(:meth:`~perfsdk.models.arch.Architecture.attention_linears`, ``mlp_linears`` …), the very ones
+the FLOPs counter's analytic model sums, so both give the same FLOPs. Module paths follow the
+``transformers`` layout of a Llama (``model.layers.N.self_attn.q_proj`` …) for decoder-only
+families, and the model's own layout for LLaVA (``model.vision_tower.encoder.layers.N``,
+``model.multi_modal_projector``, ``model.language_model.layers.N``) and T5
+(``encoder.block.N.layer.0.SelfAttention.q`` …).
 
 Conventions follow :mod:`perfsdk.capture`: attention counts the full QK^T and PV products over
 every (query, key) pair handed to the kernel (no causal halving; GQA counted with the query
 heads), and normalization, activation, softmax and other elementwise ops carry no FLOPs, only
 ``elements`` (output elements) and bytes.
 
-Modelled: GQA (KV heads), sliding-window attention (the KV cache, and so the keys read, is capped
-at the window), MoE (router, then only the experts
-the batch's tokens reach, ``E * (1 - (1 - k/E)^tokens)`` of them in expectation), and the language
-model head on the last position only (as ``generate`` does). The KV cache grows by
-concatenation, as ``transformers``' ``DynamicCache`` does (each decode step reads and rewrites
-the cache); ``ModelShape.kv_concat=False`` models a preallocated cache written in place.
+Modelled: GQA and MQA (KV heads), per-layer sliding windows (the cache keeps ``window - 1`` past
+positions, so the keys read are capped once a cache exists; the first forward gets every key,
+masked), latent attention (the compressed cache expanded by ``kv_b_proj`` over every key),
+MoE (router, then only the experts the batch's tokens reach, ``E * (1 - (1 - k/E)^tokens)`` of them
+in expectation, the routed rows split among them; shared experts over every token), T5's
+cross-attention (keys and values of the encoder output projected once, in the first decoder
+forward) and relative position bias, and the language model head on the last position only (as
+``generate`` does). The KV cache grows by concatenation, as ``transformers``' ``DynamicCache``
+does (each decode step reads and rewrites the cache).
 """
 
 from __future__ import annotations
@@ -25,8 +35,8 @@ from __future__ import annotations
 import math
 
 from perfsdk.hardware.profile import DTYPE_BYTES, DTYPE_KEYS
+from perfsdk.models.arch import Architecture, Linear, generate_shape
 from perfsdk.ops import OpRecord, Phase
-from perfsdk.simulation.shape import ModelShape
 
 
 def dtype_bytes(dtype: str) -> float:
@@ -58,15 +68,19 @@ class _Emitter:
         self.ops.append(OpRecord(phase=self.phase, step=self.step, dtype=self.dtype,
                                  context_len=self.context_len, **kw))  # type: ignore[arg-type]
 
-    def linear(self, path: str, batch: int, tokens: int, k: int, n: int, rows: float | None = None) -> None:
-        """``[rows, k] @ [k, n]``; ``rows`` defaults to batch * tokens (MoE passes a fraction)."""
+    def linear(self, path: str, batch: int, tokens: int, k: int, n: int, rows: int | None = None,
+               bias: bool = False) -> None:
+        """``[rows, k] @ [k, n]``; ``rows`` defaults to batch * tokens (an MoE expert gets its share)."""
         m = batch * tokens if rows is None else rows
         s = self.s
-        w = int(k * n * s)
+        w = int((k * n + (n if bias else 0)) * s)
         self._add(module_path=path, op="linear", category="matmul", module_type="Linear",
                   input_shapes=[(batch, tokens, k)], output_shape=(batch, tokens, n),
-                  flops=int(2 * m * k * n), macs=int(m * k * n), weight_bytes=w,
-                  bytes_read=w + int(m * k * s), bytes_written=int(m * n * s), elements=int(m * n))
+                  flops=2 * m * k * n, macs=m * k * n, weight_bytes=w,
+                  bytes_read=w + int(m * k * s), bytes_written=int(m * n * s), elements=m * n)
+
+    def apply(self, prefix: str, lin: Linear, batch: int, tokens: int, rows: int | None = None) -> None:
+        self.linear(f"{prefix}.{lin.name}", batch, tokens, lin.in_features, lin.out_features, rows, lin.bias)
 
     def norm(self, path: str, batch: int, tokens: int, h: int, kind: str) -> None:
         e = batch * tokens * h
@@ -84,116 +98,219 @@ class _Emitter:
         self._add(module_path=path, op=op, category=category, input_shapes=[shape] * inputs, output_shape=shape,
                   bytes_read=int(inputs * e * s), bytes_written=int(e * s), elements=e)
 
-    def attention(self, path: str, batch: int, tokens: int, past: int, m: ModelShape) -> None:
-        """Scaled-dot-product attention of ``tokens`` new queries over ``past + tokens`` keys."""
+    def attention(self, path: str, batch: int, tokens: int, keys: int, m: Architecture, *,
+                  kv_heads: int | None = None, cached: bool = True) -> None:
+        """Scaled-dot-product attention of ``tokens`` queries over ``keys`` keys.
+
+        ``kv_heads``: heads of the keys and values handed to the kernel (latent attention
+        expands them to every query head); ``cached``: whether they are read from the KV cache.
+        """
         s = self.s
-        hd, nh, nkv = m.head_dim, m.num_heads, m.num_kv_heads
-        w = m.sliding_window
-        kv_len = min(past + tokens, w) if w else past + tokens  # keys handed to the kernel
-        score_elems = batch * nh * tokens * kv_len
-        kv = int(2 * batch * nkv * kv_len * hd * s)
+        hd, vd, nh = m.head_dim, m.v_head_dim, m.num_heads
+        nkv = m.num_kv_heads if kv_heads is None else kv_heads
+        score_elems = batch * nh * tokens * keys
+        kv = int(batch * nkv * keys * (hd + vd) * s)
         q_bytes = int(batch * nh * tokens * hd * s)
         self._add(module_path=path, op="scaled_dot_product_attention", category="attention",
                   module_type="Attention",
-                  input_shapes=[(batch, nh, tokens, hd), (batch, nkv, kv_len, hd), (batch, nkv, kv_len, hd)],
-                  output_shape=(batch, nh, tokens, hd),
-                  flops=4 * score_elems * hd, macs=2 * score_elems * hd,
-                  bytes_read=q_bytes + kv, kv_bytes=kv,
-                  bytes_written=q_bytes + int(2 * batch * nkv * tokens * hd * s), elements=score_elems)
+                  input_shapes=[(batch, nh, tokens, hd), (batch, nkv, keys, hd), (batch, nkv, keys, vd)],
+                  output_shape=(batch, nh, tokens, vd),
+                  flops=2 * score_elems * (hd + vd), macs=score_elems * (hd + vd),
+                  bytes_read=q_bytes + kv, kv_bytes=kv if cached else 0,
+                  bytes_written=int(batch * nh * tokens * vd * s) + int(batch * nkv * tokens * (hd + vd) * s),
+                  elements=score_elems)
 
 
-def _layer(e: _Emitter, m: ModelShape, li: int, batch: int, tokens: int, past: int) -> None:
+def _names(m: Architecture) -> dict[str, str]:
+    """Module names inside one block (T5 names its sub-layers by position)."""
+    if m.model_type == "t5":
+        mlp_norm = f"layer.{2 if m.cross_attention else 1}.layer_norm"
+        return {"attn_norm": "layer.0.layer_norm", "attn": "layer.0.SelfAttention", "cross_norm": "layer.1.layer_norm",
+                "cross": "layer.1.EncDecAttention", "mlp_norm": mlp_norm, "mlp": mlp_norm.replace("layer_norm", "DenseReluDense")}
+    return {"attn_norm": "layer_norm1" if m.role == "vision" else "input_layernorm", "attn": "self_attn",
+            "mlp_norm": "layer_norm2" if m.role == "vision" else "post_attention_layernorm", "mlp": "mlp"}
+
+
+def _layer(e: _Emitter, m: Architecture, li: int, batch: int, tokens: int, past: int, encoder_tokens: int) -> None:
     h = m.hidden_size
-    p = f"model.layers.{li}"
+    p = f"{m.layers_path}.{li}"
+    n = _names(m)
+    attn = f"{p}.{n['attn']}"
+    e.norm(f"{p}.{n['attn_norm']}", batch, tokens, h, m.norm)
+    *proj, out = m.attention_linears()
+    for lin in proj:
+        e.apply(p, lin, batch, tokens)
     q_out, kv_out = m.num_heads * m.head_dim, m.num_kv_heads * m.head_dim
-    e.norm(f"{p}.input_layernorm", batch, tokens, h, m.norm)
-    e.linear(f"{p}.self_attn.q_proj", batch, tokens, h, q_out)
-    e.linear(f"{p}.self_attn.k_proj", batch, tokens, h, kv_out)
-    e.linear(f"{p}.self_attn.v_proj", batch, tokens, h, kv_out)
-    e.pointwise(f"{p}.self_attn.rotary", "rotary_embedding", "elementwise",
-                (batch, tokens, q_out + kv_out), inputs=2)
-    if past and m.kv_concat:
-        # transformers' DynamicCache appends by concatenation: the cached K and V are read and
-        # rewritten with the new entries on every step
-        old = min(past, m.sliding_window) if m.sliding_window else past
-        new_len = min(past + tokens, m.sliding_window) if m.sliding_window else past + tokens
-        kv_old = int(2 * batch * m.num_kv_heads * old * m.head_dim * e.s)
-        kv_in = int(2 * batch * m.num_kv_heads * tokens * m.head_dim * e.s)
-        kv_new = int(2 * batch * m.num_kv_heads * new_len * m.head_dim * e.s)
-        e._add(module_path=f"{p}.self_attn.kv_cache", op="cat", category="other",
-               input_shapes=[(batch, m.num_kv_heads, old, m.head_dim)],
-               output_shape=(batch, m.num_kv_heads, new_len, m.head_dim),
-               bytes_read=kv_old + kv_in, bytes_written=kv_new, kv_bytes=kv_old,
-               elements=int(kv_new / e.s))
-    e.attention(f"{p}.self_attn.attn", batch, tokens, past, m)
-    e.linear(f"{p}.self_attn.o_proj", batch, tokens, q_out, h)
+    if m.position == "rope":
+        e.pointwise(f"{attn}.rotary", "rotary_embedding", "elementwise", (batch, tokens, q_out + kv_out), inputs=2)
+    keys = m.keys_attended(li, past, tokens)
+    if past and m.causal:
+        # transformers' DynamicCache appends by concatenation: the cached entries are read and
+        # rewritten with the new ones on every step (a sliding layer keeps window - 1 of them)
+        w = m.window(li)
+        old = min(past, w - 1) if w is not None else past
+        width = m.cache_width()
+        kv_old = int(batch * old * width * e.s)
+        kv_in = int(batch * tokens * width * e.s)
+        heads, per_head = (1, width) if m.kv_lora_rank is not None else (m.num_kv_heads, m.head_dim)
+        e._add(module_path=f"{attn}.kv_cache", op="cat", category="other",
+               input_shapes=[(batch, heads, old, per_head)], output_shape=(batch, heads, old + tokens, per_head),
+               bytes_read=kv_old + kv_in, bytes_written=kv_old + kv_in, kv_bytes=kv_old,
+               elements=batch * (old + tokens) * width)
+    expand = m.key_linears()
+    for lin in expand:  # latent attention: the cached latent expanded to keys and values
+        e.apply(p, lin, batch, keys, rows=batch * keys)
+    if m.relative_attention_num_buckets:
+        e.pointwise(f"{attn}.relative_attention_bias", "add", "elementwise", (batch, m.num_heads, tokens, keys), inputs=2)
+    e.attention(f"{attn}.attn", batch, tokens, keys, m, kv_heads=m.num_heads if expand else None,
+                cached=m.causal and not expand)
+    e.apply(p, out, batch, tokens)
     e.pointwise(f"{p}.residual_attn", "add", "elementwise", (batch, tokens, h), inputs=2)
-    e.norm(f"{p}.post_attention_layernorm", batch, tokens, h, m.norm)
-    if m.num_experts:
+    if m.cross_attention:
+        cross = f"{p}.{n['cross']}"
+        (q, o), kv = m.cross_attention_linears()
+        e.norm(f"{p}.{n['cross_norm']}", batch, tokens, h, m.norm)
+        e.apply(p, q, batch, tokens)
+        if past == 0:  # keys and values of the encoder output, projected once and cached
+            for lin in kv:
+                e.apply(p, lin, batch, encoder_tokens)
+        e.attention(f"{cross}.attn", batch, tokens, encoder_tokens, m)
+        e.apply(p, o, batch, tokens)
+        e.pointwise(f"{p}.residual_cross", "add", "elementwise", (batch, tokens, h), inputs=2)
+    e.norm(f"{p}.{n['mlp_norm']}", batch, tokens, h, m.norm)
+    if m.is_moe_layer(li):
         _moe(e, m, p, batch, tokens)
     else:
-        _mlp(e, m, f"{p}.mlp", batch, tokens, None)
+        _mlp(e, m, p, m.mlp_linears(prefix=f"{n['mlp']}."), batch, tokens, None)
     e.pointwise(f"{p}.residual_mlp", "add", "elementwise", (batch, tokens, h), inputs=2)
 
 
-def _mlp(e: _Emitter, m: ModelShape, p: str, batch: int, tokens: int, rows: float | None) -> None:
-    h, i = m.hidden_size, m.intermediate_size
+def _mlp(e: _Emitter, m: Architecture, p: str, lins: tuple[Linear, ...], batch: int, tokens: int,
+         rows: int | None) -> None:
     n = batch * tokens if rows is None else rows
-    act_shape = (batch, tokens, i)
-    act_elems = int(round(n * i))
+    inter = lins[0].out_features
+    act_shape = (batch, tokens, inter)
+    act_path = f"{p}.{lins[0].name.rsplit('.', 1)[0]}.act_fn" if "." in lins[0].name else f"{p}.act_fn"
+    act = m.hidden_act or "act"
     if m.gated_mlp:
-        e.linear(f"{p}.gate_proj", batch, tokens, h, i, rows)
-        e.linear(f"{p}.up_proj", batch, tokens, h, i, rows)
-        e.pointwise(f"{p}.act_fn", "silu", "activation", act_shape, inputs=1, elements=act_elems)
-        e.pointwise(f"{p}.gate_mul", "mul", "elementwise", act_shape, inputs=2, elements=act_elems)
-        e.linear(f"{p}.down_proj", batch, tokens, i, h, rows)
+        gate, up, down = lins
+        e.apply(p, gate, batch, tokens, rows)
+        e.apply(p, up, batch, tokens, rows)
+        e.pointwise(act_path, act, "activation", act_shape, inputs=1, elements=n * inter)
+        e.pointwise(act_path.replace("act_fn", "gate_mul"), "mul", "elementwise", act_shape, inputs=2,
+                    elements=n * inter)
+        e.apply(p, down, batch, tokens, rows)
     else:
-        e.linear(f"{p}.fc1", batch, tokens, h, i, rows)
-        e.pointwise(f"{p}.act_fn", "gelu", "activation", act_shape, inputs=1, elements=act_elems)
-        e.linear(f"{p}.fc2", batch, tokens, i, h, rows)
+        up, down = lins
+        e.apply(p, up, batch, tokens, rows)
+        e.pointwise(act_path, act, "activation", act_shape, inputs=1, elements=n * inter)
+        e.apply(p, down, batch, tokens, rows)
 
 
-def _moe(e: _Emitter, m: ModelShape, p: str, batch: int, tokens: int) -> None:
+def _moe(e: _Emitter, m: Architecture, p: str, batch: int, tokens: int) -> None:
     n_tok = batch * tokens
-    e.linear(f"{p}.mlp.gate", batch, tokens, m.hidden_size, m.num_experts)
+    e.apply(p, m.router(), batch, tokens)
     e.pointwise(f"{p}.mlp.router_softmax", "softmax", "softmax", (batch, tokens, m.num_experts), inputs=1)
     active = expected_active_experts(m.num_experts, m.experts_per_token, n_tok)
-    rows = n_tok * m.experts_per_token / active
+    # the routed rows (tokens x top_k) split as evenly as whole rows allow among the experts reached
+    routed = n_tok * m.experts_per_token
+    base, extra = divmod(routed, active)
     for j in range(active):
-        _mlp(e, m, f"{p}.mlp.experts.{j}", batch, tokens, rows)
+        lins = m.mlp_linears(m.expert_intermediate_size, prefix=f"mlp.experts.{j}.")
+        _mlp(e, m, p, lins, batch, tokens, base + (1 if j < extra else 0))
+    shared = m.shared_expert_linears()
+    if shared:
+        mlp = shared[:3] if m.gated_mlp else shared[:2]
+        _mlp(e, m, p, mlp, batch, tokens, None)
+        for lin in shared[len(mlp):]:  # the shared expert's gate
+            e.apply(p, lin, batch, tokens)
 
 
-def forward_ops(m: ModelShape, batch: int, tokens: int, past: int, dtype: str, phase: Phase, step: int,
-                logits_tokens: int = 1) -> list[OpRecord]:
-    """The ops of one forward pass: ``tokens`` new tokens per sequence after ``past`` cached ones."""
-    e = _Emitter(dtype, phase, step, past + tokens)
-    h = m.hidden_size
+def _embedding(e: _Emitter, path: str, batch: int, tokens: int, vocab: int, h: int) -> None:
     s = e.s
-    emb_w = int(m.vocab_size * h * s)
-    e._add(module_path="model.embed_tokens", op="embedding", category="embedding", module_type="Embedding",
-           input_shapes=[(batch, tokens)], output_shape=(batch, tokens, h), weight_bytes=emb_w,
+    e._add(module_path=path, op="embedding", category="embedding", module_type="Embedding",
+           input_shapes=[(batch, tokens)], output_shape=(batch, tokens, h), weight_bytes=int(vocab * h * s),
            bytes_read=int(batch * tokens * (h * s + 8)), bytes_written=int(batch * tokens * h * s),
            elements=batch * tokens * h)
+
+
+def forward_ops(m: Architecture, batch: int, tokens: int, past: int, dtype: str, phase: Phase, step: int,
+                logits_tokens: int = 1, encoder_tokens: int = 0) -> list[OpRecord]:
+    """The ops of one decoder forward: ``tokens`` new positions per sequence after ``past`` cached ones.
+
+    ``encoder_tokens``: encoder positions an encoder-decoder's cross-attention attends.
+    """
+    e = _Emitter(dtype, phase, step, past + tokens)
+    h = m.hidden_size
+    _embedding(e, m.embed_path, batch, tokens, m.vocab_size, h)
     for li in range(m.num_layers):
-        _layer(e, m, li, batch, tokens, past)
-    e.norm("model.norm", batch, logits_tokens, h, m.norm)
-    e.linear("lm_head", batch, logits_tokens, h, m.vocab_size)
+        _layer(e, m, li, batch, tokens, past, encoder_tokens)
+    e.norm(m.final_norm_path, batch, logits_tokens, h, m.norm)
+    e.linear("lm_head", batch, logits_tokens, h, m.vocab_size, bias=m.lm_head_bias)
     return e.ops
 
 
-def generation_ops(m: ModelShape, batch_size: int, input_tokens: int, output_tokens: int, dtype: str = "bfloat16",
-                   decode_steps: list[int] | None = None) -> list[OpRecord]:
-    """Ops of ``generate``: prefill (step 0) and decode steps 1..output_tokens-1.
+def encode_ops(m: Architecture, batch: int, encoder_tokens: int, images: int, dtype: str) -> list[OpRecord]:
+    """The ops of the encode phase (step 0): the encoder over ``encoder_tokens`` positions, or the
+    vision tower and projector over ``images`` images per sequence. Empty for a decoder-only model."""
+    enc = m.encoder
+    if enc is None:
+        return []
+    if enc.role == "encoder":
+        e = _Emitter(dtype, "encode", 0, encoder_tokens)
+        _embedding(e, enc.embed_path, batch, encoder_tokens, enc.vocab_size, enc.hidden_size)
+        for li in range(enc.num_layers):
+            _layer(e, enc, li, batch, encoder_tokens, 0, 0)
+        e.norm(enc.final_norm_path, batch, encoder_tokens, enc.hidden_size, enc.norm)
+        return e.ops
+    n_img = batch * images
+    if not n_img:
+        return []
+    t, h, s = enc.tokens_per_image, enc.hidden_size, dtype_bytes(dtype)
+    e = _Emitter(dtype, "encode", 0, t)
+    macs = n_img * enc.patch_embedding_macs()
+    w = int(enc.num_channels * enc.patch_size ** 2 * h * s)
+    pixels = n_img * enc.num_channels * enc.image_size ** 2
+    e._add(module_path=f"{enc.embed_path}.patch_embedding", op="conv2d", category="matmul", module_type="Conv2d",
+           input_shapes=[(n_img, enc.num_channels, enc.image_size, enc.image_size)],
+           output_shape=(n_img, h, enc.image_size // enc.patch_size, enc.image_size // enc.patch_size),
+           flops=2 * macs, macs=macs, weight_bytes=w, bytes_read=w + int(pixels * s),
+           bytes_written=int(n_img * enc.patches_per_image * h * s), elements=n_img * enc.patches_per_image * h)
+    e.pointwise(f"{enc.embed_path}.position_embedding", "add", "elementwise", (n_img, t, h), inputs=2)
+    e.norm(enc.final_norm_path.replace("post_layernorm", "pre_layrnorm"), n_img, t, h, enc.norm)
+    for li in range(enc.num_layers):
+        _layer(e, enc, li, n_img, t, 0, 0)
+    e.norm(enc.final_norm_path, n_img, 1, h, enc.norm)  # the pooled class token
+    per_image = m.image_tokens_per_image
+    first, *rest = m.projector
+    prefix = first.name.rsplit(".", 1)[0]
+    e.linear(first.name, n_img, per_image, first.in_features, first.out_features, bias=first.bias)
+    e.pointwise(f"{prefix}.act", m.projector_act or "gelu", "activation", (n_img, per_image, first.out_features),
+                inputs=1)
+    for lin in rest:
+        e.linear(lin.name, n_img, per_image, lin.in_features, lin.out_features, bias=lin.bias)
+    return e.ops
 
+
+def generation_ops(m: Architecture, batch_size: int, input_tokens: int, output_tokens: int, dtype: str = "bfloat16",
+                   decode_steps: list[int] | None = None, images: int | None = None) -> list[OpRecord]:
+    """Ops of ``generate``: encode (step 0, when the model has an encoder or a vision tower),
+    prefill (step 0) and decode steps 1..output_tokens-1.
+
+    ``input_tokens`` are the prompt's text tokens (an encoder-decoder's encoder input); a
+    vision-language model's prompt also holds ``images`` (default 1) times its image tokens.
     ``decode_steps`` limits the decode steps emitted (the predictor weights a sample of steps to
     stand for all of them on long generations).
     """
     if batch_size < 1 or input_tokens < 1 or output_tokens < 1:
         raise ValueError("batch size, input tokens and output tokens must be at least 1")
-    ops = forward_ops(m, batch_size, input_tokens, 0, dtype, "prefill", 0)
+    shape = generate_shape(m, batch_size, input_tokens, output_tokens, images)
+    p, enc = shape.prompt_tokens, shape.encoder_tokens
+    ops = encode_ops(m, batch_size, enc, shape.images, dtype)
+    ops.extend(forward_ops(m, batch_size, p, 0, dtype, "prefill", 0, encoder_tokens=enc))
     steps = range(1, output_tokens) if decode_steps is None else decode_steps
     for k in steps:
-        ops.extend(forward_ops(m, batch_size, 1, input_tokens + k - 1, dtype, "decode", k))
+        ops.extend(forward_ops(m, batch_size, 1, p + k - 1, dtype, "decode", k, encoder_tokens=enc))
     return ops
 
 

@@ -454,7 +454,7 @@ def calibrate_here(models: list[str], grid: list[tuple[int, int, int]] | None = 
     plus the micro-kernels (``micro``), and fit."""
     import torch
 
-    from perfsdk.simulation.shape import shape_from_config
+    from perfsdk.models.arch import architecture_from_config
 
     if threads:
         torch.set_num_threads(threads)
@@ -462,7 +462,7 @@ def calibrate_here(models: list[str], grid: list[tuple[int, int, int]] | None = 
     meas: list[Measurement] = []
     for spec in models:
         model = build_random_model(spec)
-        shape = shape_from_config(model.config, name=spec)
+        shape = architecture_from_config(model.config)
         for b, i, o in grid or DEFAULT_CALIBRATION_GRID:
             m = measure_generate(model, b, i, o, repeats=repeats, label=spec, clock=clock)
             meas.append(m)
@@ -479,8 +479,9 @@ def model_config_of_run(run: Any) -> Any:
     """The model configuration a stored run measured, for the analytic op generator.
 
     ``builtin:NAME`` resolves to the embedded configuration; a Hub id or local path to its
-    ``config.json`` when it is available without downloading; otherwise the architecture fields
-    of the run's ``model`` section (hidden size, layers, heads, ...) are used as they are.
+    ``config.json`` when it is available without downloading; otherwise a config built from the
+    architecture fields of the run's ``model`` section (model type, hidden size, layers, heads,
+    ...), which must name every field the architecture depends on.
     """
     info = run.model
     if info is None:
@@ -497,13 +498,17 @@ def model_config_of_run(run: Any) -> Any:
             return AutoConfig.from_pretrained(model_id, local_files_only=True)
         except Exception:
             pass
-    fields = info.model_dump(exclude_none=True)
-    needed = ("hidden_size", "num_layers", "num_attention_heads", "intermediate_size", "vocab_size")
-    missing = [k for k in needed if k not in fields]
-    if missing:
-        raise ValueError(f"run {run.run_id}: model {model_id!r} cannot be rebuilt: its model section lacks "
-                         f"{', '.join(missing)}")
-    return fields
+    from perfsdk.models.arch import architecture_from_config
+
+    names = {"model_type": "model_type", "hidden_size": "hidden_size", "num_hidden_layers": "num_layers",
+             "num_attention_heads": "num_attention_heads", "num_key_value_heads": "num_key_value_heads",
+             "head_dim": "head_dim", "intermediate_size": "intermediate_size", "vocab_size": "vocab_size"}
+    data = {key: getattr(info, field) for key, field in names.items() if getattr(info, field, None) is not None}
+    try:
+        architecture_from_config(data)
+    except ValueError as exc:
+        raise ValueError(f"run {run.run_id}: model {model_id!r} cannot be rebuilt from its model section: {exc}") from None
+    return data
 
 
 def measurements_of_run(run: Any, requests: list[dict[str, Any]] | None = None) -> list[Measurement]:
@@ -526,7 +531,7 @@ def calibrate_from_store(store_dir: str, run_ids: list[str] | None = None, *,
     (:func:`measurements_of_run`), in the run's dtype. Returns the fit, the measurements used and
     one note per run skipped (no model, no latency, failed).
     """
-    from perfsdk.simulation.shape import shape_from_config
+    from perfsdk.models.arch import architecture_from_config
     from perfsdk.store import Store, StoreError
 
     store = Store(store_dir)
@@ -557,7 +562,7 @@ def calibrate_from_store(store_dir: str, run_ids: list[str] | None = None, *,
             skipped.append(f"{rid}: no latency measurements")
             continue
         dtype = (run.model.dtype if run.model and run.model.dtype else "float32").removeprefix("torch.")
-        shape = shape_from_config(cfg, name=run.model.model_id if run.model else None)
+        shape = architecture_from_config(cfg)
         for m in meas:
             obs.extend(observations_for(shape, m, dtype=dtype))
         used.extend(meas)

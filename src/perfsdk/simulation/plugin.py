@@ -225,32 +225,36 @@ def _resolve_target(target: str, catalog: Catalog, host: HardwareProfile) -> _Ta
 
 def _model_shape(model: Any, overrides: dict[str, int]) -> Any:
     """The model's architecture (from its config) with the overrides applied."""
-    from perfsdk.simulation.shape import shape_from_config
+    from perfsdk.models.arch import architecture_from_config
 
     cfg = getattr(model, "config", None)
     if cfg is None:
         raise ValueError("num_key_value_heads / sliding_window need a model with a transformers config")
-    shape = shape_from_config(cfg)
-    return apply_overrides(shape, overrides.get("num_key_value_heads"), overrides.get("sliding_window"))
+    return apply_overrides(architecture_from_config(cfg), overrides.get("num_key_value_heads"),
+                           overrides.get("sliding_window"))
 
 
-def apply_overrides(shape: Any, kv_heads: int | None = None, sliding_window: int | None = None) -> Any:
-    """``shape`` with another number of KV heads and/or attention window (0: full attention).
+def _window_text(arch: Any) -> str:
+    wins = {w for w in arch.layer_windows} or {None}
+    return "full" if wins == {None} else ", ".join(str(w) if w else "full" for w in sorted(wins, key=lambda w: w or 0))
 
-    KV heads must divide the attention heads (grouped-query attention)."""
+
+def apply_overrides(arch: Any, kv_heads: int | None = None, sliding_window: int | None = None) -> Any:
+    """``arch`` with another number of KV heads and/or one attention window for every layer
+    (0: full attention). KV heads must divide the attention heads (grouped-query attention)."""
     from dataclasses import replace
 
     changes: dict[str, Any] = {}
     if kv_heads is not None:
-        if kv_heads < 1 or shape.num_heads % kv_heads:
-            raise ValueError(f"num_key_value_heads {kv_heads} must divide the model's {shape.num_heads} attention "
+        if kv_heads < 1 or arch.num_heads % kv_heads:
+            raise ValueError(f"num_key_value_heads {kv_heads} must divide the model's {arch.num_heads} attention "
                              f"heads")
         changes["num_kv_heads"] = kv_heads
     if sliding_window is not None:
         if sliding_window < 0:
             raise ValueError(f"sliding_window {sliding_window}: must be 0 (full attention) or a window length")
-        changes["sliding_window"] = sliding_window or None
-    return replace(shape, **changes) if changes else shape
+        changes["layer_windows"] = tuple([sliding_window or None] * arch.num_layers)
+    return replace(arch, **changes) if changes else arch
 
 
 class SimulationCollector(Collector):
@@ -521,6 +525,8 @@ from perfsdk.fmt import fmt_s as _fmt_s  # noqa: E402
 @click.option("--batch-size", default=1, show_default=True, type=click.IntRange(min=1))
 @click.option("--input-tokens", default=128, show_default=True, type=click.IntRange(min=1))
 @click.option("--output-tokens", default=128, show_default=True, type=click.IntRange(min=1))
+@click.option("--images", default=None, type=click.IntRange(min=0),
+              help="Images per sequence of a vision-language model [default: 1]")
 @click.option("--dtype", default="bfloat16", show_default=True,
               type=click.Choice(["float32", "float16", "bfloat16", "float8_e4m3fn", "int8", "int4"]))
 @click.option("--kv-heads", "--num-key-value-heads", "kv_heads", type=click.IntRange(min=1),
@@ -530,30 +536,35 @@ from perfsdk.fmt import fmt_s as _fmt_s  # noqa: E402
 @click.option("--top", "top_n", default=10, show_default=True, type=click.IntRange(min=0), help="Layers listed per phase")
 @click.option("--json", "as_json", is_flag=True, help="Print the full result as JSON")
 def simulate_command(model_spec: str, hardware: str, hardware_files: tuple[str, ...], mapping_file: str | None,
-                     batch_size: int, input_tokens: int, output_tokens: int, dtype: str, kv_heads: int | None,
-                     sliding_window: int | None, top_n: int, as_json: bool) -> None:
-    """Predict TTFT, TPOT, tokens/s, energy and memory fit of MODEL on HARDWARE (analytic ops)."""
-    from perfsdk.simulation.shape import resolve_model_shape
+                     batch_size: int, input_tokens: int, output_tokens: int, images: int | None, dtype: str,
+                     kv_heads: int | None, sliding_window: int | None, top_n: int, as_json: bool) -> None:
+    """Predict TTFT, TPOT, tokens/s, energy and memory fit of MODEL on HARDWARE (analytic ops).
+
+    Encoder-decoder (T5) and vision-language (LLaVA) models get an encode phase: the encoder, or
+    the vision tower and projector; TTFT spans encode and prefill.
+    """
+    from perfsdk.models.resolve import resolve_architecture
 
     try:
         catalog = Catalog.load(hardware_files)
         profile = _profile(hardware, catalog)
         mapping = mapping_from(mapping_file)
-        base = resolve_model_shape(model_spec)
-        shape = apply_overrides(base, kv_heads, sliding_window)
+        base = resolve_architecture(model_spec)
+        arch = apply_overrides(base, kv_heads, sliding_window)
         sim_profiles = [profile] + ([catalog.get(p) for p in mapping.devices.values()] if mapping else [])
         if not mapping or not mapping.default:
             sim_profiles[0].dtype_key(dtype)
-        res = simulate_model(shape, profile, batch_size=batch_size, input_tokens=input_tokens,
-                             output_tokens=output_tokens, dtype=dtype, mapping=mapping, top_n=top_n, catalog=catalog)
+        res = simulate_model(arch, profile, batch_size=batch_size, input_tokens=input_tokens,
+                             output_tokens=output_tokens, dtype=dtype, mapping=mapping, top_n=top_n, catalog=catalog,
+                             images=images, name=model_spec)
     except (HardwareProfileError, MappingError, ValueError) as exc:
         _fail(str(exc))
         return
     notes = []
     if kv_heads is not None:
-        notes.append(f"KV heads {shape.num_kv_heads} (model: {base.num_kv_heads})")
+        notes.append(f"KV heads {arch.num_kv_heads} (model: {base.num_kv_heads})")
     if sliding_window is not None:
-        notes.append(f"attention window {shape.sliding_window or 'full'} (model: {base.sliding_window or 'full'})")
+        notes.append(f"attention window {_window_text(arch)} (model: {_window_text(base)})")
     if notes:
         res = res.model_copy(update={"notes": [*res.notes, "overrides: " + ", ".join(notes)]})
     if as_json:

@@ -23,7 +23,7 @@ from perfsdk.ops import OpRecord
 from perfsdk.simulation.costmodel import activation_in_bytes, activation_out_bytes, cost_op, op_bytes, transfer_cost
 from perfsdk.simulation.mapping import Mapping, MappingError
 
-PhaseName = Literal["prefill", "decode", "forward"]
+PhaseName = Literal["encode", "prefill", "decode", "forward"]
 
 
 class _Frozen(BaseModel):
@@ -135,7 +135,7 @@ class _DevState:
 
 
 def _phase_of(op: OpRecord) -> PhaseName:
-    if op.phase in ("decode", "forward"):
+    if op.phase in ("encode", "decode", "forward"):
         return op.phase
     return "prefill"
 
@@ -208,6 +208,8 @@ class Simulator:
         devs = {name: _DevState(p) for name, p in self.profiles.items()}
         present = {_phase_of(op) for op in ops}
         names: list[PhaseName] = []
+        if "encode" in present:
+            names.append("encode")
         if present & {"prefill", "decode"}:
             names += ["prefill", "decode"]
         if "forward" in present:
@@ -266,6 +268,8 @@ class Simulator:
         out_phases: dict[str, PhasePrediction] = {}
         for ph, acc in phases.items():
             n_steps = sum(steps[ph].values())
+            if ph == "encode" and not n_steps:
+                continue  # a model without an encoder or vision tower has no encode phase
             overhead = step_overhead * n_steps + (prefill_overhead if ph == "prefill" and n_steps else 0.0)
             time_s = acc.time_s + overhead
             energy = acc.dyn_j + static_w * time_s
@@ -285,6 +289,7 @@ class Simulator:
         n_decode = out_phases["decode"].steps if generates else 0.0
         has_prefill = generates and out_phases["prefill"].steps > 0
         gen_per_seq = n_decode + (1 if has_prefill else 0)
+        encode_s = out_phases["encode"].time_s if "encode" in out_phases else 0.0
         e2e = sum(ph.time_s for ph in out_phases.values())
         energy = sum(ph.energy_j for ph in out_phases.values())
         out_tokens = batch_size * gen_per_seq
@@ -316,6 +321,8 @@ class Simulator:
 
         layer_rows = []
         for ph in names:
+            if ph not in out_phases:
+                continue
             total = out_phases[ph].time_s or 1.0
             rows = sorted(((k, a) for k, a in layers.items() if k[1] == ph), key=lambda kv: -kv[1].time_s)
             for (name, _), a in rows[: max(0, top_n)]:
@@ -334,7 +341,7 @@ class Simulator:
             batch_size=batch_size,
             input_tokens=input_tokens,
             output_tokens=int(round(gen_per_seq)),
-            ttft_s=out_phases["prefill"].time_s if generates else None,
+            ttft_s=encode_s + out_phases["prefill"].time_s if generates else None,
             tpot_s=out_phases["decode"].time_s / n_decode if n_decode > 0 else None,
             output_tokens_per_s=(out_tokens / e2e if e2e > 0 else 0.0) if generates else None,
             e2e_s=e2e,
@@ -346,7 +353,7 @@ class Simulator:
             memory_required_bytes=sum(d.weight_bytes + d.kv_cache_bytes for d in dev_out),
             phases=out_phases,
             layers=layer_rows,
-            categories={ph: dict(v) for ph, v in cats.items()},
+            categories={ph: dict(v) for ph, v in cats.items() if ph in out_phases},
             notes=notes,
         )
 
@@ -373,24 +380,29 @@ def rescale_ops(ops: list[OpRecord], dtype: str) -> list[OpRecord]:
     return out
 
 
-def simulate_model(shape: Any, hardware: HardwareProfile, *, batch_size: int = 1, input_tokens: int = 128,
+def simulate_model(arch: Any, hardware: HardwareProfile, *, batch_size: int = 1, input_tokens: int = 128,
                    output_tokens: int = 128, dtype: str = "bfloat16", mapping: Mapping | None = None,
-                   top_n: int = 10, max_decode_steps: int = 64, catalog: Catalog | None = None) -> SimulationResult:
-    """Analytic fast path: generate the ops of ``generate`` from a :class:`ModelShape` and predict.
+                   top_n: int = 10, max_decode_steps: int = 64, catalog: Catalog | None = None,
+                   images: int | None = None, name: str | None = None) -> SimulationResult:
+    """Analytic fast path: generate the ops of ``generate`` from an
+    :class:`~perfsdk.models.arch.Architecture` (or a config it is read from) and predict.
 
     Long generations are costed on ``max_decode_steps`` evenly spaced decode steps, each
     weighted to stand for its share of all steps (KV traffic grows linearly, so this is exact
-    up to rounding for the context-dependent terms).
+    up to rounding for the context-dependent terms). ``images``: images per sequence of a
+    vision-language model (default 1).
     """
+    from perfsdk.models.arch import architecture_from_config, generate_shape
     from perfsdk.simulation.analytic import dtype_bytes, generation_ops, sampled_decode_steps
 
+    arch = architecture_from_config(arch)
     steps, weights = sampled_decode_steps(output_tokens, max_decode_steps)
-    ops = generation_ops(shape, batch_size, input_tokens, output_tokens, dtype, decode_steps=steps)
+    ops = generation_ops(arch, batch_size, input_tokens, output_tokens, dtype, decode_steps=steps, images=images)
     weights = {0: 1.0, **weights}
-    ctx = input_tokens + output_tokens - 1
-    if shape.sliding_window:
-        ctx = min(ctx, shape.sliding_window)
-    kv = int(2 * shape.num_layers * shape.num_kv_heads * shape.head_dim * dtype_bytes(dtype) * batch_size * ctx)
+    shape = generate_shape(arch, batch_size, input_tokens, output_tokens, images)
+    kv = arch.kv_cache_bytes(batch_size, shape.prompt_tokens + output_tokens - 1, dtype_bytes(dtype),
+                             encoder_tokens=shape.encoder_tokens)
     sim = Simulator(hardware, mapping, catalog)
     return sim.predict(ops, batch_size=batch_size, input_tokens=input_tokens, step_weights=weights, dtype=dtype,
-                       top_n=top_n, model=shape.name, op_source="analytic", kv_cache_bytes=kv)
+                       top_n=top_n, model=name or arch.architecture or arch.model_type, op_source="analytic",
+                       kv_cache_bytes=kv)
