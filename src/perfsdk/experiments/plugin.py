@@ -16,13 +16,37 @@ from rich.console import Console
 from rich.table import Table
 
 from perfsdk.plugins import hookimpl
+from perfsdk.terminal import echo_error, fail, make_console
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 
 
 def _usage(message: str) -> None:
-    click.echo(f"perfsdk: error: {message}", err=True)
-    sys.exit(EXIT_USAGE)
+    fail(message, EXIT_USAGE)
+
+
+def resolve_ident(store: Any, ident: str) -> str:
+    """A run id, a unique prefix of one, or ``latest`` -> the full run id; a sweep id is kept.
+
+    A damaged run, or a prefix that matches several runs, is a usage error that says so.
+    """
+    from perfsdk.experiments.sweep import manifest_path
+    from perfsdk.store import AmbiguousRunId, RunNotFound, StoreError
+
+    try:
+        rid = store.resolve_run_id(ident)
+    except RunNotFound:
+        return ident  # perhaps a sweep id
+    except AmbiguousRunId as err:
+        if manifest_path(store, ident).is_file():
+            return ident
+        _usage(f"{err}; give more of the id")
+        return ident
+    try:
+        store.get(rid)
+    except StoreError as err:
+        _usage(str(err))
+    return rid
 
 
 def _fmt(v: Any) -> str:
@@ -88,7 +112,7 @@ def print_sweep_summary(manifest: dict[str, Any], console: Console) -> None:
         t.add_column("feasible")
     if objs:
         t.add_column("pareto")
-    t.add_column("run")
+    t.add_column("run", no_wrap=True)
     for p in manifest["points"]:
         row = [str(p["values"].get(a)) for a in axes] + [p["status"]]
         row += [_fmt(p["objectives"].get(f)) for f in fields]
@@ -154,7 +178,7 @@ def sweep_cmd(sweep_file: str, store_dir: str | None, executor: str, resume: boo
             runner = SweepRunner(sweep, store, ex, resume=resume, progress=progress)
             manifest = runner.run()
     except KeyboardInterrupt:
-        click.echo(f"perfsdk: sweep {sweep.sweep_id} interrupted; run the same command again to resume", err=True)
+        echo_error(f"sweep {sweep.sweep_id} interrupted; run the same command again to resume")
         sys.exit(130)
     except StrategyUnavailable as err:
         _usage(str(err))
@@ -167,7 +191,7 @@ def sweep_cmd(sweep_file: str, store_dir: str | None, executor: str, resume: boo
     elif quiet:
         click.echo(sweep.sweep_id)
     else:
-        print_sweep_summary(manifest, Console())
+        print_sweep_summary(manifest, make_console())
     failed = any(p["status"] == "failed" for p in manifest["points"])
     sys.exit(EXIT_FAILED if failed else EXIT_OK)
 
@@ -186,15 +210,20 @@ def sweep_cmd(sweep_file: str, store_dir: str | None, executor: str, resume: boo
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 def compare_cmd(ids: tuple[str, ...], store_dir: str, metrics: tuple[str, ...], stat: str, fail_if_slower: str | None,
                 n_boot: int, seed: int, as_json: bool) -> None:
-    """Compare runs or sweeps (by id) with the first one: relative change and significance."""
+    """Compare runs or sweeps with the first one: relative change and significance.
+
+    IDS are run ids, unique prefixes of run ids, 'latest', or sweep ids.
+    """
     from perfsdk.experiments.compare import DEFAULT_METRICS, CompareError, compare, parse_threshold, slower_than
     from perfsdk.store import Store
 
     if not Path(store_dir).is_dir():
         _usage(f"--store {store_dir}: no such result store")
+    store = Store(store_dir)
+    ids = tuple(resolve_ident(store, i) for i in ids)
     try:
         threshold = parse_threshold(fail_if_slower) if fail_if_slower is not None else None
-        results = compare(Store(store_dir), ids, list(metrics) or list(DEFAULT_METRICS), stat=stat, n_boot=n_boot,
+        results = compare(store, ids, list(metrics) or list(DEFAULT_METRICS), stat=stat, n_boot=n_boot,
                           seed=seed)
     except CompareError as err:
         _usage(str(err))
@@ -209,7 +238,8 @@ def compare_cmd(ids: tuple[str, ...], store_dir: str, metrics: tuple[str, ...], 
         cols = (["point"] if has_point else []) + ["candidate", "metric", "baseline", "candidate value", "change",
                                                    "95% CI", "verdict"]
         for col in cols:
-            t.add_column(col, justify="right" if col in ("baseline", "candidate value", "change", "95% CI") else "left")
+            t.add_column(col, justify="right" if col in ("baseline", "candidate value", "change", "95% CI") else "left",
+                         no_wrap=col == "candidate")
         for c in results:
             ci = f"[{c.ci_low * 100:+.1f}%, {c.ci_high * 100:+.1f}%]" if c.ci_low is not None and c.ci_high is not None else "-"
             change = f"{c.change * 100:+.1f}%" if c.change is not None else "-"
@@ -218,7 +248,7 @@ def compare_cmd(ids: tuple[str, ...], store_dir: str, metrics: tuple[str, ...], 
             row = ([c.point or ""] if has_point else []) + [c.candidate, c.metric, _fmt(c.baseline_value),
                                                             _fmt(c.candidate_value), change, ci, verdict]
             t.add_row(*row)
-        Console().print(t)
+        make_console().print(t)
         if failing:
             worst = max(failing, key=lambda c: c.slowdown or 0)
             click.echo(f"FAIL: {worst.candidate} {worst.metric} is {worst.slowdown * 100:.1f}% worse than "  # type: ignore[operator]
@@ -232,14 +262,19 @@ def compare_cmd(ids: tuple[str, ...], store_dir: str, metrics: tuple[str, ...], 
 @click.option("--output", "-o", default="report.html", show_default=True,
               help="HTML file; the PNGs go to a folder next to it (<name>_files/).")
 def report_cmd(ident: str, store_dir: str, output: str) -> None:
-    """Write an HTML report (figures inline) for a run or a sweep, plus its PNGs."""
+    """Write an HTML report (figures inline) for a run or a sweep, plus its PNGs.
+
+    IDENT is a run id, a unique prefix of one, 'latest', or a sweep id.
+    """
     from perfsdk.experiments.report import ReportError, write_report
     from perfsdk.store import Store
 
     if not Path(store_dir).is_dir():
         _usage(f"--store {store_dir}: no such result store")
+    store = Store(store_dir)
+    ident = resolve_ident(store, ident)
     try:
-        path, pngs = write_report(Store(store_dir), ident, output)
+        path, pngs = write_report(store, ident, output)
     except ReportError as err:
         _usage(str(err))
         return
