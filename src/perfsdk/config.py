@@ -129,15 +129,18 @@ class Config(_Strict):
         return v
 
 
-def _format_validation_error(err: ValidationError, prefix: str = "") -> str:
+def _format_validation_error(err: ValidationError, prefix: str = "", model: type[BaseModel] | None = None) -> str:
+    from perfsdk.suggest import unknown_key_hint
+
     lines = []
     for e in err.errors():
-        path = ".".join(str(p) for p in e["loc"] if not str(p).startswith("function-after"))
+        loc = [p for p in e["loc"] if not str(p).startswith("function-after")]
+        path = ".".join(str(p) for p in loc)
         if prefix:
             path = f"{prefix}.{path}" if path else prefix
         msg = e["msg"]
         if e["type"] == "extra_forbidden":
-            msg = "unknown key"
+            msg = "unknown key" + unknown_key_hint(model or Config, loc)
         lines.append(f"{path or '<root>'}: {msg}")
     return "; ".join(lines)
 

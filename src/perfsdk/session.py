@@ -209,8 +209,11 @@ class Session:
                 wanted.pop(name, None)
                 continue
             if name not in self.registry.collectors and not any(c.name == name for c in extra_instances):
+                from perfsdk.suggest import did_you_mean
+
                 known = ", ".join(sorted(self.registry.collectors)) or "none"
-                raise ConfigError(f"collectors.{name}: unknown collector (available: {known})")
+                hint = did_you_mean(name, self.registry.collectors)
+                raise ConfigError(f"collectors.{name}: unknown collector{hint} (available: {known})")
             wanted[name] = {} if settings in (None, True) else dict(settings)  # type: ignore[arg-type]
         for inst in extra_instances:
             wanted.pop(inst.name, None)
@@ -224,6 +227,10 @@ class Session:
                 for e in err.errors():
                     path = ".".join(str(p) for p in e["loc"])
                     msg = "unknown key" if e["type"] == "extra_forbidden" else e["msg"]
+                    if e["type"] == "extra_forbidden":
+                        from perfsdk.suggest import unknown_key_hint
+
+                        msg += unknown_key_hint(cls.Config, list(e["loc"]))
                     parts.append(f"collectors.{name}.{path}: {msg}" if path else f"collectors.{name}: {msg}")
                 raise ConfigError("invalid configuration: " + "; ".join(parts)) from None
             self.collectors[name] = cls(cfg)
@@ -679,7 +686,9 @@ class Session:
             self.result = store.get(self.result.run_id)
         except Exception as exc:
             log.error("could not store the run", store=self.store_dir, error=repr(exc))
-            print(f"perfsdk: could not store run {self.run_id} in {self.store_dir}: {exc}", file=sys.stderr)
+            from perfsdk.terminal import error_line
+
+            print(error_line(f"could not store run {self.run_id} in {self.store_dir}: {exc}"), file=sys.stderr)
             return
         for name in self.config.exporters:
             cls = self.registry.exporters.get(name)

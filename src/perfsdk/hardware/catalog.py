@@ -104,8 +104,11 @@ class Catalog:
         try:
             return self.profiles[name]
         except KeyError:
+            from perfsdk.suggest import did_you_mean
+
             raise HardwareProfileError(
-                f"unknown hardware profile {name!r} (available: {', '.join(self.names())})"
+                f"unknown hardware profile {name!r}{did_you_mean(name, self.names())} "
+                f"(available: {', '.join(self.names())})"
             ) from None
 
     def __contains__(self, name: object) -> bool:
