@@ -131,6 +131,14 @@ def headline_columns(rows: list[dict[str, Any]]) -> list[str]:
     return [c for c in flatten.ordered_columns(rows) if c in keys and c.startswith("collectors.")]
 
 
+def _metric_header(column: str) -> str:
+    """``collectors.latency.output_tokens_per_s`` -> ``output tokens per s``: the collector's own
+    field, with spaces where long names may wrap (``--json`` keeps the full column names)."""
+    if column.startswith("collectors.") and column.count(".") >= 2:
+        column = column.split(".", 2)[2]
+    return column.replace("_", " ")
+
+
 def _started(run: Any) -> str:
     return run.started_at.astimezone(timezone.utc).strftime("%Y-%m-%d %H:%M:%S")
 
@@ -223,12 +231,12 @@ def runs_cmd(store_dir: str, name: str | None, status: str | None, tag_items: tu
         click.echo(f"no runs in {store_dir}" + (" match" if name or status or tags or when else ""))
         return
     shown = list(metrics) or list(dict.fromkeys(c for e in entries for c in e["metrics"]))[:TABLE_METRICS]
-    t = Table(title=f"{len(entries)} run(s) in {store_dir}", show_edge=False)
+    t = Table(title=f"{len(entries)} run(s) in {store_dir}", box=None, title_justify="left")  # easy to grep and cut
     t.add_column("run", no_wrap=True)
     for col in ("name", "status", "model", "started (UTC)"):
         t.add_column(col)
     for m in shown:
-        t.add_column(m.removeprefix("collectors."), justify="right")
+        t.add_column(_metric_header(m), justify="right")
     style = {"ok": "green", "partial": "yellow", "failed": "red", "damaged": "red"}
     for e in entries:
         st = e["status"]

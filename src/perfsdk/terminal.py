@@ -105,28 +105,63 @@ def _word_width(console: Console, cell: Any) -> int:
     return Measurement.get(console, console.options.update_width(_WIDE), cell).minimum
 
 
-def _narrowest(console: Console, table: Table) -> int:
-    """The narrowest width at which ``table`` shows every value: keep-whole columns at their
-    longest value, other columns at their longest word (up to :data:`FOLD_AT`), plus padding
-    and rules."""
+def _bounds(console: Console, col: Any) -> tuple[int, int]:
+    """(narrowest, natural) width of a column's content: keep-whole columns at their longest
+    value, others at their longest word (up to :data:`FOLD_AT`); natural = the longest line."""
+    cells = list(col.cells) + [col.header or ""]
+    natural = max(_cell_width(console, c) for c in cells)
+    if col.width is not None:
+        return col.width, col.width
+    if col.no_wrap:
+        lo = max(col.min_width or 0, natural)
+    else:
+        lo = max(min(max(_word_width(console, c) for c in cells), FOLD_AT), col.min_width or 1)
+    return lo, max(lo, natural)
+
+
+def _extra(table: Table) -> tuple[list[int], int]:
+    """Padding per column and the width of the rules between and around them."""
     _, right, _, left = table.padding
     n = len(table.columns)
-    total = 0
-    for i, col in enumerate(table.columns):
-        if col.width is not None:
-            inner = col.width
-        elif col.no_wrap:
-            inner = col.min_width or 0
-        else:
-            words = [_word_width(console, c) for c in col.cells] + [_word_width(console, col.header or "")]
-            inner = max(min(max(words), FOLD_AT), col.min_width or 1)
+    pads = []
+    for i in range(n):
         pad = left + right
         if not table.pad_edge:
             pad -= (left if i == 0 else 0) + (right if i == n - 1 else 0)
-        total += inner + pad
-    if table.box is not None:
-        total += n - 1 + (2 if table.show_edge else 0)
-    return total
+        pads.append(pad)
+    rules = (n - 1 + (2 if table.show_edge else 0)) if table.box is not None else 0
+    return pads, rules
+
+
+def _narrowest(console: Console, table: Table) -> int:
+    """The narrowest width at which ``table`` shows every value (words whole up to
+    :data:`FOLD_AT` characters, keep-whole columns whole), padding and rules included."""
+    pads, rules = _extra(table)
+    return sum(_bounds(console, c)[0] for c in table.columns) + sum(pads) + rules
+
+
+def _set_widths(console: Console, table: Table, width: int) -> None:
+    """Fixed column widths that fit ``width``: every column gets its narrowest width; the space
+    left makes whole the columns that need least, so that as few columns as possible wrap, and
+    what remains is shared by the others in proportion to their need."""
+    pads, rules = _extra(table)
+    bounds = [_bounds(console, c) for c in table.columns]
+    left = width - rules - sum(pads) - sum(lo for lo, _ in bounds)
+    wants = [hi - lo for lo, hi in bounds]
+    given = [0] * len(wants)
+    order = sorted(range(len(wants)), key=lambda i: wants[i])
+    for k, i in enumerate(order):
+        if wants[i] <= left:
+            given[i], left = wants[i], left - wants[i]
+            continue
+        rest = order[k:]
+        need = sum(wants[j] for j in rest)
+        for j in rest:
+            given[j] = left * wants[j] // need
+        given[rest[-1]] += left - sum(given[j] for j in rest)
+        break
+    for col, (lo, _), g in zip(table.columns, bounds, given):
+        col.width = lo + g
 
 
 def _vertical(table: Table) -> Table:
@@ -149,17 +184,21 @@ def _vertical(table: Table) -> Table:
 def fit_table(table: Table, console: Console, width: int | None = None) -> Table:
     """``table`` made to show every value in full at ``width`` (default: the console's).
 
-    Cells wrap at spaces and fold inside over-long words (never "…"); ``no_wrap`` columns keep
-    their longest value whole; if the table cannot fit even so, its vertical form is returned.
+    A table that fits is left as it is. Otherwise each column gets a fixed width: at least its
+    longest word (up to :data:`FOLD_AT`; longer ones fold, never "…"), ``no_wrap`` columns their
+    longest value, the rest of the width shared by need. If even that does not fit, the table's
+    vertical form is returned.
     """
     width = width or console.width
     for col in table.columns:
-        if col.no_wrap:
-            longest = max([_cell_width(console, c) for c in col.cells] + [_cell_width(console, col.header or "")])
-            col.min_width = max(col.min_width or 0, longest)
         col.overflow = "fold"
-    if table.row_count and _narrowest(console, table) > width:
+    if not table.row_count:
+        return table
+    if Measurement.get(console, console.options.update_width(_WIDE), table).maximum <= width:
+        return table  # fits on one line per row as it is
+    if _narrowest(console, table) > width:
         return _vertical(table)
+    _set_widths(console, table, width)
     return table
 
 
