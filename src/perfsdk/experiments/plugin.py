@@ -146,7 +146,7 @@ def _sigterm_as_interrupt() -> Any:
 
 @click.command("sweep")
 @click.argument("sweep_file", type=click.Path(dir_okay=False))
-@click.option("--store", "store_dir", default=None, help="Result store folder (default: the base config's `store`).")
+@click.option("--store", "store_dir", default=None, help="Result store folder (default: the base config's store field).")
 @click.option("--executor", type=click.Choice(["local", "ray", "submitit"]), default="local", show_default=True,
               help="Where points run.")
 @click.option("--resume/--no-resume", default=True, show_default=True,
