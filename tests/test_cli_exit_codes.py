@@ -137,3 +137,25 @@ def test_unknown_exporter_in_config_exits_2_before_the_run(perfsdk_cli, tmp_path
     store = tmp_path / "store"
     r = perfsdk_cli(["run", "--store", str(store), *SMALL, "--set", "exporters=[jsonl, csvv]"])
     _assert_usage_error_once(r, store, "exporters[1]: unknown exporter 'csvv' (did you mean 'csv'?)")
+
+
+def test_failed_run_exits_1_stores_the_run_and_prints_the_error_once(perfsdk_cli, tmp_path, monkeypatch):
+    import perfsdk.models.runner as runner
+
+    def boom(session, progress=None):
+        session.load()
+        raise RuntimeError("the model fell over")
+
+    monkeypatch.setattr(runner, "run_workload", boom)
+    store = tmp_path / "store"
+    r = perfsdk_cli(["run", "--store", str(store), *SMALL])
+    assert r.exit_code == 1, r.output
+    assert r.output.count("the model fell over") == 1 and "status failed" in r.output
+    (run,) = _stored(store)
+    stored = json.loads((run / "result.json").read_text())
+    assert stored["status"] == "failed"
+    assert [(e["source"], e["type"], e["message"]) for e in stored["errors"]] == [
+        ("user", "RuntimeError", "the model fell over")]
+    r = perfsdk_cli(["run", "--store", str(tmp_path / "q"), "--quiet", *SMALL])
+    assert r.exit_code == 1
+    assert r.output.count("perfsdk: error: run failed: RuntimeError: the model fell over") == 1

@@ -181,3 +181,11 @@ def test_empty_and_missing_store(perfsdk_cli, tmp_path):
     assert r.exit_code == 0 and r.output.strip() == f"no runs in {tmp_path / 'empty'}"
     r = perfsdk_cli(["runs", "--store", str(tmp_path / "nope")])
     assert r.exit_code == 2 and r.output.strip() == f"perfsdk: error: --store {tmp_path / 'nope'}: no such result store"
+
+
+def test_export_takes_prefixes_and_latest(store, perfsdk_cli):
+    r = perfsdk_cli(["export", "--format", "jsonl", "--store", str(store), "--run", "latest", "--run", "20260101T09"])
+    assert r.exit_code == 0, r.output
+    assert [json.loads(line)["run_id"] for line in r.output.splitlines()] == [IDS[2], IDS[0]]
+    r = perfsdk_cli(["export", "--format", "jsonl", "--store", str(store), "--run", "20260101"])
+    assert r.exit_code == 2 and "perfsdk: error: run id prefix '20260101' matches 2 runs" in r.output

@@ -251,7 +251,8 @@ def _progress(disabled: bool) -> Any:
 @click.option("--format", "fmt", required=True, help="Output format (json, jsonl, csv, markdown, parquet, or a plugin's).")
 @click.option("--output", "-o", default="-", help="Output file, or - for standard output.")
 @click.option("--store", "store_dir", default="perfsdk-results", show_default=True, help="Result store folder.")
-@click.option("--run", "run_ids", multiple=True, help="Only these run ids (repeatable); default all.")
+@click.option("--run", "run_ids", multiple=True,
+              help="Only these runs (repeatable; an id, a unique id prefix or latest); default all.")
 @click.option("--name", default=None, help="Only runs with this name.")
 @click.option("--status", type=click.Choice(["ok", "partial", "failed"]), default=None, help="Only runs with this status.")
 def export_cmd(fmt: str, output: str, store_dir: str, run_ids: tuple[str, ...], name: str | None, status: str | None) -> None:
@@ -271,7 +272,8 @@ def export_cmd(fmt: str, output: str, store_dir: str, run_ids: tuple[str, ...], 
     if not Path(store_dir).is_dir():
         fail_usage(f"--store {store_dir}: no such result store")
     try:
-        runs = store.list_runs(list(run_ids) if run_ids else None, name=name, status=status)
+        ids = [store.resolve_run_id(i) for i in run_ids] if run_ids else None  # prefixes and latest too
+        runs = store.list_runs(ids, name=name, status=status)
     except StoreError as err:
         fail_usage(str(err))
         return
