@@ -131,3 +131,11 @@ def test_energy_report_section_is_tables(tmp_path):
     assert "<tr><td>nvml</td><td>yes</td>" in html
     assert "step:" not in html.split("Energy per timed step")[0].split("Energy per window kind")[1]
     assert "per_phase" not in html and "j_per_output_token" not in html  # no dump of flattened keys
+
+
+def test_sweep_file_key_hint(perfsdk_cli, tmp_path):
+    f = tmp_path / "s.yaml"
+    f.write_text("base: {}\naxes: {workload.num_prompts: [1, 2]}\nstratgy: grid\n")
+    r = perfsdk_cli(["sweep", str(f), "--store", str(tmp_path / "store")])
+    assert r.exit_code == 2
+    assert _errors(r.output) == [f"perfsdk: error: {f}: invalid sweep: stratgy: unknown key (did you mean 'strategy'?)"]
