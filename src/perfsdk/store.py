@@ -280,7 +280,7 @@ class Store:
         if _SAFE.match(ident) and ".." not in ident and (
                 self.run_dir(ident).is_dir() or (self.runs_dir / f".damaged-{ident}").is_dir()):
             return ident  # a damaged folder: get() says so
-        raise RunNotFound(f"no run {ident!r} in {self.root}")
+        raise RunNotFound(f"run {ident} not found in {self.root}")
 
     def _latest(self, ids: list[str]) -> str:
         """The run with the latest start time in the index (run ids sort by time otherwise)."""
