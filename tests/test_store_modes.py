@@ -12,7 +12,8 @@ import pytest
 from perfsdk.store import atomic_write, current_umask
 
 SMALL = ["--set", "workload.num_prompts=2", "--set", "workload.batching.batch_size=2",
-         "--set", "workload.generate.max_new_tokens=2", "--set", "workload.warmup_runs=0",
+         "--set", "workload.generate.max_new_tokens=4", "--set", "workload.generate.min_new_tokens=4",
+         "--set", "workload.warmup_runs=0",
          "--set", "workload.min_iterations=1", "--set", "exporters=[json, csv]"]
 
 
@@ -33,7 +34,8 @@ def _mode(p: Path) -> int:
 def test_run_folder_results_series_artifacts_exports_and_reports(umask, perfsdk_cli, tmp_path, monkeypatch):
     assert current_umask() == umask
     files, dirs = 0o666 & ~umask, 0o777 & ~umask  # 0o644/0o755 under 022, 0o664/0o775 under 002
-    monkeypatch.setenv("PERFSDK_SERIES_MAX_ROWS", "2")  # caps the series: writes the series_meta.json artifact
+    # caps the series (token_times has 4 generated positions at least): writes the series_meta.json artifact
+    monkeypatch.setenv("PERFSDK_SERIES_MAX_ROWS", "2")
     store = tmp_path / "store"
     r = perfsdk_cli(["run", "--store", str(store), "--quiet", *SMALL])
     assert r.exit_code == 0, r.output
