@@ -131,7 +131,9 @@ def test_unknown_builtin() -> None:
 
 
 def test_hub_id_offline_is_a_clear_error() -> None:
-    with pytest.raises(ConfigError, match=r"^model\.id: could not load 'perfsdk-test/no-such-model' from the Hugging Face Hub"):
+    with pytest.raises(ConfigError, match=r"^model\.id: 'perfsdk-test/no-such-model' is not a local folder and not in "
+                                          r"the Hugging Face cache, and HF_HUB_OFFLINE is set; point model\.id at a "
+                                          r"local folder"):
         load_model(ModelConfig(id="perfsdk-test/no-such-model"))
 
 

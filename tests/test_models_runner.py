@@ -154,7 +154,8 @@ def test_run_workload_generate() -> None:
     assert sleeps == [0.5, 0.5, 0.5]  # no wait before the first timed batch
     assert progress == [(1, 5), (2, 5), (3, 5), (4, 5), (5, 5)]
     assert info.model_dump() == {
-        "prompts_source": "builtin:short", "num_prompts": 4, "prompts_filtered": 0, "batch_size": 2,
+        "prompts_source": "builtin:short", "num_prompts": 4, "prompts_filtered": 0, "max_input_tokens": 512,
+        "batch_size": 2,
         "max_batch_tokens": None, "num_batches": 2, "max_new_tokens": 4, "warmup_runs": 1, "timed_runs": 4,
         "iterations": 2, "input_tokens_mean": 9.0, "input_tokens_max": 11, "arrival_pattern": "constant",
         "labelled_prompts": 0, "label_map": None,

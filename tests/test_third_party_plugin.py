@@ -6,7 +6,6 @@ import csv
 import importlib.metadata
 import io
 import json
-import subprocess
 import sys
 from pathlib import Path
 
@@ -16,15 +15,20 @@ PKG = Path(__file__).resolve().parents[1] / "plugins" / "perfsdk-pyruntime"
 
 
 @pytest.fixture(scope="module")
-def installed():
-    """Install the plugin package into the test environment (no-op when already installed)."""
-    eps = {ep.name for ep in importlib.metadata.entry_points(group="perfsdk")}
-    if "pyruntime" not in eps:
-        proc = subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation", str(PKG)],
-                              capture_output=True, text=True, timeout=300)
-        assert proc.returncode == 0, proc.stderr
-        importlib.invalidate_caches()
-    return True
+def installed(perfsdk_plugin_installer):
+    """The plugin package, installed into a temporary folder for this module only."""
+    with perfsdk_plugin_installer.activate(PKG) as folder:
+        yield folder
+
+
+def test_installed_in_a_temporary_folder_not_the_environment(installed):
+    import perfsdk_pyruntime.plugin
+
+    assert Path(perfsdk_pyruntime.plugin.__file__).resolve().is_relative_to(installed.resolve())
+    eps = [ep for ep in importlib.metadata.entry_points(group="perfsdk") if ep.name == "pyruntime"]
+    assert eps and Path(eps[0].dist.locate_file("")).resolve() == installed.resolve()  # type: ignore[union-attr]
+    assert not installed.resolve().is_relative_to(Path(sys.prefix).resolve())
+    assert not any(PKG.glob("**/*.egg-info")) and not (PKG / "build").exists()  # the source tree stays clean
 
 
 def test_listed_by_perfsdk_plugins(installed, perfsdk_cli):

@@ -17,6 +17,7 @@ import structlog
 from rich.console import Console
 
 from perfsdk.config import ConfigError, load_config, quickstart_config
+from perfsdk.terminal import PerfsdkGroup, echo_error, fail, make_console, warn
 
 log = structlog.get_logger("perfsdk.cli")
 
@@ -44,11 +45,11 @@ def configure_logging(verbose: int = 0) -> None:
 
 
 def fail_usage(message: str) -> None:
-    click.echo(f"perfsdk: error: {message}", err=True)
-    sys.exit(EXIT_USAGE)
+    """Print ``perfsdk: error: message`` and exit 2 (invalid config or usage)."""
+    fail(message, EXIT_USAGE)
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.group(cls=PerfsdkGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @click.option("-v", "--verbose", count=True, help="More log output (-v info, -vv debug).")
 @click.option("--plugins", "plugins_allow", default=None, metavar="A,B",
               help="Load only these entry-point plugins (same as PERFSDK_PLUGINS).")
@@ -78,16 +79,32 @@ def cli(verbose: int, plugins_allow: str | None, no_plugin_autoload: bool) -> No
 
 
 def preflight(cfg: Any) -> None:
-    """Checks that need the file system, done before anything is written."""
+    """Checks that need the file system (or a quick look for the Hub), done before anything is
+    written, so that invalid input exits 2 with nothing stored."""
     prompts = cfg.workload.prompts
     if not prompts.startswith("builtin:") and not Path(prompts).is_file():
         raise ConfigError(f"workload.prompts: prompt file {prompts} not found")
     mid = cfg.model.id
     if mid.startswith((".", "/", "~")) and not Path(mid).expanduser().exists():
         raise ConfigError(f"model.id: model folder {mid} not found")
+    check_exporters(cfg.exporters)
+    from perfsdk.models.loader import check_model_available
     from perfsdk.models.runner import check_workload
 
     check_workload(cfg)  # bad prompt lines, unknown built-ins, impossible model settings
+    check_model_available(cfg.model)  # weights in a local folder; a Hub id cached or reachable
+
+
+def check_exporters(names: list[str]) -> None:
+    """Every exporter named in the config exists (``exporters[i]: unknown exporter``)."""
+    from perfsdk.plugins import collect_registry, get_plugin_manager
+    from perfsdk.suggest import did_you_mean
+
+    known = collect_registry(get_plugin_manager(), strict=False).exporters
+    for i, name in enumerate(names):
+        if name not in known:
+            raise ConfigError(f"exporters[{i}]: unknown exporter {name!r}{did_you_mean(name, known)} "
+                              f"(available: {', '.join(sorted(known))})")
 
 
 def _install_signal_handlers() -> dict[int, Any]:
@@ -113,7 +130,7 @@ def _install_signal_handlers() -> dict[int, Any]:
 @cli.command("run")
 @click.argument("config_path", required=False, type=click.Path(dir_okay=False))
 @click.option("--set", "overrides", multiple=True, metavar="KEY.PATH=VALUE", help="Override a config field.")
-@click.option("--store", "store_dir", default=None, help="Result store folder (default: config's `store`).")
+@click.option("--store", "store_dir", default=None, help="Result store folder (default: the config's store field).")
 @click.option("--json", "as_json", is_flag=True, help="Print the run result as JSON instead of tables.")
 @click.option("--quiet", "-q", is_flag=True, help="No summary, only the run id.")
 def run_cmd(config_path: str | None, overrides: tuple[str, ...], store_dir: str | None, as_json: bool, quiet: bool) -> None:
@@ -137,36 +154,49 @@ def run_cmd(config_path: str | None, overrides: tuple[str, ...], store_dir: str 
 
 
 def execute_run(sess: Any, quiet: bool = False, as_json: bool = False) -> int:
-    """Run the configured workload in ``sess`` and print the summary; returns the exit code."""
+    """Run the configured workload in ``sess`` and print the summary; returns the exit code.
+
+    Invalid input found only once the run has started (a model that cannot be read, prompts all
+    over ``max_input_tokens``) stores nothing: the error is printed once and the code is 2.
+    """
     from perfsdk.models.runner import run_workload
     from perfsdk.summary import print_summary
 
-    console = Console(stderr=False)
-    if not console.is_terminal:
-        console = Console(stderr=False, width=120)
+    console = make_console()
     previous = _install_signal_handlers()
     code = EXIT_OK
+    failure: str | None = None
     try:
         with _progress(quiet or as_json) as progress:
             try:
-                with sess:
-                    run_workload(sess, progress=progress)
-            except RunInterrupted as exc:
-                sess.interrupted = str(exc)
-                code = SIGNAL_EXIT.get(exc.signum, 130)
-            except KeyboardInterrupt:
-                code = 130
+                sess.start()
+                run_workload(sess, progress=progress)
             except ConfigError as err:
-                click.echo(f"perfsdk: error: {err}", err=True)
-                code = EXIT_USAGE
-            except Exception as exc:  # the run is saved as failed; report and exit 1
-                click.echo(f"perfsdk: run failed: {type(exc).__name__}: {exc}", err=True)
-                code = EXIT_FAILED
+                sess.store_dir = None  # invalid config or usage: no run is stored
+                sess.finalize(err)
+                echo_error(str(err))
+                return EXIT_USAGE
+            except BaseException as exc:
+                if isinstance(exc, RunInterrupted):
+                    sess.interrupted = str(exc)
+                    code = SIGNAL_EXIT.get(exc.signum, 130)
+                elif isinstance(exc, KeyboardInterrupt):
+                    code = 130
+                elif isinstance(exc, Exception):  # the run is saved as failed; report and exit 1
+                    code = EXIT_FAILED
+                    failure = f"run failed: {type(exc).__name__}: {exc}"
+                sess.finalize(exc)
+                if not isinstance(exc, Exception | KeyboardInterrupt):
+                    raise
+            else:
+                sess.finalize()
     finally:
         for sig, h in previous.items():
             signal.signal(sig, h)
     result = sess.result
     if result is None:
+        if failure:
+            echo_error(failure)
         return code or EXIT_FAILED
     rank = getattr(getattr(sess, "rank_info", None), "rank", 0)
     if rank != 0:
@@ -177,7 +207,10 @@ def execute_run(sess: Any, quiet: bool = False, as_json: bool = False) -> int:
     elif quiet:
         click.echo(result.run_id)
     else:
-        print_summary(result, console, sess.run_dir, registry=sess.registry)
+        print_summary(result, console, sess.run_dir, registry=sess.registry)  # lists the run's errors
+        failure = None
+    if failure:
+        echo_error(failure)
     if code == EXIT_OK and result.status != "ok":
         code = EXIT_FAILED
     return code
@@ -219,7 +252,8 @@ def _progress(disabled: bool) -> Any:
 @click.option("--output", "-o", default="-",
               help="Output file, or - for standard output; for formats that send runs elsewhere (mlflow), the destination (a tracking URI).")
 @click.option("--store", "store_dir", default="perfsdk-results", show_default=True, help="Result store folder.")
-@click.option("--run", "run_ids", multiple=True, help="Only these run ids (repeatable); default all.")
+@click.option("--run", "run_ids", multiple=True,
+              help="Only these runs (repeatable; an id, a unique id prefix or latest); default all.")
 @click.option("--name", default=None, help="Only runs with this name.")
 @click.option("--status", type=click.Choice(["ok", "partial", "failed"]), default=None, help="Only runs with this status.")
 def export_cmd(fmt: str, output: str, store_dir: str, run_ids: tuple[str, ...], name: str | None, status: str | None) -> None:
@@ -230,13 +264,17 @@ def export_cmd(fmt: str, output: str, store_dir: str, run_ids: tuple[str, ...], 
     reg = collect_registry(get_plugin_manager())
     cls = reg.exporters.get(fmt)
     if cls is None:
-        fail_usage(f"unknown format {fmt!r}; valid formats: {', '.join(sorted(reg.exporters))}")
+        from perfsdk.suggest import did_you_mean
+
+        fail_usage(f"--format: unknown format {fmt!r}{did_you_mean(fmt, reg.exporters)}; "
+                   f"valid formats: {', '.join(sorted(reg.exporters))}")
         return
     store = Store(store_dir)
     if not Path(store_dir).is_dir():
         fail_usage(f"--store {store_dir}: no such result store")
     try:
-        runs = store.list_runs(list(run_ids) if run_ids else None, name=name, status=status)
+        ids = [store.resolve_run_id(i) for i in run_ids] if run_ids else None  # prefixes and latest too
+        runs = store.list_runs(ids, name=name, status=status)
     except StoreError as err:
         fail_usage(str(err))
         return
@@ -275,8 +313,7 @@ def export_cmd(fmt: str, output: str, store_dir: str, run_ids: tuple[str, ...], 
             atomic_write(Path(output), data if isinstance(data, bytes) else data.encode("utf-8"))
             click.echo(f"wrote {len(runs)} run(s) to {output}", err=True)
     if not ok:
-        click.echo(f"perfsdk: exporter {fmt} failed", err=True)
-        sys.exit(EXIT_FAILED)
+        fail(f"exporter {fmt} failed", EXIT_FAILED)
 
 
 @cli.command("plugins")
@@ -297,11 +334,11 @@ def plugins_cmd(show_all: bool, as_json: bool) -> None:
         return
     t = Table(show_edge=False)
     for col in ("plugin", "distribution", "collectors", "exporters", "hardware", "hooks"):
-        t.add_column(col)
+        t.add_column(col, no_wrap=col == "plugin")
     for r in rows:
         t.add_row(r["name"], r["distribution"] or "-", ", ".join(r["collectors"]), ", ".join(r["exporters"]),
                   ", ".join(r["hardware"]), ", ".join(h.replace("perfsdk_", "") for h in r["hooks"]))
-    Console().print(t)
+    make_console().print(t)
 
 
 def schema_documents() -> dict[str, dict[str, Any]]:
@@ -353,7 +390,7 @@ def doctor_cmd(as_json: bool) -> None:
         t.add_column(col)
     for c in checks:
         t.add_row(c.name, "[green]yes[/]" if c.available else "[red]no[/]", c.reason or "", c.fix or "")
-    Console().print(t)
+    make_console().print(t)
 
 
 def _prescan_plugin_flags(argv: list[str]) -> None:
@@ -383,13 +420,13 @@ def register_plugin_commands() -> None:
     try:
         pm = shared_plugin_manager()
     except Exception as exc:
-        click.echo(f"perfsdk: warning: plugins could not be loaded: {exc}", err=True)
+        warn(f"plugins could not be loaded: {exc}")
         return
     for impl in reversed(pm.hook.perfsdk_register_commands.get_hookimpls()):
         try:
             impl.function(cli=cli)
         except Exception as exc:
-            click.echo(f"perfsdk: warning: plugin {impl.plugin_name} failed to add commands: {exc}", err=True)
+            warn(f"plugin {impl.plugin_name} failed to add commands: {exc}")
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -272,17 +272,11 @@ def tag_text(value: Any) -> Any:
     return value
 
 
-def _format_validation_error(err: ValidationError, prefix: str = "") -> str:
-    lines = []
-    for e in err.errors():
-        path = ".".join(str(p) for p in e["loc"] if not str(p).startswith("function-after"))
-        if prefix:
-            path = f"{prefix}.{path}" if path else prefix
-        msg = e["msg"]
-        if e["type"] == "extra_forbidden":
-            msg = "unknown key"
-        lines.append(f"{path or '<root>'}: {msg}")
-    return "; ".join(lines)
+def _format_validation_error(err: ValidationError, prefix: str = "", model: type[BaseModel] | None = None) -> str:
+    """``path: message; ...`` with "did you mean" hints for unknown keys (see :mod:`perfsdk.errors`)."""
+    from perfsdk.errors import format_validation_error
+
+    return format_validation_error(err, prefix, model or Config)
 
 
 def parse_config(data: Any, source: str = "config") -> Config:

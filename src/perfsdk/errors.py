@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from pydantic import ValidationError
 
 
-def validation_messages(err: ValidationError, prefix: str = "") -> list[str]:
-    """One ``path: message`` per problem; ``unknown key`` for extra fields, ``field required``
-    for missing ones; ``prefix`` (e.g. ``collectors.latency``) leads every path."""
+def validation_messages(err: ValidationError, prefix: str = "", model: Any = None) -> list[str]:
+    """One ``path: message`` per problem; ``unknown key`` for extra fields (with a "did you
+    mean" hint when ``model``, the validated pydantic class, has a close field name), ``field
+    required`` for missing ones; ``prefix`` (e.g. ``collectors.latency``) leads every path."""
     out = []
     for e in err.errors():
         path = ".".join(str(p) for p in e["loc"] if not str(p).startswith("function-"))
@@ -15,6 +18,10 @@ def validation_messages(err: ValidationError, prefix: str = "") -> list[str]:
             path = f"{prefix}.{path}" if path else prefix
         if e["type"] == "extra_forbidden":
             msg = "unknown key"
+            if model is not None:
+                from perfsdk.suggest import unknown_key_hint
+
+                msg += unknown_key_hint(model, [p for p in e["loc"] if not str(p).startswith("function-")])
         elif e["type"] == "missing":
             msg = "field required"
         else:
@@ -23,6 +30,6 @@ def validation_messages(err: ValidationError, prefix: str = "") -> list[str]:
     return out
 
 
-def format_validation_error(err: ValidationError, prefix: str = "") -> str:
+def format_validation_error(err: ValidationError, prefix: str = "", model: Any = None) -> str:
     """All problems of ``err`` on one line, ``; ``-separated."""
-    return "; ".join(validation_messages(err, prefix))
+    return "; ".join(validation_messages(err, prefix, model))

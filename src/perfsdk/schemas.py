@@ -82,6 +82,7 @@ class WorkloadInfo(_Frozen):
     prompts_source: str | None = None
     num_prompts: int | None = None
     prompts_filtered: int = 0
+    max_input_tokens: int | None = None
     batch_size: int | None = None
     max_batch_tokens: int | None = None
     num_batches: int | None = None

@@ -251,8 +251,11 @@ class Session:
                 wanted.pop(name, None)
                 continue
             if name not in self.registry.collectors and not any(c.name == name for c in extra_instances):
+                from perfsdk.suggest import did_you_mean
+
                 known = ", ".join(sorted(self.registry.collectors)) or "none"
-                raise ConfigError(f"collectors.{name}: unknown collector (available: {known})")
+                hint = did_you_mean(name, self.registry.collectors)
+                raise ConfigError(f"collectors.{name}: unknown collector{hint} (available: {known})")
             wanted[name] = {} if settings in (None, True) else dict(settings)  # type: ignore[arg-type]
         for inst in extra_instances:
             wanted.pop(inst.name, None)
@@ -265,7 +268,8 @@ class Session:
             except ValidationError as err:
                 from perfsdk.errors import format_validation_error
 
-                raise ConfigError("invalid configuration: " + format_validation_error(err, f"collectors.{name}")) from None
+                raise ConfigError("invalid configuration: " + format_validation_error(err, f"collectors.{name}",
+                                                                                      model=cls.Config)) from None
             self.collectors[name] = cls(cfg)
         for name, inst in self.collectors.items():
             self.pm.register(inst, name=f"collector:{name}")
@@ -966,7 +970,9 @@ class Session:
             self.result = store.get(self.result.run_id)
         except Exception as exc:
             log.error("could not store the run", store=self.store_dir, error=repr(exc))
-            print(f"perfsdk: could not store run {self.run_id} in {self.store_dir}: {exc}", file=sys.stderr)
+            from perfsdk.terminal import error_line
+
+            print(error_line(f"could not store run {self.run_id} in {self.store_dir}: {exc}"), file=sys.stderr)
             return
         for name in self.config.exporters:
             cls = self.registry.exporters.get(name)

@@ -12,6 +12,10 @@ A run folder is written under a temporary name and renamed into place, so a read
 a half-written run and a process killed mid-write leaves only a ``.tmp-*`` folder behind (ignored,
 cleaned by ``perfsdk store repair``). The index is updated after the rename in a SQLite
 transaction; the folders are the source of truth and the index can always be rebuilt.
+
+Files and folders get the modes the process umask allows (``0o666 & ~umask`` and
+``0o777 & ~umask``), like any file the user creates, although they are written through private
+temporary names first: a store shared by a team (umask 002) stays readable and writable by it.
 """
 
 from __future__ import annotations
@@ -43,6 +47,26 @@ class StoreError(RuntimeError):
     """The store could not read or write a run."""
 
 
+class RunNotFound(StoreError):
+    """No run with this id (or id prefix) in the store."""
+
+
+class DamagedRun(StoreError):
+    """The run's folder is there but its result cannot be read (``perfsdk store repair``)."""
+
+
+class AmbiguousRunId(StoreError):
+    """An id prefix that matches more than one run; ``candidates`` lists them."""
+
+    def __init__(self, message: str, candidates: list[str]) -> None:
+        super().__init__(message)
+        self.candidates = candidates
+
+
+#: The word that names the most recent run wherever a run id is expected.
+LATEST = "latest"
+
+
 def safe_name(name: str, what: str = "name") -> str:
     """A file or folder name that cannot escape its parent (no separators, no leading dot)."""
     if not _SAFE.match(name) or ".." in name:
@@ -65,11 +89,40 @@ def _unique(stem: str, suffix: str, taken: Iterable[str]) -> str:
     return fname
 
 
+def current_umask() -> int:
+    """The process umask, read without changing it where the OS allows."""
+    try:
+        with open("/proc/self/status", encoding="ascii") as fh:
+            for line in fh:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    mask = os.umask(0o022)  # elsewhere the only way to read it is to set it (and put it back)
+    os.umask(mask)
+    return mask
+
+
+def file_mode() -> int:
+    """The mode a new file gets from ``open()``: ``0o666`` less the umask."""
+    return 0o666 & ~current_umask()
+
+
+def dir_mode() -> int:
+    """The mode a new folder gets from ``mkdir``: ``0o777`` less the umask."""
+    return 0o777 & ~current_umask()
+
+
 def atomic_write(path: Path, data: bytes) -> None:
-    """Write ``data`` to ``path`` through a temporary file in the same folder and a rename."""
+    """Write ``data`` to ``path`` through a temporary file in the same folder and a rename.
+
+    The file ends with the usual mode for a new file (``0o666 & ~umask``), not the private
+    ``0o600`` of the temporary file.
+    """
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=".tmp-", dir=path.parent)
     try:
+        os.chmod(tmp, file_mode())
         with os.fdopen(fd, "wb") as fh:
             fh.write(data)
             fh.flush()
@@ -95,7 +148,14 @@ class Store:
 
     def _connect(self) -> sqlite3.Connection:
         self.runs_dir.mkdir(parents=True, exist_ok=True)
+        new = not self.index_path.exists()
         conn = sqlite3.connect(self.index_path, timeout=60, isolation_level=None)
+        if new:
+            # SQLite creates 0o644 whatever the umask; the WAL and shm files copy this mode
+            try:
+                os.chmod(self.index_path, file_mode())
+            except OSError:
+                pass
         conn.execute("PRAGMA busy_timeout=60000")
         try:
             conn.execute("PRAGMA journal_mode=WAL")
@@ -139,6 +199,7 @@ class Store:
         self.runs_dir.mkdir(parents=True, exist_ok=True)
         tmp = Path(tempfile.mkdtemp(prefix=f".tmp-{result.run_id}-", dir=self.runs_dir))
         try:
+            os.chmod(tmp, dir_mode())  # mkdtemp makes it private (0o700)
             series_files: dict[str, str] = dict(result.series)
             for name, rows in (series or {}).items():
                 fname = _unique(f"series/{_sanitize(name)}", ".jsonl", series_files.values())
@@ -186,15 +247,57 @@ class Store:
     # -- read -----------------------------------------------------------------------------
 
     def get(self, run_id: str) -> RunResult:
-        """Read one run; a missing or damaged run raises :class:`StoreError`."""
-        path = self.run_dir(run_id) / RESULT_FILE
+        """Read one run: :class:`RunNotFound` when absent, :class:`DamagedRun` when unreadable."""
+        folder = self.run_dir(run_id)
+        path = folder / RESULT_FILE
         if not path.is_file():
-            raise StoreError(f"run {run_id} not found in {self.root}")
+            if folder.is_dir() or (self.runs_dir / f".damaged-{run_id}").is_dir():
+                raise DamagedRun(f"run {run_id} is damaged: no {RESULT_FILE} in its folder "
+                                 f"(see perfsdk store check --store {self.root})")
+            raise RunNotFound(f"run {run_id} not found in {self.root}")
         try:
             run = RunResult.model_validate_json(path.read_text(encoding="utf-8"))
         except Exception as exc:
-            raise StoreError(f"{path}: unreadable run: {exc}") from exc
+            raise DamagedRun(f"run {run_id} is damaged: {path}: unreadable run: {exc} "
+                             f"(perfsdk store repair --store {self.root} moves it aside)") from exc
+
         return revalidate(run, str(self.root))
+
+    def resolve_run_id(self, ident: str) -> str:
+        """The full run id for ``ident``: a run id, a unique prefix of one, or ``latest``.
+
+        ``latest`` is the run started last. Raises :class:`RunNotFound`, or
+        :class:`AmbiguousRunId` listing the candidates when a prefix matches several runs.
+        """
+        ids = self.run_ids()
+        if ident == LATEST:
+            if not ids:
+                raise RunNotFound(f"no runs in {self.root}")
+            return self._latest(ids)
+        if ident in ids:
+            return ident
+        matches = [i for i in ids if ident and i.startswith(ident)]
+        if len(matches) == 1:
+            return matches[0]
+        if matches:
+            shown = ", ".join(matches[:10]) + (f" and {len(matches) - 10} more" if len(matches) > 10 else "")
+            raise AmbiguousRunId(f"run id prefix {ident!r} matches {len(matches)} runs: {shown}", matches)
+        if _SAFE.match(ident) and ".." not in ident and (
+                self.run_dir(ident).is_dir() or (self.runs_dir / f".damaged-{ident}").is_dir()):
+            return ident  # a damaged folder: get() says so
+        raise RunNotFound(f"run {ident} not found in {self.root}")
+
+    def _latest(self, ids: list[str]) -> str:
+        """The run with the latest start time in the index (run ids sort by time otherwise)."""
+        if self.index_path.exists():
+            try:
+                with closing(self._connect()) as conn:
+                    for (rid,) in conn.execute("SELECT run_id FROM runs ORDER BY started_at DESC, run_id DESC"):
+                        if rid in ids:
+                            return str(rid)
+            except sqlite3.Error:
+                pass
+        return ids[-1]
 
     def run_ids(self) -> list[str]:
         """Complete runs on disk (folders with a result file), oldest first."""

@@ -84,6 +84,11 @@ def print_summary(run: RunResult, console: Console | None = None, run_dir: str |
     status_style = {"ok": "green", "partial": "yellow", "failed": "red"}[run.status]
     model = run.model.model_id if run.model else "-"
     console.print(f"[bold]{run.name}[/] run [cyan]{run.run_id}[/] status [{status_style}]{run.status}[/]  model {model}")
+    wl = run.workload
+    if wl is not None and wl.prompts_filtered:
+        limit = f" ({wl.max_input_tokens} tokens)" if wl.max_input_tokens else ""
+        console.print(f"[yellow]note[/] {wl.prompts_filtered} of {wl.prompts_filtered + (wl.num_prompts or 0)} prompts "
+                      f"left out: longer than workload.max_input_tokens{limit}")
     from perfsdk.validity import summary_lines
 
     for line in summary_lines(run.validity):

@@ -6,16 +6,109 @@ Installed with perfsdk (entry point ``pytest11``). Fixtures:
 - ``perfsdk_cli``: invoke the ``perfsdk`` CLI in-process, plugin commands included:
   ``result = perfsdk_cli(["run", "--store", str(perfsdk_store)])``.
 - ``tiny_causal_lm``: a 2-layer Llama model with random weights (fixed seed), for fast tests.
+- ``perfsdk_plugin_installer`` (session scope): a :class:`PluginInstaller` that installs a plugin
+  package (a folder with a ``pyproject.toml``) into a temporary folder, never into the running
+  environment, and makes it importable only while active::
+
+      @pytest.fixture(scope="module")
+      def installed(perfsdk_plugin_installer):
+          with perfsdk_plugin_installer.activate("plugins/perfsdk-myplugin") as folder:
+              yield folder
 """
 
 from __future__ import annotations
 
+import importlib
 import os
-from collections.abc import Callable
+import shutil
+import subprocess
+import sys
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import pytest
+
+
+class PluginInstaller:
+    """Installs plugin packages with ``pip install --target`` into folders under ``root``.
+
+    Each package is installed once (from a copy of its source folder, so the source tree gets no
+    build leftovers) and made visible with :meth:`activate`: the folder goes first on
+    ``sys.path`` (``importlib.metadata`` then sees the package's ``*.dist-info`` and its entry
+    points) and on ``PYTHONPATH`` (for subprocesses); leaving the block takes both back and
+    forgets the modules imported from it. Nothing is written into the running environment.
+    """
+
+    def __init__(self, root: Path) -> None:
+        self.root = Path(root)
+        self.installed: dict[Path, Path] = {}
+
+    def install(self, source: str | os.PathLike[str]) -> Path:
+        """Install the package in ``source`` (no dependencies, no index) and return its folder."""
+        src = Path(source).resolve()
+        if src in self.installed:
+            return self.installed[src]
+        work = self.root / src.name
+        copy, target = work / "src", work / "site"
+        shutil.rmtree(work, ignore_errors=True)
+        shutil.copytree(src, copy, ignore=shutil.ignore_patterns("build", "dist", "*.egg-info", "__pycache__"))
+        proc = subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--disable-pip-version-check",
+                               "--no-deps", "--no-index", "--no-build-isolation", "--target", str(target), str(copy)],
+                              capture_output=True, text=True, timeout=600)
+        if proc.returncode != 0:
+            raise RuntimeError(f"could not install {src} into {target}:\n{proc.stdout}{proc.stderr}")
+        self.installed[src] = target
+        return target
+
+    @contextmanager
+    def activate(self, source: str | os.PathLike[str]) -> Iterator[Path]:
+        """Install ``source`` if needed and make it importable (and its entry points visible)
+        inside the block only."""
+        target = self.install(source)
+        folder = str(target)
+        saved_env = os.environ.get("PYTHONPATH")
+        sys.path.insert(0, folder)
+        os.environ["PYTHONPATH"] = folder + (os.pathsep + saved_env if saved_env else "")
+        _forget_modules(_top_level_names(target))  # a copy imported earlier from elsewhere
+        importlib.invalidate_caches()
+        try:
+            yield target
+        finally:
+            while folder in sys.path:
+                sys.path.remove(folder)
+            if saved_env is None:
+                os.environ.pop("PYTHONPATH", None)
+            else:
+                os.environ["PYTHONPATH"] = saved_env
+            _forget_modules(_top_level_names(target))
+            importlib.invalidate_caches()
+
+
+def _top_level_names(folder: Path) -> set[str]:
+    """Importable top-level names in an install folder (packages and modules)."""
+    names = set()
+    for p in folder.iterdir():
+        if p.name.endswith((".dist-info", ".egg-info")) or p.name in ("bin", "__pycache__"):
+            continue
+        if p.is_dir() and p.name.isidentifier():
+            names.add(p.name)
+        elif p.suffix == ".py":
+            names.add(p.stem)
+    return names
+
+
+def _forget_modules(names: set[str]) -> None:
+    for name in list(sys.modules):
+        if name.split(".", 1)[0] in names:
+            del sys.modules[name]
+
+
+@pytest.fixture(scope="session")
+def perfsdk_plugin_installer(tmp_path_factory: pytest.TempPathFactory) -> PluginInstaller:
+    """Install plugin packages into a temporary folder for the tests that use them."""
+    return PluginInstaller(tmp_path_factory.mktemp("perfsdk-plugins"))
 
 
 @pytest.fixture

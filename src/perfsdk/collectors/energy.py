@@ -11,6 +11,7 @@ reasons — never zeros.
 
 from __future__ import annotations
 
+import html
 from collections import defaultdict
 from collections.abc import Callable
 from pathlib import Path
@@ -270,6 +271,14 @@ class EnergyCollector(Collector):
         if self.meter is not None and self.meter.sources and window.end_ns is not None:
             self.meter.close(id(window), window.end_ns)
 
+    @classmethod
+    def report_section(cls, result: EnergyResult, run: Any = None) -> Any:
+        """The report's energy section as tables: headline figures, sources, energy per phase
+        and channel, CodeCarbon's estimate and the notes."""
+        from perfsdk.collector import ReportSection
+
+        return ReportSection("Energy", energy_report_html(result))
+
     @hookimpl
     def perfsdk_finalize(self, session: Session) -> EnergyResult:
         if self.codecarbon is not None:
@@ -502,3 +511,79 @@ def build_result(col: EnergyCollector, session: Session) -> EnergyResult:
                         per_phase=per_phase, co2_kg=co2, codecarbon=detail,
                         warmup_windows=warmup_windows, instrumented_windows=instrumented_windows,
                         edge_reads=meter.edge_reads if meter else 0, notes=notes)
+
+
+# -- report -----------------------------------------------------------------------------------
+
+
+def _html_table(headers: list[str], rows: list[list[Any]], caption: str = "", cls: str = "") -> str:
+    def cell(v: Any) -> str:
+        if isinstance(v, bool):
+            v = "yes" if v else "no"
+        elif isinstance(v, float):
+            v = f"{v:.4g}"
+        return html.escape("-" if v is None else str(v))
+
+    cap = f"<caption>{html.escape(caption)}</caption>" if caption else ""
+    head = "".join(f"<th>{html.escape(h)}</th>" for h in headers)
+    body = "".join("<tr>" + "".join(f"<td>{cell(v)}</td>" for v in r) + "</tr>" for r in rows)
+    klass = f' class="{cls}"' if cls else ""
+    return f"<table{klass}>{cap}<thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
+
+
+def _phase_order(phase: str) -> tuple[int, str]:
+    order = {"session": 0, "steps": 1, "encode": 2, "prefill": 3, "decode": 4, "forward": 5}
+    return (order.get(phase, 6), phase)
+
+
+def energy_report_html(result: EnergyResult) -> str:
+    """The energy section of the HTML report: headline figures, sources, energy per phase and
+    channel, CodeCarbon's estimate and the notes, as tables."""
+    parts: list[str] = []
+    headline: list[list[Any]] = [["status", result.status]]
+    if result.measured_keys:
+        headline += [["measured channels", ", ".join(result.measured_keys)],
+                     ["session energy (J)", result.measured_energy_j],
+                     ["energy of timed steps (J)", result.measured_steps_energy_j]]
+    headline += [["output tokens (timed steps)", result.output_tokens],
+                 ["J per output token", result.j_per_output_token],
+                 ["output tokens per J", result.output_tokens_per_j]]
+    for phase in ("encode", "prefill", "decode"):
+        if phase in result.j_per_output_token_per_phase:
+            headline.append([f"{phase} J per output token", result.j_per_output_token_per_phase[phase]])
+    if result.codecarbon is not None:
+        headline.append(["CO2 (CodeCarbon estimate, g)", result.codecarbon.co2_kg * 1e3])
+    parts.append(_html_table(["figure", "value"], headline, "Measured energy", "kv"))
+
+    parts.append(_html_table(["source", "available", "reason"],
+                             [[s.name, s.available, s.reason] for s in result.sources], "Sources", "kv"))
+
+    rows: list[list[Any]] = []
+    for phase in sorted((p for p in result.per_phase if not p.startswith("step:")), key=_phase_order):
+        for key, pe in sorted(result.per_phase[phase].items()):
+            rows.append([phase, key, pe.method, pe.energy_j, pe.duration_s, pe.power_w, pe.output_tokens,
+                         pe.j_per_output_token, pe.windows, pe.low_confidence_windows])
+    if rows:
+        parts.append(_html_table(["window", "channel", "method", "energy J", "duration s", "power W",
+                                  "output tokens", "J / output token", "windows", "low-confidence windows"],
+                                 rows, "Energy per window kind and channel (warm-up excluded)"))
+    steps = sorted((p for p in result.per_phase if p.startswith("step:")), key=lambda p: int(p.split(":", 1)[1]))
+    if steps:
+        keys = sorted({k for p in steps for k in result.per_phase[p]})
+        step_rows: list[list[Any]] = []
+        for p in steps:
+            by_key = result.per_phase[p]
+            step_rows.append([p.split(":", 1)[1]] + [by_key[k].energy_j if k in by_key else None for k in keys])
+        parts.append(_html_table(["step"] + [f"{k} J" for k in keys], step_rows, "Energy per timed step"))
+
+    cc = result.codecarbon
+    if cc is not None:
+        parts.append(_html_table(["figure", "value"], [
+            ["energy J", cc.energy_j], ["CPU J", cc.cpu_energy_j], ["GPU J", cc.gpu_energy_j],
+            ["RAM J", cc.ram_energy_j], ["CO2 g", cc.co2_kg * 1e3], ["duration s", cc.duration_s],
+            ["country", cc.country_iso_code], ["region", cc.region], ["CPU mode", cc.cpu_mode],
+            ["tracking mode", cc.tracking_mode]], "CodeCarbon (estimate, session window)", "kv"))
+    notes = ([f"unavailable: {r}" for r in result.reasons] if result.status == "unavailable" else []) + result.notes
+    if notes:
+        parts.append("<ul class='note'>" + "".join(f"<li>{html.escape(n)}</li>" for n in notes) + "</ul>")
+    return "\n".join(parts)

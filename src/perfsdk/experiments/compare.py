@@ -22,7 +22,7 @@ import numpy as np
 
 from perfsdk.exporters.flatten import run_row
 from perfsdk.schemas import RunResult
-from perfsdk.store import Store, StoreError
+from perfsdk.store import RunNotFound, Store, StoreError
 
 def sampled_metrics() -> dict[str, tuple[Any, bool]]:
     """Metric -> (owning collector class, lower is better), from the installed collectors."""
@@ -279,8 +279,10 @@ def resolve(store: Store, ident: str) -> tuple[str, list[RunResult]]:
     """A run id or a sweep id -> ("run" | "sweep", runs). Sweep runs: finished ones only."""
     try:
         return "run", [store.get(ident)]
-    except StoreError:
+    except RunNotFound:
         pass
+    except StoreError as err:  # a damaged run is named as damaged, not as unknown
+        raise CompareError(str(err)) from None
     runs = store.list_runs(tags={"sweep_id": ident}) if store.runs_dir.is_dir() else []
     if runs:
         return "sweep", [r for r in runs if r.status in ("ok", "partial")]

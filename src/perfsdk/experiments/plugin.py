@@ -16,6 +16,7 @@ from rich.console import Console
 from rich.table import Table
 
 from perfsdk.plugins import hookimpl
+from perfsdk.terminal import echo_error, fail, make_console
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 #: ``perfsdk compare --fail-if-slower``: a baseline or candidate run is ``invalid``, so (part of)
@@ -24,8 +25,31 @@ EXIT_NOT_JUDGED = 3
 
 
 def _usage(message: str) -> None:
-    click.echo(f"perfsdk: error: {message}", err=True)
-    sys.exit(EXIT_USAGE)
+    fail(message, EXIT_USAGE)
+
+
+def resolve_ident(store: Any, ident: str) -> str:
+    """A run id, a unique prefix of one, or ``latest`` -> the full run id; a sweep id is kept.
+
+    A damaged run, or a prefix that matches several runs, is a usage error that says so.
+    """
+    from perfsdk.experiments.sweep import manifest_path
+    from perfsdk.store import AmbiguousRunId, RunNotFound, StoreError
+
+    try:
+        rid = store.resolve_run_id(ident)
+    except RunNotFound:
+        return ident  # perhaps a sweep id
+    except AmbiguousRunId as err:
+        if manifest_path(store, ident).is_file():
+            return ident
+        _usage(f"{err}; give more of the id")
+        return ident
+    try:
+        store.get(rid)
+    except StoreError as err:
+        _usage(str(err))
+    return rid
 
 
 def _fmt(v: Any) -> str:
@@ -93,7 +117,7 @@ def print_sweep_summary(manifest: dict[str, Any], console: Console) -> None:
         t.add_column("feasible")
     if objs:
         t.add_column("pareto")
-    t.add_column("run")
+    t.add_column("run", no_wrap=True)
     for p in manifest["points"]:
         row = [str(p["values"].get(a)) for a in axes] + [p["status"]]
         row += [_fmt(p["objectives"].get(f)) for f in fields]
@@ -159,7 +183,7 @@ def _sigterm_as_interrupt() -> Any:
 
 @click.command("sweep")
 @click.argument("sweep_file", type=click.Path(dir_okay=False))
-@click.option("--store", "store_dir", default=None, help="Result store folder (default: the base config's `store`).")
+@click.option("--store", "store_dir", default=None, help="Result store folder (default: the base config's store field).")
 @click.option("--executor", type=click.Choice(["local", "ray", "submitit"]), default="local", show_default=True,
               help="Where points run.")
 @click.option("--resume/--no-resume", default=True, show_default=True,
@@ -195,7 +219,7 @@ def sweep_cmd(sweep_file: str, store_dir: str | None, executor: str, resume: boo
             runner = SweepRunner(sweep, store, ex, resume=resume, progress=progress)
             manifest = runner.run()
     except KeyboardInterrupt:
-        click.echo(f"perfsdk: sweep {sweep.sweep_id} interrupted; run the same command again to resume", err=True)
+        echo_error(f"sweep {sweep.sweep_id} interrupted; run the same command again to resume")
         sys.exit(130)
     except StrategyUnavailable as err:
         _usage(str(err))
@@ -208,7 +232,7 @@ def sweep_cmd(sweep_file: str, store_dir: str | None, executor: str, resume: boo
     elif quiet:
         click.echo(sweep.sweep_id)
     else:
-        console = Console()
+        console = make_console()
         print_sweep_summary(manifest, console)
         print_efficiency(manifest, console)
     failed = any(p["status"] == "failed" for p in manifest["points"])
@@ -230,7 +254,10 @@ def sweep_cmd(sweep_file: str, store_dir: str | None, executor: str, resume: boo
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 def compare_cmd(ids: tuple[str, ...], store_dir: str, metrics: tuple[str, ...], stat: str, fail_if_slower: str | None,
                 n_boot: int, seed: int, as_json: bool) -> None:
-    """Compare runs or sweeps (by id) with the first one: relative change and significance."""
+    """Compare runs or sweeps with the first one: relative change and significance.
+
+    IDS are run ids, unique prefixes of run ids, 'latest', or sweep ids.
+    """
     from perfsdk.experiments.compare import (
         DEFAULT_METRICS,
         CompareError,
@@ -243,9 +270,11 @@ def compare_cmd(ids: tuple[str, ...], store_dir: str, metrics: tuple[str, ...], 
 
     if not Path(store_dir).is_dir():
         _usage(f"--store {store_dir}: no such result store")
+    store = Store(store_dir)
+    ids = tuple(resolve_ident(store, i) for i in ids)
     try:
         threshold = parse_threshold(fail_if_slower) if fail_if_slower is not None else None
-        results = compare(Store(store_dir), ids, list(metrics) or list(DEFAULT_METRICS), stat=stat, n_boot=n_boot,
+        results = compare(store, ids, list(metrics) or list(DEFAULT_METRICS), stat=stat, n_boot=n_boot,
                           seed=seed)
     except CompareError as err:
         _usage(str(err))
@@ -266,7 +295,8 @@ def compare_cmd(ids: tuple[str, ...], store_dir: str, metrics: tuple[str, ...], 
         cols = (["point"] if has_point else []) + ["candidate", "metric", "baseline", "candidate value", "change",
                                                    "95% CI", "verdict"]
         for col in cols:
-            t.add_column(col, justify="right" if col in ("baseline", "candidate value", "change", "95% CI") else "left")
+            t.add_column(col, justify="right" if col in ("baseline", "candidate value", "change", "95% CI") else "left",
+                         no_wrap=col == "candidate")
         for c in results:
             ci = f"[{c.ci_low * 100:+.1f}%, {c.ci_high * 100:+.1f}%]" if c.ci_low is not None and c.ci_high is not None else "-"
             change = f"{c.change * 100:+.1f}%" if c.change is not None else "-"
@@ -277,7 +307,7 @@ def compare_cmd(ids: tuple[str, ...], store_dir: str, metrics: tuple[str, ...], 
             row = ([c.point or ""] if has_point else []) + [c.candidate, c.metric, _fmt(c.baseline_value),
                                                             _fmt(c.candidate_value), change, ci, verdict]
             t.add_row(*row)
-        Console().print(t)
+        make_console().print(t)
         for note in notes:
             click.echo(f"validity: {note}", err=True)
         if failing:
@@ -300,20 +330,25 @@ def compare_cmd(ids: tuple[str, ...], store_dir: str, metrics: tuple[str, ...], 
 @click.option("--heatmap", "heatmaps", multiple=True, metavar="x=AXIS,y=AXIS,metric=FIELD",
               help="Sweeps: a heat map of FIELD over two axes (repeatable; axes by path or last part).")
 def report_cmd(ident: str, store_dir: str, output: str, heatmaps: tuple[str, ...]) -> None:
-    """Write an HTML report (figures inline) for a run or a sweep, plus its PNGs."""
+    """Write an HTML report (figures inline) for a run or a sweep, plus its PNGs.
+
+    IDENT is a run id, a unique prefix of one, 'latest', or a sweep id.
+    """
     from perfsdk.experiments.report import ReportError, write_report
     from perfsdk.experiments.sweep import Heatmap
     from perfsdk.store import Store
 
     if not Path(store_dir).is_dir():
         _usage(f"--store {store_dir}: no such result store")
+    store = Store(store_dir)
+    ident = resolve_ident(store, ident)
     try:
         maps = [Heatmap.parse(h) for h in heatmaps]
     except ValueError as err:
         _usage(f"--heatmap {err}")
         return
     try:
-        path, pngs = write_report(Store(store_dir), ident, output, heatmaps=maps)
+        path, pngs = write_report(store, ident, output, heatmaps=maps)
     except ReportError as err:
         _usage(str(err))
         return

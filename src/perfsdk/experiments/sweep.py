@@ -341,6 +341,10 @@ def _format_errors(err: ValidationError) -> str:
     for e in err.errors():
         path = ".".join(str(p) for p in e["loc"])
         msg = "unknown key" if e["type"] == "extra_forbidden" else e["msg"].removeprefix("Value error, ")
+        if e["type"] == "extra_forbidden":
+            from perfsdk.suggest import unknown_key_hint
+
+            msg += unknown_key_hint(SweepSpec, list(e["loc"]))
         parts.append(f"{path or '<root>'}: {msg}")
     return "; ".join(parts)
 

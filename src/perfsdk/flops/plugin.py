@@ -19,7 +19,6 @@ positions; ``method`` says so.
 from __future__ import annotations
 
 import json
-import sys
 from typing import Any, Literal
 
 import click
@@ -460,32 +459,30 @@ def flops_command(model: str, batch_size: int, input_tokens: int, output_tokens:
     from perfsdk.models.arch import UnsupportedArchitecture
     from perfsdk.models.resolve import UnknownModel
 
+    from perfsdk.suggest import did_you_mean
+    from perfsdk.terminal import fail, make_console
+
     if backend not in BACKENDS:
-        click.echo(f"Error: unknown backend {backend!r} (available: {', '.join(BACKENDS)})", err=True)
-        sys.exit(2)
+        fail(f"--backend: unknown backend {backend!r}{did_you_mean(backend, BACKENDS)} "
+             f"(available: {', '.join(BACKENDS)})")
     try:
         res = count_model(model, batch_size=batch_size, input_tokens=input_tokens, output_tokens=output_tokens,
                           backend=backend, attn_implementation=attn_implementation, exact=exact, top_n=top_n,
                           full_depth=full_depth, images=images)
     except (UnknownModel, UnsupportedArchitecture) as exc:
-        click.echo(f"Error: {exc}", err=True)
-        sys.exit(2)
+        fail(str(exc))
     except ValueError as exc:  # a shape the model cannot take (images for a text-only model)
-        click.echo(f"Error: {exc}", err=True)
-        sys.exit(2)
+        fail(str(exc))
     except BackendUnavailable as exc:
-        click.echo(f"Error: backend {backend}: {exc}", err=True)
-        sys.exit(1)
+        fail(f"backend {backend}: {exc}", 1)
     except Exception as exc:
-        click.echo(f"Error: counting {model} with the {backend} backend failed: {exc}", err=True)
-        sys.exit(1)
+        fail(f"counting {model} with the {backend} backend failed: {exc}", 1)
     if as_json:
         click.echo(json.dumps(res, indent=2))
         return
-    from rich.console import Console
     from rich.table import Table
 
-    console = Console()
+    console = make_console()
     shape = f"{input_tokens} input"
     if res["images"]:
         shape += f" + {res['images']} image(s) x {res['image_tokens'] // res['images']} image tokens"

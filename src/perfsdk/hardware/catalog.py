@@ -123,8 +123,11 @@ class Catalog:
         """The profile called ``name``; an unknown name lists the known ones."""
         key = self.key(name)
         if key is None:
+            from perfsdk.suggest import did_you_mean
+
             raise HardwareProfileError(
-                f"unknown hardware profile {name!r} (available: {', '.join(self.names())})"
+                f"unknown hardware profile {name!r}{did_you_mean(name, self.names())} "
+                f"(available: {', '.join(self.names())})"
             )
         return self.profiles[key]
 

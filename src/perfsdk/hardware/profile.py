@@ -216,6 +216,10 @@ def format_validation_error(err: ValidationError, origin: str) -> str:
     for e in err.errors():
         path = ".".join(str(p) for p in e["loc"])
         msg = "unknown key" if e["type"] == "extra_forbidden" else e["msg"]
+        if e["type"] == "extra_forbidden":
+            from perfsdk.suggest import unknown_key_hint
+
+            msg += unknown_key_hint(HardwareProfile, list(e["loc"]))
         if e["type"] == "missing":
             msg = "field required"
         parts.append(f"{path}: {msg}" if path else msg)

@@ -5,8 +5,12 @@
 - ``builtin:<name>``: an embedded model (:mod:`perfsdk.models.tiny`), built locally on first use
   and read from the disk cache afterwards;
 - a local folder holding a ``transformers`` checkpoint (``./my-model``);
-- a Hugging Face Hub id (``org/name``), passed through to ``from_pretrained`` (needs network the
-  first time; offline, a clear error names the field).
+- a Hugging Face Hub id (``org/name``), passed through to ``from_pretrained``. It is read from
+  the local Hugging Face cache when there; otherwise the Hub must be reachable. Before any
+  download, a short connection check (:data:`HUB_PROBE_TIMEOUT_S`) decides: with
+  ``HF_HUB_OFFLINE`` set, or no connection, an id that is not cached fails at once with a
+  message saying how to point ``model.id`` at a local folder (instead of half a minute of
+  retries); an id that is cached loads from the cache.
 
 ``model.config_overrides`` are set on the model's configuration before the model is built
 (``AutoConfig.from_pretrained(..., **overrides)``): fewer layers than the checkpoint keep the
@@ -27,6 +31,10 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import socket
+import threading
+import urllib.parse
+import urllib.request
 import warnings
 from pathlib import Path
 from dataclasses import dataclass
@@ -40,6 +48,10 @@ log = structlog.get_logger("perfsdk.models.loader")
 
 BUILTIN_PREFIX = "builtin:"
 _CAUSAL_SUFFIXES = ("ForCausalLM", "LMHeadModel")
+#: Seconds the Hub connection check may take before the Hub counts as unreachable.
+HUB_PROBE_TIMEOUT_S = 1.0
+#: File names that hold weights in a checkpoint folder.
+WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".ckpt", ".h5", ".msgpack", ".gguf")
 
 
 def _cuda_available() -> bool:
@@ -166,10 +178,125 @@ def _resolve_source(cfg: ModelConfig, build: bool = True) -> tuple[str, str]:
             raise ConfigError(f"model.id: {mid} is not a folder (expected a transformers checkpoint folder)")
         if not (path / "config.json").is_file():
             raise ConfigError(f"model.id: folder {mid} has no config.json (not a transformers checkpoint)")
+        if not has_weights(path):
+            raise ConfigError(f"model.id: folder {mid} has a config.json but no weights "
+                              f"({', '.join('*' + s for s in WEIGHT_SUFFIXES[:2])} files); save the model "
+                              "with save_pretrained() into it, or point model.id at the folder that holds them")
         return "local", os.fspath(path)
     if _looks_like_path(mid):
         raise ConfigError(f"model.id: folder {mid} not found")
     return "hub", mid
+
+
+def has_weights(folder: Path) -> bool:
+    """Whether a checkpoint folder holds weight files (single, sharded or indexed)."""
+    return any(p.is_file() and (p.name.endswith(WEIGHT_SUFFIXES) or p.name.endswith(".index.json"))
+               for p in folder.iterdir())
+
+
+def _env_true(name: str) -> bool:
+    return os.environ.get(name, "").strip().lower() in ("1", "true", "yes", "on")
+
+
+def hub_offline() -> bool:
+    """Whether the user asked for offline mode (``HF_HUB_OFFLINE`` or ``TRANSFORMERS_OFFLINE``)."""
+    return _env_true("HF_HUB_OFFLINE") or _env_true("TRANSFORMERS_OFFLINE")
+
+
+def hub_endpoint() -> str:
+    """The Hub address ``from_pretrained`` would use (``HF_ENDPOINT``, else huggingface.co)."""
+    env = os.environ.get("HF_ENDPOINT", "").strip()
+    if env:
+        return env.rstrip("/")
+    from huggingface_hub import constants
+
+    return str(constants.ENDPOINT).rstrip("/")
+
+
+def hub_reachable(endpoint: str | None = None, timeout_s: float = HUB_PROBE_TIMEOUT_S) -> tuple[bool, str]:
+    """Whether a TCP connection to the Hub (or the proxy for it) opens within ``timeout_s``.
+
+    Name resolution is inside the time limit too: the check runs in a daemon thread that is
+    abandoned when it takes longer. Returns ``(reachable, reason)``.
+    """
+    url = urllib.parse.urlsplit(endpoint or hub_endpoint())
+    proxy = urllib.request.getproxies().get(url.scheme or "https")
+    if proxy and not urllib.request.proxy_bypass(url.hostname or ""):
+        url = urllib.parse.urlsplit(proxy if "://" in proxy else f"http://{proxy}")
+    host = url.hostname or ""
+    port = url.port or (443 if url.scheme == "https" else 80)
+    outcome: list[tuple[bool, str]] = []
+
+    def probe() -> None:
+        try:
+            with socket.create_connection((host, port), timeout=timeout_s):
+                outcome.append((True, "reachable"))
+        except OSError as exc:
+            outcome.append((False, exc.strerror or str(exc) or type(exc).__name__))
+
+    worker = threading.Thread(target=probe, name="perfsdk-hub-check", daemon=True)
+    worker.start()
+    worker.join(timeout_s)
+    if not outcome:
+        return False, f"no answer within {timeout_s:g} s"
+    return outcome[0]
+
+
+def _hub_cached(mid: str, revision: str | None) -> bool:
+    from huggingface_hub import try_to_load_from_cache
+
+    try:
+        return isinstance(try_to_load_from_cache(mid, "config.json", revision=revision), str)
+    except Exception:  # a malformed id or cache folder: not usable from the cache
+        return False
+
+
+def _local_hint(mid: str) -> str:
+    return (f"point model.id at a local folder holding the checkpoint (config.json and weights), e.g. "
+            f"--set model.id=./models/{mid.rsplit('/', 1)[-1]}, or download {mid} once where the Hub is reachable")
+
+
+def hub_access(cfg: ModelConfig) -> bool:
+    """Decide how a Hub id loads: ``True`` = from the local cache only, ``False`` = from the Hub.
+
+    Raises :class:`~perfsdk.config.ConfigError` at once when it can do neither: offline mode or
+    no connection, and the id is not in the cache.
+    """
+    mid = cfg.id.strip()
+    from huggingface_hub.utils import validate_repo_id
+
+    try:
+        validate_repo_id(mid)
+    except Exception:
+        raise ConfigError(f"model.id: {mid!r} is not a built-in model (builtin:...), an existing folder, "
+                          "or a valid Hugging Face Hub id (org/name)") from None
+    cached = _hub_cached(mid, cfg.revision)
+    if hub_offline():
+        if cached:
+            return True
+        raise ConfigError(f"model.id: {mid!r} is not a local folder and not in the Hugging Face cache, and "
+                          f"HF_HUB_OFFLINE is set; {_local_hint(mid)}")
+    ok, why = hub_reachable()
+    if ok:
+        return False
+    if cached:
+        log.warning("Hugging Face Hub unreachable; loading from the local cache", model=mid, endpoint=hub_endpoint(),
+                    reason=why)
+        return True
+    raise ConfigError(f"model.id: {mid!r} is not a local folder and not in the Hugging Face cache, and the Hub "
+                      f"({hub_endpoint()}) cannot be reached: {why}; {_local_hint(mid)}")
+
+
+def check_model_available(cfg: ModelConfig) -> None:
+    """Check that ``cfg.id`` can be loaded without loading it: an embedded name, a checkpoint
+    folder with weights, or a Hub id that is cached or reachable (a short connection check).
+
+    Raises the :class:`~perfsdk.config.ConfigError` that :func:`load_model` would, in well under
+    two seconds.
+    """
+    kind, _ = _resolve_source(cfg, build=False)
+    if kind == "hub":
+        hub_access(cfg)
 
 
 def _hub_error(mid: str, err: BaseException) -> ConfigError:
@@ -236,7 +363,7 @@ def _quantize_dynamic_int8(model: Any) -> Any:
         return quantize_dynamic(model, {nn.Linear}, dtype=torch.qint8, inplace=False)
 
 
-def _load_tokenizer(kind: str, location: str, cfg: ModelConfig, hf_config: Any = None) -> Any:
+def _load_tokenizer(kind: str, location: str, cfg: ModelConfig, hf_config: Any = None, local_only: bool = False) -> Any:
     """The tokenizer, or for a vision-language model its processor (tokenizer + image processor)."""
     from perfsdk.models.tiny import quiet_transformers
 
@@ -246,7 +373,7 @@ def _load_tokenizer(kind: str, location: str, cfg: ModelConfig, hf_config: Any =
 
             with quiet_transformers():
                 return AutoProcessor.from_pretrained(location, trust_remote_code=cfg.trust_remote_code,
-                                                     revision=cfg.revision)
+                                                     revision=cfg.revision, local_files_only=local_only)
         except (OSError, ValueError, TypeError, KeyError) as err:
             log.warning("no processor could be loaded; images cannot be used", model=cfg.id, error=str(err))
     try:
@@ -258,7 +385,8 @@ def _load_tokenizer(kind: str, location: str, cfg: ModelConfig, hf_config: Any =
             from transformers import AutoTokenizer
 
             return AutoTokenizer.from_pretrained(
-                location, trust_remote_code=cfg.trust_remote_code, revision=cfg.revision
+                location, trust_remote_code=cfg.trust_remote_code, revision=cfg.revision,
+                local_files_only=local_only,
             )
     except (OSError, ValueError, TypeError, KeyError) as err:
         log.warning("no tokenizer could be loaded", model=cfg.id, error=str(err))
@@ -302,6 +430,7 @@ class PreparedLoad:
     location: str
     hf_config: Any
     model_class: Any
+    local_only: bool = False
 
 
 def _warm_library(hf_config: Any, cls: Any) -> None:
@@ -337,6 +466,7 @@ def prepare_load(cfg: ModelConfig) -> PreparedLoad:
     _check_quantization(cfg, device)
     _check_dtype(cfg, device)
     kind, location = _resolve_source(cfg)
+    local_only = hub_access(cfg) if kind == "hub" else False
 
     from transformers import AutoConfig
 
@@ -344,7 +474,7 @@ def prepare_load(cfg: ModelConfig) -> PreparedLoad:
         with quiet_transformers():
             hf_config, unused = AutoConfig.from_pretrained(
                 location, trust_remote_code=cfg.trust_remote_code, revision=cfg.revision,
-                return_unused_kwargs=True, **cfg.config_overrides,
+                return_unused_kwargs=True, local_files_only=local_only, **cfg.config_overrides,
             )
     except (OSError, ValueError, TypeError) as err:
         if kind == "hub" and not isinstance(err, TypeError):
@@ -357,7 +487,7 @@ def prepare_load(cfg: ModelConfig) -> PreparedLoad:
 
     cls = _model_class(hf_config)
     _warm_library(hf_config, cls)
-    return PreparedLoad(cfg, device, kind, location, hf_config, cls)
+    return PreparedLoad(cfg, device, kind, location, hf_config, cls, local_only)
 
 
 def load_model(cfg: ModelConfig) -> tuple[Any, Any]:
@@ -377,7 +507,10 @@ def load_prepared(prep: PreparedLoad) -> tuple[Any, Any]:
     from perfsdk.models.tiny import quiet_transformers
 
     cfg, device, kind, location, hf_config = prep.cfg, prep.device, prep.kind, prep.location, prep.hf_config
+    local_only = prep.local_only
     kwargs: dict[str, Any] = {"dtype": resolve_dtype(cfg.dtype, device), "trust_remote_code": cfg.trust_remote_code}
+    if local_only:
+        kwargs["local_files_only"] = True
     if cfg.config_overrides:
         kwargs["config"] = hf_config
     if cfg.revision is not None:
@@ -417,6 +550,6 @@ def load_prepared(prep: PreparedLoad) -> tuple[Any, Any]:
         model.config.name_or_path = cfg.id
     model.eval()
 
-    tokenizer = _load_tokenizer(kind, location, cfg, hf_config)
+    tokenizer = _load_tokenizer(kind, location, cfg, hf_config, local_only)
     _prepare_tokenizer(tokenizer, model)
     return model, tokenizer

@@ -4,7 +4,8 @@
 
 1. ``s.load()`` the configured model (unless the session already holds one);
 2. load the prompts (and their labels, if any), count each one's tokens, drop those longer
-   than ``max_input_tokens`` (counted), optionally sort by length;
+   than ``max_input_tokens`` (counted in the result, logged as a warning and shown in the
+   summary), optionally sort by length;
 3. group them into batches: a fixed ``batch_size``, or adaptively under ``max_batch_tokens``
    (``batch_size x (longest input + max_new_tokens) <= budget``);
 4. tokenize every batch once with ``s.tokenize`` (with the batch's labels, so that the
@@ -13,6 +14,9 @@
 5. run ``warmup_runs`` batches inside ``s.warmup()``;
 6. seed torch, then run timed passes over all batches until both ``min_iterations`` passes and
    ``min_duration_s`` are reached, waiting between batch submissions as the arrival pattern says.
+
+The workload counters (warm-up runs, timed runs, full passes) are recorded even when the run
+stops early (an exception, Ctrl-C): they say how far it got.
 
 The pure pieces (:func:`make_batches`, :func:`arrival_delays`, :func:`generate_kwargs`,
 :func:`plan_workload`) are separate so they can be tested and reused without a model.
@@ -27,9 +31,13 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+import structlog
+
 from perfsdk.config import ArrivalConfig, Config, ConfigError, GenerateConfig, WorkloadConfig
 from perfsdk.models.prompts import Example
 from perfsdk.schemas import WorkloadInfo
+
+log = structlog.get_logger("perfsdk.models.runner")
 
 ProgressFn = Callable[[int, int], None]
 SleepFn = Callable[[float], None]
@@ -282,6 +290,7 @@ def _workload_info(workload: WorkloadConfig, plan: WorkloadPlan, warmup: int, ti
         warmup_runs=warmup,
         timed_runs=timed,
         iterations=iterations,
+        max_input_tokens=workload.max_input_tokens,
         input_tokens_mean=sum(plan.lengths) / len(plan.lengths),
         input_tokens_max=max(plan.lengths),
         arrival_pattern=workload.arrival.pattern,
@@ -318,6 +327,9 @@ def run_workload(
                           "cannot (use task: forward)")
 
     plan = _resolve_label_map(workload, plan_workload(workload, tokenizer), model)
+    if plan.filtered:
+        log.warning("prompts left out: longer than workload.max_input_tokens", left_out=plan.filtered,
+                    prompts=plan.filtered + len(plan.prompts), max_input_tokens=workload.max_input_tokens)
     from perfsdk.models.images import workload_images
 
     images = workload_images(workload, model, tokenizer, plan, session.config.model.id)
@@ -345,29 +357,32 @@ def run_workload(
         if progress is not None:
             progress(done, max(total, done))
 
-    with session.warmup():
-        for k in range(workload.warmup_runs):
-            run_batch(k % n_batches)
-            done += 1
-            tick()
+    warm = timed = iterations = 0
+    try:
+        with session.warmup():
+            for k in range(workload.warmup_runs):
+                run_batch(k % n_batches)
+                warm += 1
+                done += 1
+                tick()
 
-    torch.manual_seed(workload.seed)
-    delays = arrival_delays(workload.arrival, workload.seed)
-    timed = iterations = 0
-    start = clock()
-    while iterations < workload.min_iterations or clock() - start < workload.min_duration_s:
-        for b in range(n_batches):
-            delay = next(delays)
-            if delay > 0:
-                sleep(delay)
-            run_batch(b)
-            timed += 1
-            done += 1
-            tick()
-        iterations += 1
-        total = max(total, done + n_batches) if clock() - start < workload.min_duration_s else total
-
-    vision = [n for st in session.measured_steps for n in (st.vision_tokens or [])]
-    info = _workload_info(workload, plan, workload.warmup_runs, timed, iterations, images, vision)
-    session.set_workload_info(info)
+        torch.manual_seed(workload.seed)
+        delays = arrival_delays(workload.arrival, workload.seed)
+        start = clock()
+        while iterations < workload.min_iterations or clock() - start < workload.min_duration_s:
+            for b in range(n_batches):
+                delay = next(delays)
+                if delay > 0:
+                    sleep(delay)
+                run_batch(b)
+                timed += 1
+                done += 1
+                tick()
+            iterations += 1
+            total = max(total, done + n_batches) if clock() - start < workload.min_duration_s else total
+    finally:
+        # also when interrupted: the result says how far the workload got
+        vision = [n for st in session.measured_steps for n in (st.vision_tokens or [])]
+        info = _workload_info(workload, plan, warm, timed, iterations, images, vision)
+        session.set_workload_info(info)
     return info

@@ -369,6 +369,9 @@ def _save_atomically(model: Any, tokenizer: Any, target: Path, name: str) -> Non
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent))
     try:
+        from perfsdk.store import dir_mode
+
+        os.chmod(tmp, dir_mode())  # a shared cache stays readable: mkdtemp makes it private
         with quiet_transformers():
             model.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)

@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import json
-import sys
 from typing import Any
 
 import click
@@ -508,8 +507,9 @@ def perfsdk_register_collectors(register: Any) -> None:
 
 
 def _fail(msg: str) -> None:
-    click.echo(f"perfsdk: {msg}", err=True)
-    sys.exit(2)
+    from perfsdk.terminal import fail
+
+    fail(msg)
 
 
 from perfsdk.fmt import fmt_s as _fmt_s  # noqa: E402
@@ -574,10 +574,11 @@ def simulate_command(model_spec: str, hardware: str, hardware_files: tuple[str, 
 
 
 def _print_simulation(res: SimulationResult) -> None:
-    from rich.console import Console
     from rich.table import Table
 
-    con = Console()
+    from perfsdk.terminal import make_console
+
+    con = make_console()
     con.print(f"[bold]{res.model}[/] on [bold]{res.hardware}[/] — batch {res.batch_size}, "
               f"{res.input_tokens} in / {res.output_tokens} out tokens, {res.dtype} ({res.op_source} ops)")
     t = Table(show_header=True)
@@ -653,21 +654,22 @@ def hardware_list(hardware_files: tuple[str, ...], as_json: bool) -> None:
     if as_json:
         click.echo(json.dumps(rows, indent=2))
         return
-    from rich.console import Console
     from rich.table import Table
+
+    from perfsdk.terminal import make_console, warn
 
     t = Table(show_header=True)
     for c in ("name", "kind", "memory GB/s", "capacity GB", "peak TFLOPS", "efficiency", "origin"):
-        t.add_column(c)
+        t.add_column(c, no_wrap=c == "name")
     for r in rows:
         peaks = ", ".join(f"{k} {v:g}" for k, v in r["peak_tflops"].items())
         cap = "-" if r["memory_capacity_gb"] is None else f"{r['memory_capacity_gb']:g}"
         eff = ("peak" if r["compute_efficiency"] == 1.0 and r["memory_efficiency"] == 1.0 else
                f"{r['compute_efficiency']:g} / {r['memory_efficiency']:g}")
         t.add_row(r["name"], r["kind"], f"{r['memory_bandwidth_gbs']:g}", cap, peaks, eff, r["origin"])
-    Console().print(t)
+    make_console().print(t)
     for err in cat.errors:
-        click.echo(f"warning: {err}", err=True)
+        warn(str(err))
 
 
 def _file_profiles(path: str) -> list[HardwareProfile]:

@@ -27,9 +27,7 @@ def _fail(message: str) -> None:
 def resolve_run(store: Any, ref: str) -> Any:
     """The stored run ``ref`` names: whatever the store resolves (an id, a unique prefix,
     ``latest``) when it can, else a full run id."""
-    resolve = getattr(store, "resolve", None)
-    run_id = resolve(ref) if callable(resolve) else ref
-    return store.get(run_id)
+    return store.get(store.resolve_run_id(ref))
 
 
 @click.command("layers")
@@ -44,7 +42,7 @@ def resolve_run(store: Any, ref: str) -> Any:
 @click.option("--json", "as_json", is_flag=True, help="Print the rows as JSON instead of tables.")
 def layers_command(run_ref: str, store_dir: str, show_functions: bool, show_log: bool, sort: str,
                    limit: int | None, as_json: bool) -> None:
-    """Per-layer tables of a stored run (collector `layers`): type, settings, input shapes, calls,
+    """Per-layer tables of a stored run (collector "layers"): type, settings, input shapes, calls,
     time per phase and share of the step; --functions per-function times; --log the event log."""
     from rich.console import Console
 
