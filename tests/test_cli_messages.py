@@ -120,7 +120,7 @@ def test_energy_report_section_is_tables(tmp_path):
     data = s.result.collectors["energy"]
     section = EnergyCollector.report_section(EnergyCollector.Result.model_validate(data), s.result)
     assert section.title == "Energy"
-    html = section.html
+    html = "".join(section.html)
     assert html.count("<table") == 4  # headline, sources, per window kind and channel, per step
     assert "<caption>Measured energy</caption>" in html and "<caption>Sources</caption>" in html
     assert f"<tr><td>J per output token</td><td>{data['j_per_output_token']:.4g}</td></tr>" in html
@@ -138,4 +138,4 @@ def test_sweep_file_key_hint(perfsdk_cli, tmp_path):
     f.write_text("base: {}\naxes: {workload.num_prompts: [1, 2]}\nstratgy: grid\n")
     r = perfsdk_cli(["sweep", str(f), "--store", str(tmp_path / "store")])
     assert r.exit_code == 2
-    assert _errors(r.output) == [f"perfsdk: error: {f}: invalid sweep: stratgy: unknown key (did you mean 'strategy'?)"]
+    assert _errors(r.output) == [f"perfsdk: error: {f}: invalid sweep: stratgy: unknown key (did you mean 'strategy' or 'strategies'?)"]

@@ -195,14 +195,9 @@ def test_stored_result_that_no_longer_validates_is_named(registered: Any, tmp_pa
 
 
 @pytest.fixture(scope="module")
-def pyruntime_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
+def pyruntime_path(perfsdk_plugin_installer: Any) -> Path:
     """The plugin package installed into a temporary folder (never into this environment)."""
-    target = tmp_path_factory.mktemp("pyruntime-site")
-    proc = subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation",
-                           "--target", str(target), str(ROOT / "plugins" / "perfsdk-pyruntime")],
-                          capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stderr
-    return target
+    return perfsdk_plugin_installer.install(ROOT / "plugins" / "perfsdk-pyruntime")
 
 
 def _cli(args: list[str], site: Path, cwd: Path) -> subprocess.CompletedProcess[str]:

@@ -146,7 +146,7 @@ def test_destination_exporter_needs_output_and_reports_failure(sent, perfsdk_cli
     assert _Sent.calls == []
     r = perfsdk_cli(["export", "--format", "sent", "--output", "refuse://", "--store", str(sent.root)])
     assert r.exit_code == 1
-    assert "perfsdk: exporter sent failed" in r.output
+    assert "perfsdk: error: exporter sent failed" in r.output
     assert _Sent.calls == [(["20260101T000000-aaaaaaaaaaaa", "20260101T000001-aaaaaaaaaaaa"], "refuse://",
                             str(sent.root))]
 

@@ -197,7 +197,7 @@ def test_run_cli_label_outside_the_map_exits_2(tmp_path: Path) -> None:
     data = _jsonl(tmp_path / "d.jsonl", [{"prompt": "a", "label": "yes"}, {"prompt": "b", "label": "perhaps"}])
     res = CliRunner().invoke(cli, ["run", str(_bench(tmp_path, data, ", label_map: [yes, no]"))])
     assert res.exit_code == 2
-    assert "workload.label_map: Value error, YAML read a name as a boolean" in res.output
+    assert "workload.label_map: YAML read a name as a boolean" in res.output
     res = CliRunner().invoke(cli, ["run", str(_bench(tmp_path, data, ", label_map: ['yes', 'no']"))])
     assert res.exit_code == 2
     assert f"workload.prompts: {data} line 2: label 'perhaps' is not in workload.label_map (yes, no)" in res.output

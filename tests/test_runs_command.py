@@ -92,8 +92,7 @@ def test_table_shows_id_name_status_model_start_and_metrics(store, perfsdk_cli, 
     assert lines[0].strip() == f"3 run(s) in {store}"
     header = lines[1].split("  ")
     assert [h.strip() for h in header if h.strip()] == [
-        "run", "name", "status", "model", "started (UTC)", "output tokens per s", "total tokens per s",
-        "requests per s"]
+        "run", "name", "status", "model", "started (UTC)", "output tokens per s", "ttft s.p50", "ttft s.p95"]
     st = Store(store)
     for rid, line in zip(IDS, lines[2:5]):
         run = st.get(rid)
@@ -101,8 +100,8 @@ def test_table_shows_id_name_status_model_start_and_metrics(store, perfsdk_cli, 
         assert line.split() == [rid, run.name, "ok", "LlamaForCausalLM",
                                 *run.started_at.astimezone(timezone.utc).strftime("%Y-%m-%d %H:%M:%S").split(),
                                 *(f"{flat[c]:.4g}" for c in ("collectors.latency.output_tokens_per_s",
-                                                              "collectors.latency.total_tokens_per_s",
-                                                              "collectors.latency.requests_per_s"))]
+                                                              "collectors.latency.ttft_s.p50",
+                                                              "collectors.latency.ttft_s.p95"))]
 
 
 def test_chosen_metric_columns(store, perfsdk_cli, monkeypatch):

@@ -699,7 +699,7 @@ def hardware_show(name: str, hardware_files: tuple[str, ...], as_json: bool) -> 
 @click.option("--output", "-o", type=click.Path(dir_okay=False), help="Write here (default: stdout)")
 def hardware_convert(path: str, output: str | None) -> None:
     """Convert a hardware file (device-keyed, or perfsdk's) to perfsdk's profile format (YAML):
-    one profile as a mapping, several as `profiles: [...]`."""
+    one profile as a mapping, several as a "profiles" list."""
     try:
         profs = _file_profiles(path)
     except HardwareProfileError as exc:
