@@ -9,10 +9,10 @@ import pytest
 import transformers as tf
 from click.testing import CliRunner
 
-from perfsdk.flops.plugin import flops_command
+from perfsdk.cli.flops import flops_command
 from perfsdk.models.arch import SUPPORTED_MODEL_TYPES, MissingConfigField, UnsupportedArchitecture, architecture_from_config
 from perfsdk.models.resolve import UnknownModel, bundled_config, bundled_names, resolve_config
-from perfsdk.simulation.plugin import simulate_command
+from perfsdk.cli.simulate import simulate_command
 
 H, L, NH, KV, INTER, V = 64, 2, 4, 2, 128, 256
 BASE = dict(hidden_size=H, num_hidden_layers=L, num_attention_heads=NH, num_key_value_heads=KV, intermediate_size=INTER,

@@ -18,11 +18,11 @@ from click.testing import CliRunner
 
 from perfsdk.flops.analytic import analytic_generate
 from perfsdk.flops.meta import count_meta_generate, meta_model
-from perfsdk.flops.plugin import flops_command
+from perfsdk.cli.flops import flops_command
 from perfsdk.models.arch import Architecture, architecture_from_config
 from perfsdk.models.resolve import bundled_config, bundled_names
 from perfsdk.simulation.analytic import generation_ops
-from perfsdk.simulation.plugin import simulate_command
+from perfsdk.cli.simulate import simulate_command
 
 H, L, NH, KV, INTER, V = 64, 2, 4, 2, 128, 256
 BASE = dict(hidden_size=H, num_hidden_layers=L, num_attention_heads=NH, num_key_value_heads=KV, intermediate_size=INTER,

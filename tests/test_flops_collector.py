@@ -13,7 +13,8 @@ from click.testing import CliRunner
 from transformers import LlamaConfig, LlamaForCausalLM
 
 import perfsdk
-from perfsdk.flops.plugin import FlopsCollector, flops_command
+from perfsdk.cli.flops import flops_command
+from perfsdk.collectors.flops import FlopsCollector
 
 HID, LAYERS, HEADS, KV, INTER, VOCAB = 64, 2, 4, 2, 128, 256
 HD = HID // HEADS

@@ -13,7 +13,7 @@ from click.testing import CliRunner
 from perfsdk.hardware import HardwareProfileError, load_profile_file
 from perfsdk.hardware.catalog import Catalog
 from perfsdk.simulation.mapping import MappingError, parse_mapping
-from perfsdk.simulation.plugin import hardware_group, simulate_command
+from perfsdk.cli.simulate import hardware_group, simulate_command
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "pim_architectures.yaml"
 

@@ -149,6 +149,53 @@ def test_hook_perfsdk_register_commands():
     assert r.output.strip() == "hello from a plugin"
 
 
+# -- session plugins ----------------------------------------------------------------------------
+
+class _SessionPlugin:
+    def __init__(self) -> None:
+        self.calls: list[str] = []
+
+    @perfsdk.hookimpl
+    def perfsdk_session_configure(self, session):
+        self.calls.append("configure")
+        session.tags["configured_by"] = "test"
+
+    @perfsdk.hookimpl
+    def perfsdk_session_result(self, session, result):
+        self.calls.append("result")
+        return result.model_copy(update={"tags": {**result.tags, "seen_steps": str(len(session.steps))}})
+
+
+def test_hook_perfsdk_session_configure():
+    plugin = _SessionPlugin()
+    with perfsdk.session(store=None, plugins=[plugin]) as s:
+        assert plugin.calls == ["configure"]  # at set-up, before any model work
+        s.record("x", 1)
+    assert s.result is not None and s.result.tags["configured_by"] == "test"
+    # the built-in distributed support is such a plugin: every session has its rank
+    assert s.rank_info is not None and s.rank_info.world_size == 1
+
+
+def test_hook_perfsdk_session_result():
+    plugin = _SessionPlugin()
+    model = build_tiny_causal_lm()
+    ids = torch.tensor([[5, 6, 7]])
+    with perfsdk.session(store=None, plugins=[plugin]) as s:
+        s.generate(model, input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=2)
+    assert plugin.calls == ["configure", "result"]
+    assert s.result is not None and s.result.tags["seen_steps"] == "1"
+
+    class Broken:
+        @perfsdk.hookimpl
+        def perfsdk_session_result(self, session, result):
+            raise RuntimeError("cannot post-process")
+
+    with perfsdk.session(store=None, plugins=[Broken()]) as s2:
+        pass
+    assert s2.result is not None and s2.result.status == "partial"
+    assert any(e.hook == "perfsdk_session_result" and "cannot post-process" in e.message for e in s2.result.errors)
+
+
 # -- lifecycle hooks --------------------------------------------------------------------------
 
 class Recorder(perfsdk.Collector):

@@ -13,7 +13,7 @@ from torch import nn
 
 import perfsdk
 from perfsdk.collectors.layers import LayersCollector, LayersResult, module_params
-from perfsdk.collectors.layers.cli import layers_command
+from perfsdk.cli.layers import layers_command
 
 
 class TinyModel(nn.Module):

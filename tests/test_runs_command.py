@@ -13,7 +13,7 @@ import torch
 import perfsdk
 from perfsdk.exporters.flatten import run_row
 from perfsdk.store import AmbiguousRunId, DamagedRun, RunNotFound, Store
-from perfsdk.store_cli import parse_since
+from perfsdk.cli.store import parse_since
 
 IDS = ["20260101T090000-aaaa00000001", "20260101T100000-aaaa00000002", "20260102T080000-bbbb00000003"]
 

@@ -11,7 +11,7 @@ import yaml
 from click.testing import CliRunner
 
 from perfsdk.simulation.calibration import Observation, fit, profile_from_fit
-from perfsdk.simulation.plugin import calibrate_command, hardware_group, simulate_command
+from perfsdk.cli.simulate import calibrate_command, hardware_group, simulate_command
 
 KEYS = {"ttft_s", "tpot_s", "output_tokens_per_s", "energy_j_per_output_token", "fits_in_memory", "phases", "layers"}
 

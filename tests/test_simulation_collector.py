@@ -54,7 +54,7 @@ def test_collector_predicts_targets_and_compares(tiny_model) -> None:  # type: i
     # the collector's own summary tables, from its typed result
     from rich.console import Console
 
-    from perfsdk.simulation.plugin import SimulationCollector
+    from perfsdk.collectors.simulation import SimulationCollector
 
     typed = SimulationCollector.result_of(s.result)
     assert typed is not None and typed.predictions["h100-sxm"].ttft_s == h100["ttft_s"]

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from perfsdk.hardware import HardwareProfile, builtin_profiles
-from perfsdk.ops import OpRecord
+from perfsdk.capture.ops import OpRecord
 from perfsdk.simulation.analytic import _Emitter, expected_active_experts, forward_ops, generation_ops
 from perfsdk.simulation.costmodel import cost_op
 from perfsdk.simulation.predictor import Simulator, rescale_ops, simulate_model

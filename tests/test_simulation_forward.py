@@ -127,7 +127,7 @@ def test_device_as_target_runs_every_layer() -> None:
 def test_summary_tables_for_forward() -> None:
     from rich.console import Console
 
-    from perfsdk.simulation.plugin import SimulationCollector, SimulationCollectorResult
+    from perfsdk.collectors.simulation import SimulationCollector, SimulationCollectorResult
 
     res = run_two_linear({"targets": [PIM_FILE], "mapping": MAPPING})
     tables = SimulationCollector.summary_tables(SimulationCollectorResult.model_validate(res))

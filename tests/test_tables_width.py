@@ -67,7 +67,7 @@ def test_too_wide_turns_vertical():
 
 
 def test_sweep_summary_keeps_run_ids_whole():
-    from perfsdk.experiments.plugin import print_sweep_summary
+    from perfsdk.cli.experiments import print_sweep_summary
 
     points = [{"values": {"workload.batching.batch_size": b}, "status": "ok", "objectives": {
         "collectors.latency.output_tokens_per_s": 968.23456 * b, "collectors.latency.ttft_s.p95": 0.0123456},
@@ -91,7 +91,7 @@ def test_simulate_at_80_columns(perfsdk_cli, narrow):
     assert r.exit_code == 0, r.output
     out = r.output
     _check_80(out)
-    from perfsdk.simulation.plugin import _fmt_s
+    from perfsdk.fmt import fmt_s as _fmt_s
 
     res = json.loads(perfsdk_cli([*args, "--json"]).output)
     for name, ph in res["phases"].items():

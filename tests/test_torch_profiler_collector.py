@@ -130,7 +130,7 @@ def test_cuda_requested_without_cuda() -> None:
 def test_registered_opt_in() -> None:
     reg = collect_registry(get_plugin_manager(load_entry_points=False))
     assert reg.collectors["torch_profiler"] is TorchProfilerCollector
-    assert reg.origins["collector:layers"] == "perfsdk.collectors.profiling_plugin"
+    assert reg.origins["collector:layers"] == "perfsdk.collectors.layers.collector"
     assert not TorchProfilerCollector.default_enabled
     with perfsdk.session(None, store=None) as s:
         s.forward(nn.Linear(2, 2), torch.ones(1, 2))

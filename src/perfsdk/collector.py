@@ -103,17 +103,21 @@ def scalar_items(data: Any, prefix: str = "", limit: int = 40) -> list[tuple[str
     return out
 
 
-def html_table(headers: list[str], rows: list[list[Any]], cls: str = "") -> str:
-    """An escaped HTML table; floats shown with 4 significant digits, ``None`` as ``-``."""
+def html_table(headers: list[str], rows: list[list[Any]], cls: str = "", caption: str = "") -> str:
+    """An escaped HTML table: floats with 4 significant digits, booleans as yes/no, ``None`` as ``-``."""
 
     def cell(v: Any) -> str:
-        if isinstance(v, float):
+        if isinstance(v, bool):
+            v = "yes" if v else "no"
+        elif isinstance(v, float):
             v = f"{v:.4g}"
         return _html.escape("-" if v is None else str(v))
 
+    cap = f"<caption>{_html.escape(caption)}</caption>" if caption else ""
     head = "".join(f"<th>{_html.escape(h)}</th>" for h in headers)
     body = "".join("<tr>" + "".join(f"<td>{cell(v)}</td>" for v in r) + "</tr>" for r in rows)
-    return f'<table class="{cls}"><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>'
+    klass = f' class="{cls}"' if cls else ""
+    return f"<table{klass}>{cap}<thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
 
 
 def rich_table_html(table: Any) -> str:

@@ -295,16 +295,9 @@ def parse_config(data: Any, source: str = "config") -> Config:
 
 def read_yaml(path: str | Path) -> Any:
     """Read a YAML file safely; a missing or malformed file raises :class:`ConfigError`."""
-    p = Path(path)
-    if not p.is_file():
-        raise ConfigError(f"{p}: config file not found")
-    try:
-        with p.open("r", encoding="utf-8") as fh:
-            return yaml.safe_load(fh)
-    except yaml.YAMLError as err:
-        raise ConfigError(f"{p}: not valid YAML: {err}") from None
-    except UnicodeDecodeError:
-        raise ConfigError(f"{p}: not a UTF-8 text file") from None
+    from perfsdk import yamlio
+
+    return yamlio.read_yaml(path, what="config file", error=ConfigError)
 
 
 def parse_override(item: str) -> tuple[list[str], Any]:

@@ -230,7 +230,7 @@ def current_shard(prompts: Sequence[T]) -> list[T]:
 
 
 def attach(session: Any) -> RankInfo:
-    """Called from ``Session.__init__``: detect the rank, join the group, share the run id.
+    """At session set-up (``perfsdk_session_configure``): detect the rank, join the group, share the run id.
 
     Non-zero ranks get ``store_dir = None``: only rank 0 stores.
     """
@@ -376,7 +376,7 @@ def _store_alone(session: Any, result: RunResult, info: RankInfo) -> RunResult:
 
 
 def post_process(session: Any, result: RunResult) -> RunResult:
-    """Called from ``Session._post_process``: gather to rank 0 and aggregate there.
+    """At finalize (``perfsdk_session_result``): gather to rank 0 and aggregate there.
 
     On rank 0 returns the aggregated run; on other ranks their own result (not stored).
     """
@@ -411,3 +411,20 @@ def post_process(session: Any, result: RunResult) -> RunResult:
                                         if result.status == "ok" else result.status})
     shutdown(info)
     return out
+
+
+# -- the session plugin ----------------------------------------------------------------------
+
+from perfsdk.plugins import hookimpl  # noqa: E402
+
+
+@hookimpl
+def perfsdk_session_configure(session: Any) -> None:
+    """Rank detection, process group and a shared run id for every session."""
+    session.rank_info = attach(session)
+
+
+@hookimpl
+def perfsdk_session_result(session: Any, result: RunResult) -> RunResult:
+    """Rank 0's run gathered from every rank (single-process runs pass through)."""
+    return post_process(session, result)

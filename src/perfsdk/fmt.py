@@ -65,9 +65,23 @@ def fmt_pct(v: float | None, digits: int = 1) -> str:
     return "-" if v is None else f"{v:.{digits}f}"
 
 
+def fmt_us(v: float | None) -> str:
+    """Seconds shown as a bare number of microseconds (for columns headed "µs")."""
+    return "-" if v is None else f"{v * 1e6:.1f}"
+
+
 def fmt_sig(v: float | None, digits: int = 4) -> str:
     """A float with ``digits`` significant digits, ``-`` for missing."""
     return "-" if v is None else f"{v:.{digits}g}"
+
+
+def fmt_cell(v: Any) -> str:
+    """A table cell: ``-`` for missing, floats with 4 significant digits, anything else as text."""
+    if v is None:
+        return "-"
+    if isinstance(v, float):
+        return f"{v:.4g}"
+    return str(v)
 
 
 def fmt_value(v: Any, key: str = "") -> str:

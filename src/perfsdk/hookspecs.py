@@ -9,6 +9,12 @@ Discovery (once per plugin manager, i.e. once per session and once per CLI invoc
     perfsdk_register_hardware(register)
     perfsdk_register_commands(cli)            # CLI only
 
+Session plugins (per session, on plugin modules such as ``perfsdk.distributed``)::
+
+    perfsdk_session_configure(session)        # at set-up, before anything is measured
+    perfsdk_session_result(session, result)   # at the end, once every collector's result is in,
+                                              # before the run is stored
+
 Lifecycle (per session; implemented as methods of collector instances that the session
 registers for its own lifetime)::
 
@@ -47,6 +53,7 @@ if TYPE_CHECKING:
     from pydantic import BaseModel
 
     from perfsdk.events import LoadEvent, Step, TokenizeEvent, Window
+    from perfsdk.schemas import RunResult
     from perfsdk.session import Session
 
 hookspec = pluggy.HookspecMarker("perfsdk")
@@ -76,6 +83,23 @@ def perfsdk_register_hardware(register: Callable[[Any], None]) -> None:
 @hookspec
 def perfsdk_register_commands(cli: click.Group) -> None:
     """Called when the ``perfsdk`` CLI starts. Add click commands with ``cli.add_command``."""
+
+
+# -- session plugins ----------------------------------------------------------------------
+
+
+@hookspec
+def perfsdk_session_configure(session: Session) -> None:
+    """Called once when a session is set up (its collectors made, nothing measured yet), on
+    every plugin module. Session-wide extensions set themselves up here: perfsdk's distributed
+    support detects the rank, joins the process group and gives every rank the same run id."""
+
+
+@hookspec
+def perfsdk_session_result(session: Session, result: RunResult) -> RunResult | None:
+    """Called at finalize with the built run, before it is stored and exported. Return a
+    replacement run (e.g. rank 0's run gathered from every rank) or ``None`` to keep it; each
+    implementation gets the previous one's result."""
 
 
 # -- lifecycle ----------------------------------------------------------------------------

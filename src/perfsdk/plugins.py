@@ -36,16 +36,26 @@ ENTRY_POINT_GROUP = "perfsdk"
 hookimpl = pluggy.HookimplMarker(PROJECT)
 
 DEFAULT_PLUGINS: list[str] = [
+    # collectors: every built-in one in perfsdk.collectors, each module registering its own
     "perfsdk.collectors.latency",
     "perfsdk.collectors.memory",
     "perfsdk.collectors.quality",
-    "perfsdk.energy.plugin",
+    "perfsdk.collectors.energy",
+    "perfsdk.collectors.utilization",
+    "perfsdk.collectors.layers.collector",
+    "perfsdk.collectors.torch_profiler",
+    "perfsdk.collectors.flops",
+    "perfsdk.collectors.simulation",
+    # exporters
     "perfsdk.exporters.builtin",
-    "perfsdk.store_cli",
-    "perfsdk.collectors.profiling_plugin",
-    "perfsdk.experiments.plugin",
-    "perfsdk.flops.plugin",
-    "perfsdk.simulation.plugin",
+    # session-wide: multi-process runs (torchrun, Accelerate, MPI) gathered into one
+    "perfsdk.distributed",
+    # commands beyond the core ones of perfsdk.cli.main
+    "perfsdk.cli.store",
+    "perfsdk.cli.experiments",
+    "perfsdk.cli.flops",
+    "perfsdk.cli.simulate",
+    "perfsdk.cli.layers",
 ]
 
 

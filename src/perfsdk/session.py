@@ -31,7 +31,7 @@ from perfsdk.collector import Collector
 from perfsdk.config import Config, ConfigError, load_config
 from perfsdk.events import LoadEvent, Step, TokenizeEvent, Window
 from perfsdk.plugins import PluginRegistry, collect_registry, get_plugin_manager
-from perfsdk import distributed
+from perfsdk.dispatch import HookDispatcher
 from perfsdk.overhead import HookTimes
 from perfsdk.sampler import Sampler
 from perfsdk.series import BoundedSeries, add_bounded
@@ -215,20 +215,18 @@ class Session:
         self._stage_stack: list[Window] = []
         self._started = False
         self._finalized = False
-        self._trace = _trace_enabled()
-        self._impls: dict[str, list[Any]] = {}
         self._step_counter = 0
         # id(input tensor) -> (the tensor, its labels): kept alive so that the id stays unique
         self._labelled_inputs: dict[int, tuple[Any, list[str | None]]] = {}
         self._instrumenting = [c for c in self.collectors.values() if getattr(type(c), "instruments_steps", False)]
         self._booked: list[_BookedStep] = []
-        self._in_instrumented = False
         self.instrumentation_notes: list[str] = []
         from perfsdk.validity import ValidityMonitor
 
         self.validity_monitor = ValidityMonitor(self.config.validity)
-        self.hook_times = HookTimes()
-        self.rank_info = distributed.attach(self)  # same run id on all ranks; only rank 0 stores
+        self.hook_times: HookTimes = self.dispatcher.times
+        # session plugins set up (perfsdk.distributed: same run id on all ranks; only rank 0 stores)
+        self.dispatcher.dispatch("perfsdk_session_configure", session=self)
 
     # -- set-up ---------------------------------------------------------------------------
 
@@ -274,36 +272,25 @@ class Session:
         for name, inst in self.collectors.items():
             self.pm.register(inst, name=f"collector:{name}")
         self.pm.check_pending()
-        # Lifecycle implementations in call order (pluggy calls the list back to front).
-        self._impls = {}
-        self._calls: dict[str, list[tuple[Any, tuple[str, ...], str, str]]] = {}
+        # lifecycle hooks: one implementation at a time, isolated, timed (perfsdk.dispatch)
+        self.dispatcher = HookDispatcher(self.pm, self.record_error, HookTimes(), trace=_trace_enabled())
 
     def _hook_impls(self, hook: str) -> list[Any]:
-        impls = self._impls.get(hook)
-        if impls is None:
-            hc = getattr(self.pm.hook, hook)
-            impls = [i for i in reversed(hc.get_hookimpls()) if not (i.hookwrapper or i.wrapper)]
-            self._impls[hook] = impls
-        return impls
-
-    def _owner(self, impl: Any) -> str:
-        name = impl.plugin_name
-        return name.split(":", 1)[1] if name.startswith("collector:") else name
+        """The hook's implementations in call order."""
+        return self.dispatcher.impls(hook)
 
     def _dispatch(self, hook: str, **kwargs: Any) -> None:
-        calls = self._calls.get(hook)
-        if calls is None:  # resolved once per hook: owner names and argument order
-            calls = [(i.function, i.argnames, self._owner(i), i.plugin_name) for i in self._hook_impls(hook)]
-            self._calls[hook] = calls
-        for function, argnames, owner, plugin_name in calls:
-            if self._trace:
-                log.info("hook call", hook=hook, plugin=plugin_name)
-            t0 = time.perf_counter_ns()
-            try:
-                function(*[kwargs[a] for a in argnames])
-            except Exception as exc:
-                self.record_error(owner, hook, exc)
-            self.hook_times.add(owner, hook, time.perf_counter_ns() - t0, measured=not self._in_instrumented)
+        self.dispatcher.dispatch(hook, **kwargs)
+
+    @property
+    def _in_instrumented(self) -> bool:
+        """Whether an instrumented copy of a step is running (its hook time is not overhead of
+        the measured steps)."""
+        return self.dispatcher.unmeasured
+
+    @_in_instrumented.setter
+    def _in_instrumented(self, value: bool) -> None:
+        self.dispatcher.unmeasured = value
 
     def record_error(self, source: str, hook: str | None, exc: BaseException) -> None:
         """Record an isolated failure; the run becomes ``partial``."""
@@ -862,20 +849,7 @@ class Session:
         self.sampler.stop()
         collected: dict[str, dict[str, Any]] = {}
         typed: dict[str, Any] = {}
-        for impl in self._hook_impls("perfsdk_finalize"):
-            owner = self._owner(impl)
-            if self._trace:
-                log.info("hook call", hook="perfsdk_finalize", plugin=impl.plugin_name)
-            t0 = time.perf_counter_ns()
-            try:
-                res = impl.function(*[{"session": self}[a] for a in impl.argnames])
-            except Exception as e:
-                self.record_error(owner, "perfsdk_finalize", e)
-                continue
-            finally:
-                self.hook_times.add(owner, "perfsdk_finalize", time.perf_counter_ns() - t0)
-            if res is None:
-                continue
+        for owner, res in self.dispatcher.collect("perfsdk_finalize", session=self):
             stored = self._validate_result(owner, res)
             if stored is not None:
                 collected[owner] = stored
@@ -934,7 +908,18 @@ class Session:
         env = result.environment
         extra = {**env.extra, "hook_time": self.hook_times.summary()}
         result = result.model_copy(update={"environment": env.model_copy(update={"extra": extra})})
-        return distributed.post_process(self, result)
+        for impl in self.dispatcher.impls("perfsdk_session_result"):
+            try:
+                out = impl.function(*[{"session": self, "result": result}[a] for a in impl.argnames])
+            except Exception as exc:  # a failing session plugin never loses the run: it becomes partial
+                self.record_error(impl.plugin_name, "perfsdk_session_result", exc)
+                result = result.model_copy(update={
+                    "errors": [*result.errors, self.errors[-1]],
+                    "status": "partial" if result.status == "ok" else result.status})
+                continue
+            if out is not None:
+                result = out
+        return result
 
     def _validate_result(self, owner: str, res: Any) -> dict[str, Any] | None:
         cls = type(self.collectors[owner]).Result if owner in self.collectors else None

@@ -517,18 +517,9 @@ def build_result(col: EnergyCollector, session: Session) -> EnergyResult:
 
 
 def _html_table(headers: list[str], rows: list[list[Any]], caption: str = "", cls: str = "") -> str:
-    def cell(v: Any) -> str:
-        if isinstance(v, bool):
-            v = "yes" if v else "no"
-        elif isinstance(v, float):
-            v = f"{v:.4g}"
-        return html.escape("-" if v is None else str(v))
+    from perfsdk.collector import html_table
 
-    cap = f"<caption>{html.escape(caption)}</caption>" if caption else ""
-    head = "".join(f"<th>{html.escape(h)}</th>" for h in headers)
-    body = "".join("<tr>" + "".join(f"<td>{cell(v)}</td>" for v in r) + "</tr>" for r in rows)
-    klass = f' class="{cls}"' if cls else ""
-    return f"<table{klass}>{cap}<thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
+    return html_table(headers, rows, cls, caption)
 
 
 def _phase_order(phase: str) -> tuple[int, str]:
@@ -587,3 +578,8 @@ def energy_report_html(result: EnergyResult) -> str:
     if notes:
         parts.append("<ul class='note'>" + "".join(f"<li>{html.escape(n)}</li>" for n in notes) + "</ul>")
     return "\n".join(parts)
+
+
+@hookimpl
+def perfsdk_register_collectors(register: Any) -> None:
+    register(EnergyCollector)

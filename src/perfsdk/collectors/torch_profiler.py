@@ -319,3 +319,8 @@ def profiler_tables(prof: dict[str, Any] | None, max_rows: int = 15) -> list[Any
             t.add_row(*cells)
         tables.append(t)
     return tables
+
+
+@hookimpl
+def perfsdk_register_collectors(register: Any) -> None:
+    register(TorchProfilerCollector)

@@ -292,3 +292,8 @@ def summarize_rows(rows: list[dict[str, Any]], interval_s: float, gpu_names: lis
         series="utilization" if rows else None,
         notes=notes,
     )
+
+
+@hookimpl
+def perfsdk_register_collectors(register: Any) -> None:
+    register(UtilizationCollector)

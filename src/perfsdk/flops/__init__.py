@@ -5,7 +5,8 @@
 - :mod:`perfsdk.flops.counter` — the ``torch`` (dispatch-level), ``ptflops``, ``fvcore`` and
   ``analytic`` backends and their common :class:`~perfsdk.flops.counter.FlopsCount`.
 - :mod:`perfsdk.flops.meta` — architectures on the meta device (local, built-in, bundled configs).
-- :mod:`perfsdk.flops.plugin` — the opt-in ``flops`` collector and the ``perfsdk flops`` command.
+- :mod:`perfsdk.flops.count` — counting a configuration by name (``perfsdk flops``); the opt-in
+  ``flops`` collector is :mod:`perfsdk.collectors.flops`.
 
 The counting convention is stated once in :mod:`perfsdk.capture` (``CONVENTION``).
 """

@@ -27,7 +27,7 @@ import torch
 from perfsdk.capture import CONVENTION, PHASE_ORDER, OperationCapture
 from perfsdk.flops.analytic import ForwardMacs, analytic_generate, forward_macs
 from perfsdk.models.arch import Architecture, architecture_from_config
-from perfsdk.ops import OpRecord
+from perfsdk.capture.ops import OpRecord
 
 log = structlog.get_logger("perfsdk.flops")
 

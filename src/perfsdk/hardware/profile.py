@@ -212,18 +212,9 @@ class HardwareProfile(_Strict):
 
 def format_validation_error(err: ValidationError, origin: str) -> str:
     """``origin: field.path: message; ...`` with ``unknown key`` for extra fields."""
-    parts = []
-    for e in err.errors():
-        path = ".".join(str(p) for p in e["loc"])
-        msg = "unknown key" if e["type"] == "extra_forbidden" else e["msg"]
-        if e["type"] == "extra_forbidden":
-            from perfsdk.suggest import unknown_key_hint
+    from perfsdk.errors import format_validation_error as _format
 
-            msg += unknown_key_hint(HardwareProfile, list(e["loc"]))
-        if e["type"] == "missing":
-            msg = "field required"
-        parts.append(f"{path}: {msg}" if path else msg)
-    return f"{origin}: invalid hardware profile: " + "; ".join(parts)
+    return f"{origin}: invalid hardware profile: " + _format(err, model=HardwareProfile)
 
 
 def parse_profile(data: Any, origin: str = "<profile>") -> HardwareProfile:

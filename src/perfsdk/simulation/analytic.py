@@ -1,7 +1,7 @@
 """Analytic operation lists: the ops a transformer executes, without running it.
 
 The fast path of ``perfsdk simulate``: from an :class:`~perfsdk.models.arch.Architecture`, a
-batch size and token counts it emits one :class:`~perfsdk.ops.OpRecord` per operation of the
+batch size and token counts it emits one :class:`~perfsdk.capture.ops.OpRecord` per operation of the
 encode phase (the encoder of an encoder-decoder, or the vision tower and projector of a
 vision-language model; step 0), of the prefill (step 0) and of every decode step (steps 1..G-1,
 each generating one token per sequence), with the same conventions as operation capture:
@@ -36,7 +36,7 @@ import math
 
 from perfsdk.hardware.profile import DTYPE_BYTES, DTYPE_KEYS
 from perfsdk.models.arch import Architecture, Linear, generate_shape
-from perfsdk.ops import OpRecord, Phase
+from perfsdk.capture.ops import OpRecord, Phase
 
 
 def dtype_bytes(dtype: str) -> float:

@@ -24,7 +24,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from perfsdk.hardware.profile import HardwareProfile, HardwareProfileError
-from perfsdk.ops import OpRecord
+from perfsdk.capture.ops import OpRecord
 
 PJ = 1e-12
 

@@ -19,7 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from perfsdk.hardware.catalog import Catalog, normalize_name
 from perfsdk.hardware.profile import HardwareProfile
-from perfsdk.ops import OpRecord
+from perfsdk.capture.ops import OpRecord
 from perfsdk.simulation.costmodel import activation_in_bytes, activation_out_bytes, cost_op, op_bytes, transfer_cost
 from perfsdk.simulation.mapping import Mapping, MappingError
 

@@ -371,3 +371,8 @@ class LayersCollector(Collector):
 
 def _as_dict(result: Any) -> Any:
     return result.model_dump() if hasattr(result, "model_dump") else result
+
+
+@hookimpl
+def perfsdk_register_collectors(register: Any) -> None:
+    register(LayersCollector)

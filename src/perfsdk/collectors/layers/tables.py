@@ -16,8 +16,7 @@ from perfsdk.fmt import fmt_pct as _pct
 TableData = tuple[list[str], list[list[str]], list[bool]]
 
 
-def _us(v: float | None) -> str:
-    return "-" if v is None else f"{v * 1e6:.1f}"
+from perfsdk.fmt import fmt_us as _us  # noqa: E402
 
 
 def _shapes(shapes: list[list[int]]) -> str:

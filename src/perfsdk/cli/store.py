@@ -143,12 +143,7 @@ def _started(run: Any) -> str:
     return run.started_at.astimezone(timezone.utc).strftime("%Y-%m-%d %H:%M:%S")
 
 
-def _fmt_metric(v: Any) -> str:
-    if v is None:
-        return "-"
-    if isinstance(v, float):
-        return f"{v:.4g}"
-    return str(v)
+from perfsdk.fmt import fmt_cell as _fmt_metric  # noqa: E402
 
 
 def list_stored_runs(store: Any, *, name: str | None = None, status: str | None = None,

@@ -439,5 +439,5 @@ def main(argv: list[str] | None = None) -> None:
     cli.main(args=args, prog_name="perfsdk")
 
 
-if __name__ == "__main__":  # python -m perfsdk.cli
+if __name__ == "__main__":  # python -m perfsdk.cli.main
     main()

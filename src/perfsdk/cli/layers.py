@@ -1,4 +1,4 @@
-"""``perfsdk layers RUN``: the layer table, the per-function tables and the event log of a stored run."""
+"""``perfsdk layers RUN``: the per-layer tables of a stored run (collector ``layers``)."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ from typing import Any
 import click
 
 from perfsdk.collectors.layers.result import LayersResult
+from perfsdk.plugins import hookimpl
 from perfsdk.collectors.layers.tables import (
     event_log_data,
     function_ops_data,
@@ -94,3 +95,8 @@ def layers_command(run_ref: str, store_dir: str, show_functions: bool, show_log:
     con = Console()
     for title, data in trimmed:
         con.print(rich_table(data, title))
+
+
+@hookimpl
+def perfsdk_register_commands(cli: click.Group) -> None:
+    cli.add_command(layers_command)

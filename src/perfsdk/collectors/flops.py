@@ -1,6 +1,7 @@
 """The ``flops`` collector (opt-in) and the ``perfsdk flops`` command.
 
-The collector counts the real run. By default (``steps: first``) it counts the first measured
+The collector counts the real run (``perfsdk flops``, in :mod:`perfsdk.cli.flops`, counts a
+configuration without weights). By default (``steps: first``) it counts the first measured
 step of each distinct shape — (kind, batch size, padded input length, generation settings) —
 because counting runs every operation through a Python dispatch hook, which slows the counted
 step down; the counted step's FLOPs are then exact for that shape. ``steps: all`` counts every
@@ -21,7 +22,6 @@ from __future__ import annotations
 import json
 from typing import Any, Literal
 
-import click
 import structlog
 from pydantic import BaseModel, Field
 
@@ -31,7 +31,7 @@ from perfsdk.events import Step
 from perfsdk.flops.counter import FLAG_THRESHOLD_PCT, FlopsCount, deviation_pct
 from perfsdk.plugins import hookimpl
 
-log = structlog.get_logger("perfsdk.flops.plugin")
+log = structlog.get_logger("perfsdk.collectors.flops")
 
 Backend = Literal["torch", "ptflops", "fvcore", "analytic"]
 
@@ -387,149 +387,6 @@ class FlopsCollector(Collector):
 # -- CLI ---------------------------------------------------------------------------------------
 
 
-def count_model(model: str, *, batch_size: int = 1, input_tokens: int = 128, output_tokens: int = 32,
-                backend: str = "torch", attn_implementation: str = "sdpa", exact: bool = False,
-                top_n: int = 10, full_depth: bool = False, images: int | None = None) -> dict[str, Any]:
-    """Count ``model`` (folder, config file, ``builtin:<name>`` or bundled name) without weights.
-
-    ``input_tokens`` are the prompt's text tokens (an encoder-decoder's encoder input); a
-    vision-language model's prompt also holds ``images`` (default 1 per sequence) times its image
-    tokens. Returns the same fields as the collector's result plus ``model``, ``source``, the
-    shape (``architecture``, ``images``, ``image_tokens``, ``encoder_tokens``, ``prompt_tokens``)
-    and ``forwards``. Raises :class:`~perfsdk.models.resolve.UnknownModel`,
-    :class:`~perfsdk.models.arch.UnsupportedArchitecture` or ``ValueError``.
-    """
-    from perfsdk.flops.analytic import analytic_generate
-    from perfsdk.flops.counter import BACKENDS, count_analytic, count_third_party
-    from perfsdk.flops.meta import count_config, meta_model
-    from perfsdk.models.arch import architecture_from_config
-    from perfsdk.models.resolve import resolve_config
-
-    if backend not in BACKENDS:
-        raise ValueError(f"unknown backend {backend!r} (available: {', '.join(BACKENDS)})")
-    cfg, source = resolve_config(model)
-    arch = architecture_from_config(cfg)
-    analytic = analytic_generate(arch, batch_size, input_tokens, output_tokens, images=images)
-    if backend == "analytic":
-        count = count_analytic(arch, batch_size, input_tokens, output_tokens, images=images)
-    elif backend == "torch":
-        count = count_config(cfg, batch_size, input_tokens, output_tokens, attn_implementation=attn_implementation,
-                             exact=exact, full_depth=full_depth, images=images)
-    else:
-        m = meta_model(cfg, attn_implementation=attn_implementation)
-        count = count_third_party(backend, m, batch_size, input_tokens, output_tokens)
-        count.method += " on the meta device"
-    out_tokens = batch_size * output_tokens if output_tokens > 0 else None
-    fields = result_fields(count, analytic.flops_total, output_tokens=out_tokens, top_n=top_n)
-    return {"model": model, "source": source, "architecture": arch.kind, "batch_size": batch_size,
-            "input_tokens": input_tokens, "output_tokens": output_tokens, "images": analytic.images,
-            "image_tokens": analytic.image_tokens, "encoder_tokens": analytic.encoder_tokens,
-            "prompt_tokens": analytic.prompt_tokens, **fields, "forwards": count.forwards}
-
-
-from perfsdk.fmt import fmt_count as _fmt  # noqa: E402
-
-
-@click.command("flops")
-@click.argument("model")
-@click.option("--batch-size", "-b", default=1, show_default=True, type=click.IntRange(min=1))
-@click.option("--input-tokens", "-t", default=128, show_default=True, type=click.IntRange(min=1))
-@click.option("--output-tokens", "-g", default=32, show_default=True, type=click.IntRange(min=0),
-              help="generated tokens; 0 counts one plain forward (logits for every position)")
-@click.option("--images", default=None, type=click.IntRange(min=0),
-              help="images per sequence of a vision-language model (their image tokens join the prompt) [default: 1]")
-@click.option("--backend", default="torch", show_default=True, help="torch | ptflops | fvcore | analytic")
-@click.option("--attn-implementation", default="sdpa", show_default=True, type=click.Choice(["sdpa", "eager"]))
-@click.option("--exact", is_flag=True, help="count every decode step instead of summing them in closed form")
-@click.option("--full-depth", is_flag=True,
-              help="instantiate every decoder layer instead of replicating the count of identical layers")
-@click.option("--top", "top_n", default=10, show_default=True, type=click.IntRange(min=0))
-@click.option("--json", "as_json", is_flag=True, help="print the result as JSON")
-def flops_command(model: str, batch_size: int, input_tokens: int, output_tokens: int, images: int | None,
-                  backend: str, attn_implementation: str, exact: bool, full_depth: bool, top_n: int,
-                  as_json: bool) -> None:
-    """Count the FLOPs of MODEL's generate without loading weights (meta device).
-
-    MODEL is a folder with config.json, a config.json file, builtin:<name>, or a bundled
-    architecture (gpt2, llama-2-7b, llama-3-8b, llama-3-70b, mistral-7b, mixtral-8x7b, qwen2-7b,
-    tiny-llava, tiny-t5). Encoder-decoder and vision-language models add an encode phase (the
-    encoder, or the vision tower and projector) to prefill and decode.
-    """
-    from perfsdk.flops.counter import BACKENDS, BackendUnavailable
-    from perfsdk.models.arch import UnsupportedArchitecture
-    from perfsdk.models.resolve import UnknownModel
-
-    from perfsdk.suggest import did_you_mean
-    from perfsdk.terminal import fail, make_console
-
-    if backend not in BACKENDS:
-        fail(f"--backend: unknown backend {backend!r}{did_you_mean(backend, BACKENDS)} "
-             f"(available: {', '.join(BACKENDS)})")
-    try:
-        res = count_model(model, batch_size=batch_size, input_tokens=input_tokens, output_tokens=output_tokens,
-                          backend=backend, attn_implementation=attn_implementation, exact=exact, top_n=top_n,
-                          full_depth=full_depth, images=images)
-    except (UnknownModel, UnsupportedArchitecture) as exc:
-        fail(str(exc))
-    except ValueError as exc:  # a shape the model cannot take (images for a text-only model)
-        fail(str(exc))
-    except BackendUnavailable as exc:
-        fail(f"backend {backend}: {exc}", 1)
-    except Exception as exc:
-        fail(f"counting {model} with the {backend} backend failed: {exc}", 1)
-    if as_json:
-        click.echo(json.dumps(res, indent=2))
-        return
-    from rich.table import Table
-
-    console = make_console()
-    shape = f"{input_tokens} input"
-    if res["images"]:
-        shape += f" + {res['images']} image(s) x {res['image_tokens'] // res['images']} image tokens"
-    t = Table(title=f"FLOPs of {model} — batch {batch_size}, {shape}, {output_tokens} output tokens")
-    t.add_column("quantity")
-    t.add_column("value", justify="right")
-    t.add_column("exact", justify="right")
-    keys = ["flops_total", "flops_prefill", "flops_decode", "macs_total", "flops_per_output_token",
-            "analytic_flops_total"]
-    if res["flops_encode"]:
-        keys.insert(1, "flops_encode")
-    for key in keys:
-        v = res.get(key)
-        t.add_row(key, _fmt(v), f"{v:,}" if isinstance(v, int) else (f"{v:,.1f}" if isinstance(v, float) else "-"))
-    t.add_row("deviation_pct", "-" if res["deviation_pct"] is None else f"{res['deviation_pct']:+.4f} %",
-              "FLAGGED" if res["deviation_flagged"] else "")
-    t.add_row("decode_forwards", str(res["decode_forwards"]), "")
-    t.add_row("backend / method", f"{res['backend']} / {res['method']}", "")
-    console.print(t)
-    if res["top_modules"]:
-        m = Table(title="top modules")
-        m.add_column("module")
-        m.add_column("FLOPs", justify="right")
-        m.add_column("share", justify="right")
-        for row in res["top_modules"]:
-            m.add_row(row["name"], _fmt(row["flops"]), f"{row['share_pct']:.2f} %")
-        console.print(m)
-    if res["by_category"]:
-        k = Table(title="by operation category / module type")
-        k.add_column("category / type")
-        k.add_column("FLOPs", justify="right")
-        k.add_column("share", justify="right")
-        for row in res["by_category"]:
-            k.add_row(row["name"], _fmt(row["flops"]), f"{row['share_pct']:.2f} %")
-        for row in res["by_module_type"]:
-            k.add_row(f"[dim]{row['name']}[/]", _fmt(row["flops"]), f"{row['share_pct']:.2f} %")
-        console.print(k)
-    console.print(f"convention: {res['convention']}")
-    for n in res["notes"]:
-        console.print(f"note: {n}")
-
-
 @hookimpl
 def perfsdk_register_collectors(register: Any) -> None:
     register(FlopsCollector)
-
-
-@hookimpl
-def perfsdk_register_commands(cli: Any) -> None:
-    cli.add_command(flops_command)

@@ -52,12 +52,7 @@ def resolve_ident(store: Any, ident: str) -> str:
     return rid
 
 
-def _fmt(v: Any) -> str:
-    if v is None:
-        return "-"
-    if isinstance(v, float):
-        return f"{v:.4g}"
-    return str(v)
+from perfsdk.fmt import fmt_cell as _fmt  # noqa: E402
 
 
 class _SweepProgress:

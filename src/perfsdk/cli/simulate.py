@@ -1,0 +1,297 @@
+"""``perfsdk simulate``, ``perfsdk hardware list|show|convert`` and ``perfsdk calibrate``."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import click
+import structlog
+
+from perfsdk.collectors.simulation import _eff, _profile, _window_text, _yes, apply_overrides
+from perfsdk.fmt import fmt_s as _fmt_s
+from perfsdk.hardware.catalog import Catalog, get_profile, is_profile_path
+from perfsdk.hardware.profile import (HardwareProfile, HardwareProfileError, profile_to_yaml, profiles_to_yaml,
+                                      read_profile_file)
+from perfsdk.plugins import hookimpl
+from perfsdk.simulation.mapping import MappingError, mapping_from
+from perfsdk.simulation.predictor import SimulationResult, simulate_model
+
+log = structlog.get_logger("perfsdk.cli.simulate")
+
+
+# -- commands -------------------------------------------------------------------------------------
+
+
+def _fail(msg: str) -> None:
+    from perfsdk.terminal import fail
+
+    fail(msg)
+
+
+
+
+@click.command("simulate")
+@click.option("--model", "model_spec", required=True, help="Config name (llama-2-7b ...), config.json path, builtin:... or cached HF id")
+@click.option("--hardware", default="h100-sxm", show_default=True,
+              help="Profile name or YAML path (the default device); a file may be in perfsdk's format or device-keyed")
+@click.option("--hardware-file", "hardware_files", multiple=True, type=click.Path(dir_okay=False),
+              help="Extra profile YAML files (any format): their devices can be named in --hardware and the mapping")
+@click.option("--mapping", "mapping_file", type=click.Path(dir_okay=False), help="Mapping YAML: layers to devices, transfer points")
+@click.option("--batch-size", default=1, show_default=True, type=click.IntRange(min=1))
+@click.option("--input-tokens", default=128, show_default=True, type=click.IntRange(min=1))
+@click.option("--output-tokens", default=128, show_default=True, type=click.IntRange(min=1))
+@click.option("--images", default=None, type=click.IntRange(min=0),
+              help="Images per sequence of a vision-language model [default: 1]")
+@click.option("--dtype", default="bfloat16", show_default=True,
+              type=click.Choice(["float32", "float16", "bfloat16", "float8_e4m3fn", "int8", "int4"]))
+@click.option("--kv-heads", "--num-key-value-heads", "kv_heads", type=click.IntRange(min=1),
+              help="Simulate with this many KV heads instead of the model's (must divide the attention heads)")
+@click.option("--sliding-window", type=click.IntRange(min=0),
+              help="Simulate with this attention window instead of the model's (0: full attention)")
+@click.option("--top", "top_n", default=10, show_default=True, type=click.IntRange(min=0), help="Layers listed per phase")
+@click.option("--json", "as_json", is_flag=True, help="Print the full result as JSON")
+def simulate_command(model_spec: str, hardware: str, hardware_files: tuple[str, ...], mapping_file: str | None,
+                     batch_size: int, input_tokens: int, output_tokens: int, images: int | None, dtype: str,
+                     kv_heads: int | None, sliding_window: int | None, top_n: int, as_json: bool) -> None:
+    """Predict TTFT, TPOT, tokens/s, energy and memory fit of MODEL on HARDWARE (analytic ops).
+
+    Encoder-decoder (T5) and vision-language (LLaVA) models get an encode phase: the encoder, or
+    the vision tower and projector; TTFT spans encode and prefill.
+    """
+    from perfsdk.models.resolve import resolve_architecture
+
+    try:
+        catalog = Catalog.load(hardware_files)
+        profile = _profile(hardware, catalog)
+        mapping = mapping_from(mapping_file)
+        base = resolve_architecture(model_spec)
+        arch = apply_overrides(base, kv_heads, sliding_window)
+        sim_profiles = [profile] + ([catalog.get(p) for p in mapping.devices.values()] if mapping else [])
+        if not mapping or not mapping.default:
+            sim_profiles[0].dtype_key(dtype)
+        res = simulate_model(arch, profile, batch_size=batch_size, input_tokens=input_tokens,
+                             output_tokens=output_tokens, dtype=dtype, mapping=mapping, top_n=top_n, catalog=catalog,
+                             images=images, name=model_spec)
+    except (HardwareProfileError, MappingError, ValueError) as exc:
+        _fail(str(exc))
+        return
+    notes = []
+    if kv_heads is not None:
+        notes.append(f"KV heads {arch.num_kv_heads} (model: {base.num_kv_heads})")
+    if sliding_window is not None:
+        notes.append(f"attention window {_window_text(arch)} (model: {_window_text(base)})")
+    if notes:
+        res = res.model_copy(update={"notes": [*res.notes, "overrides: " + ", ".join(notes)]})
+    if as_json:
+        click.echo(res.model_dump_json(indent=2))
+        return
+    _print_simulation(res)
+
+
+def _print_simulation(res: SimulationResult) -> None:
+    from rich.table import Table
+
+    from perfsdk.terminal import make_console
+
+    con = make_console()
+    con.print(f"[bold]{res.model}[/] on [bold]{res.hardware}[/] — batch {res.batch_size}, "
+              f"{res.input_tokens} in / {res.output_tokens} out tokens, {res.dtype} ({res.op_source} ops)")
+    t = Table(show_header=True)
+    for c in ("metric", "value"):
+        t.add_column(c)
+    if res.ttft_s is not None:
+        t.add_row("TTFT", _fmt_s(res.ttft_s))
+        t.add_row("TPOT", _fmt_s(res.tpot_s))
+    if res.output_tokens_per_s is not None:
+        t.add_row("output tokens/s", f"{res.output_tokens_per_s:.1f}")
+    if res.energy_j_per_output_token is not None:
+        t.add_row("energy per output token", f"{res.energy_j_per_output_token:.4g} J")
+    if res.forward_s is not None:
+        t.add_row("forward pass", _fmt_s(res.forward_s))
+    if res.energy_j_per_forward is not None:
+        t.add_row("energy per forward pass", f"{res.energy_j_per_forward:.4g} J")
+    t.add_row("fits in memory", f"{_yes(res.fits_in_memory)} ({res.memory_required_bytes / 1e9:.2f} GB needed)")
+    con.print(t)
+    pt = Table(title="phases", show_header=True)
+    for c in ("phase", "time", "energy J", "avg power W", "bound", "compute", "memory", "transfer", "overhead"):
+        pt.add_column(c)
+    for name, ph in res.phases.items():
+        pt.add_row(name, _fmt_s(ph.time_s), f"{ph.energy_j:.4g}", f"{ph.avg_power_w:.1f}" if ph.avg_power_w else "-",
+                   ph.bound, _fmt_s(ph.compute_s), _fmt_s(ph.memory_s), _fmt_s(ph.transfer_s), _fmt_s(ph.overhead_s))
+    con.print(pt)
+    # always shown: whether each device was costed at its peak or at a stated efficiency
+    dt = Table(title="devices", show_header=True)
+    for c in ("device", "profile", "busy", "weights GB", "KV GB", "capacity GB", "fits", "compute eff.", "memory eff."):
+        dt.add_column(c)
+    for d in res.devices:
+        cap = "-" if d.capacity_bytes is None else f"{d.capacity_bytes / 1e9:.1f}"
+        dt.add_row(d.name, d.profile, _fmt_s(d.busy_s), f"{d.weight_bytes / 1e9:.3f}", f"{d.kv_cache_bytes / 1e9:.3f}",
+                   cap, _yes(d.fits_in_memory), f"{d.compute_efficiency:.2f}", f"{d.memory_efficiency:.2f}")
+    con.print(dt)
+    peak = [d.name for d in res.devices if d.peak_assumed]
+    if peak:
+        con.print(f"costed at peak (efficiency 1.0): {', '.join(peak)}")
+    if res.layers:
+        lt = Table(title="top layers by time", show_header=True)
+        for c in ("phase", "layer", "device", "time", "share %", "compute", "memory", "transfer", "bound"):
+            lt.add_column(c)
+        for l in res.layers:
+            lt.add_row(l.phase, l.name, l.device, _fmt_s(l.time_s), f"{l.share_pct:.1f}", _fmt_s(l.compute_s),
+                       _fmt_s(l.memory_s), _fmt_s(l.transfer_s), l.bound)
+        con.print(lt)
+    for note in res.notes:
+        con.print(f"note: {note}")
+
+
+@click.group("hardware")
+def hardware_group() -> None:
+    """Hardware profiles for the simulation: built-in, from plugins, from files."""
+
+
+@hardware_group.command("list")
+@click.option("--hardware-file", "hardware_files", multiple=True, type=click.Path(dir_okay=False))
+@click.option("--json", "as_json", is_flag=True)
+def hardware_list(hardware_files: tuple[str, ...], as_json: bool) -> None:
+    """List known hardware profiles."""
+    try:
+        cat = Catalog.load(hardware_files)
+    except HardwareProfileError as exc:
+        _fail(str(exc))
+        return
+    rows: list[dict[str, Any]] = []
+    for name in cat.names():
+        p = cat.profiles[name]
+        peak = p.peak_tflops.available()
+        rows.append({"name": name, "kind": p.kind, "variant": p.variant, "origin": cat.origins[name],
+                     "memory_bandwidth_gbs": p.memory_bandwidth_gbs, "memory_capacity_gb": p.memory_capacity_gb,
+                     "peak_tflops": peak, "compute_efficiency": p.compute_efficiency,
+                     "memory_efficiency": p.memory_efficiency})
+    if as_json:
+        click.echo(json.dumps(rows, indent=2))
+        return
+    from rich.table import Table
+
+    from perfsdk.terminal import make_console, warn
+
+    t = Table(show_header=True)
+    for c in ("name", "kind", "memory GB/s", "capacity GB", "peak TFLOPS", "efficiency", "origin"):
+        t.add_column(c, no_wrap=c == "name")
+    for r in rows:
+        peaks = ", ".join(f"{k} {v:g}" for k, v in r["peak_tflops"].items())
+        cap = "-" if r["memory_capacity_gb"] is None else f"{r['memory_capacity_gb']:g}"
+        eff = ("peak" if r["compute_efficiency"] == 1.0 and r["memory_efficiency"] == 1.0 else
+               f"{r['compute_efficiency']:g} / {r['memory_efficiency']:g}")
+        t.add_row(r["name"], r["kind"], f"{r['memory_bandwidth_gbs']:g}", cap, peaks, eff, r["origin"])
+    make_console().print(t)
+    for err in cat.errors:
+        warn(str(err))
+
+
+def _file_profiles(path: str) -> list[HardwareProfile]:
+    return read_profile_file(path)[0]
+
+
+@hardware_group.command("show")
+@click.argument("name")
+@click.option("--hardware-file", "hardware_files", multiple=True, type=click.Path(dir_okay=False))
+@click.option("--json", "as_json", is_flag=True)
+def hardware_show(name: str, hardware_files: tuple[str, ...], as_json: bool) -> None:
+    """Show a profile: NAME, or every device of the YAML file NAME (perfsdk's fields)."""
+    try:
+        profs = _file_profiles(name) if is_profile_path(name) else [Catalog.load(hardware_files).get(name)]
+    except HardwareProfileError as exc:
+        _fail(str(exc))
+        return
+    if as_json:
+        docs = [p.model_dump(mode="json", exclude_none=True) for p in profs]
+        click.echo(json.dumps(docs[0] if len(docs) == 1 else docs, indent=2))
+    else:
+        click.echo(profiles_to_yaml(profs), nl=False)
+
+
+@hardware_group.command("convert")
+@click.argument("path", type=click.Path(dir_okay=False))
+@click.option("--output", "-o", type=click.Path(dir_okay=False), help="Write here (default: stdout)")
+def hardware_convert(path: str, output: str | None) -> None:
+    """Convert a hardware file (device-keyed, or perfsdk's) to perfsdk's profile format (YAML):
+    one profile as a mapping, several as a "profiles" list."""
+    try:
+        profs = _file_profiles(path)
+    except HardwareProfileError as exc:
+        _fail(str(exc))
+        return
+    text = f"# converted by perfsdk hardware convert from {path}\n" + profiles_to_yaml(profs)
+    if output:
+        with open(output, "w", encoding="utf-8") as fh:
+            fh.write(text)
+        click.echo(f"wrote {output} ({len(profs)} profile{'s' if len(profs) != 1 else ''}: "
+                   f"{', '.join(p.name for p in profs)})", err=True)
+    else:
+        click.echo(text, nl=False)
+
+
+@click.command("calibrate")
+@click.option("--model", "models", multiple=True,
+              default=["builtin:tiny-llama-medium", "builtin:tiny-llama-medium@layers=4",
+                       "builtin:tiny-llama-medium@layers=2", "builtin:tiny-llama-medium@layers=1"],
+              show_default=True, help="Models to measure (random weights); spec@layers=N changes the depth")
+@click.option("--repeats", default=3, show_default=True, type=click.IntRange(min=1))
+@click.option("--threads", type=click.IntRange(min=1), help="torch threads (default: torch's)")
+@click.option("--clock", type=click.Choice(["wall", "cpu"]), default="wall", show_default=True,
+              help="cpu: time with process CPU time (use with --threads 1 on a busy shared machine)")
+@click.option("--name", default="host-calibrated", show_default=True, help="Name of the fitted profile")
+@click.option("--output", "-o", type=click.Path(dir_okay=False), help="Write the profile YAML here (default: stdout)")
+@click.option("--json", "as_json", is_flag=True, help="Print the fit (coefficients, in-sample errors) as JSON")
+@click.option("--from-store", "from_store", type=click.Path(file_okay=False),
+              help="Fit from the measured runs in this store instead of measuring (see --run)")
+@click.option("--run", "run_ids", multiple=True, help="With --from-store: only these run ids (default: all runs)")
+def calibrate_command(models: tuple[str, ...], repeats: int, threads: int | None, clock: str, name: str,
+                      output: str | None, as_json: bool, from_store: str | None, run_ids: tuple[str, ...]) -> None:
+    """Fit a host profile (FLOP/s, bandwidth, per-op and per-step overhead) from short measured runs,
+    or with --from-store from runs already measured and stored."""
+    from perfsdk.simulation.calibration import calibrate_from_store, calibrate_here, profile_from_fit
+
+    def progress(m: Any) -> None:
+        click.echo(f"measured {m.model} batch {m.batch_size} in {m.input_tokens} out {m.output_tokens}: "
+                   f"TTFT {_fmt_s(m.ttft_s)}, TPOT {_fmt_s(m.tpot_s)}", err=True)
+
+    if run_ids and not from_store:
+        _fail("--run needs --from-store")
+        return
+    try:
+        if from_store:
+            result, used, skipped = calibrate_from_store(from_store, list(run_ids) or None)
+            for note in skipped:
+                click.echo(f"skipped {note}", err=True)
+            for m in used:
+                click.echo(f"using {m.model} batch {m.batch_size} in {m.input_tokens} out {m.output_tokens}: "
+                           f"TTFT {_fmt_s(m.ttft_s)}, TPOT {_fmt_s(m.tpot_s)}", err=True)
+            note = (f"Stored runs of {from_store}: {', '.join(run_ids) if run_ids else 'all'} "
+                    f"({len(used)} measured shapes).")
+        else:
+            result, _ = calibrate_here(list(models), repeats=repeats, threads=threads, progress=progress, clock=clock)
+            note = f"Models: {', '.join(models)}."
+        profile = profile_from_fit(result, name=name, note=note)
+    except ValueError as exc:
+        _fail(str(exc))
+        return
+    text = profile_to_yaml(profile)
+    if output:
+        with open(output, "w", encoding="utf-8") as fh:
+            fh.write(text)
+        click.echo(f"wrote {output}", err=True)
+    if as_json:
+        click.echo(json.dumps({"coefficients": result.coefficients, "errors_pct": result.errors_pct,
+                               "matmul_half_rows": result.matmul_half_rows, "matmul_pack_rows": result.pack_rows,
+                               "cache_bytes": result.cache_bytes,
+                               "observations": result.observations}, indent=2))
+    elif not output:
+        click.echo(text, nl=False)
+
+
+@hookimpl
+def perfsdk_register_commands(cli: click.Group) -> None:
+    cli.add_command(simulate_command)
+    cli.add_command(hardware_group)
+    cli.add_command(calibrate_command)
