@@ -9,7 +9,6 @@ from typing import Any
 
 import click
 
-from perfsdk.collectors.layers.result import LayersResult
 from perfsdk.plugins import hookimpl
 from perfsdk.collectors.layers.tables import (
     event_log_data,
@@ -57,11 +56,12 @@ def layers_command(run_ref: str, store_dir: str, show_functions: bool, show_log:
     except (StoreError, ValueError, KeyError) as err:
         _fail(str(err).strip("'\""))
         return
-    raw = run.collectors.get("layers")
-    if raw is None:
+    from perfsdk.collectors.layers import LayersCollector
+
+    result = LayersCollector.result_of(run)
+    if result is None:
         _fail(f"run {run.run_id} has no layers result (enable it: collectors: {{layers: {{}}}})")
         return
-    result = LayersResult.model_validate(raw)
     if result.status != "ok":
         _fail(f"run {run.run_id}: layers unavailable: {result.reason}")
         return

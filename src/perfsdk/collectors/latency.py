@@ -335,6 +335,22 @@ class LatencyCollector(Collector):
                               decode_s=decode, repeats=max(1, res.steps)))
         return out
 
+    # -- sweep figures --------------------------------------------------------------------------
+
+    @classmethod
+    def phase_columns(cls) -> list[tuple[str, str]]:
+        """(label, export column) of each phase's median latency, for sweep figures (the vision-token
+        panels plot them against :meth:`vision_token_columns`)."""
+        return [("encode p50 (ms)", "collectors.latency.encode_s.p50"),
+                ("prefill p50 (ms)", "collectors.latency.prefill_s.p50"),
+                ("decode p50 (ms)", "collectors.latency.decode_s.p50"),
+                ("TTFT p50 (ms)", "collectors.latency.ttft_s.p50")]
+
+    @classmethod
+    def vision_token_columns(cls) -> tuple[str, ...]:
+        """Export columns holding the real vision tokens per request, most specific last."""
+        return ("collectors.latency.vision_tokens_per_request.mean",)
+
     # -- comparisons ----------------------------------------------------------------------------
 
     @classmethod
