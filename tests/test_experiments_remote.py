@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 
+import perfsdk
 from perfsdk.experiments import sweep as sweep_mod
 from perfsdk.experiments.executors import Executor, PointFn
 from perfsdk.experiments.sweep import PointOutcome, PointTask, RunBundle, Sweep, SweepRunner, SweepSpec, read_manifest
@@ -161,7 +162,7 @@ def test_ray_workers_without_the_store(tmp_path: Path, monkeypatch: pytest.Monke
     from perfsdk.experiments.executors import RayExecutor
 
     # the workers import perfsdk and this module from the same places as this process
-    src = Path(sweep_mod.__file__).resolve().parents[2]
+    src = Path(perfsdk.__file__).resolve().parents[1]
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(Path(__file__).parent), str(src),
                                                       os.environ.get("PYTHONPATH", "")]))
     monkeypatch.setenv("RAY_AUTH_MODE", "disabled")  # a throw-away local instance
@@ -189,7 +190,7 @@ def test_submitit_jobs_without_the_store(tmp_path: Path, monkeypatch: pytest.Mon
     pytest.importorskip("submitit", reason="the submitit executor test needs submitit: pip install -e '.[dev]'")
     from perfsdk.experiments.executors import SubmititExecutor
 
-    src = Path(sweep_mod.__file__).resolve().parents[2]
+    src = Path(perfsdk.__file__).resolve().parents[1]
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(Path(__file__).parent), str(src),
                                                       os.environ.get("PYTHONPATH", "")]))
     sweep = _sweep({"workload.batching.batch_size": [1, 2]})

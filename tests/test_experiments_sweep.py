@@ -11,6 +11,7 @@ import pytest
 import yaml
 
 from perfsdk.experiments import sweep as sweep_mod
+from perfsdk.experiments.sweep import runner as sweep_runner
 from perfsdk.experiments.sweep import (PointTask, SweepError, SweepRunner, load_sweep, point_id, read_manifest,
                                        sweep_id_for)
 from perfsdk.store import Store
@@ -73,7 +74,7 @@ def test_batch_dtype_sweep_resumes_after_interrupt_and_reports(tmp_path: Path, p
 
     # first invocation: interrupted while running the third point
     first = CountingWorkload(fail_on=3, exc=KeyboardInterrupt())
-    monkeypatch.setattr(sweep_mod, "DEFAULT_WORKLOAD", first)
+    monkeypatch.setattr(sweep_runner, "DEFAULT_WORKLOAD", first)
     res = perfsdk_cli(["sweep", str(path), "--store", str(store)])
     assert res.exit_code == 130, res.output
     assert len(first.calls) == 3
@@ -83,7 +84,7 @@ def test_batch_dtype_sweep_resumes_after_interrupt_and_reports(tmp_path: Path, p
 
     # second invocation: only the two remaining points run
     second = CountingWorkload()
-    monkeypatch.setattr(sweep_mod, "DEFAULT_WORKLOAD", second)
+    monkeypatch.setattr(sweep_runner, "DEFAULT_WORKLOAD", second)
     res = perfsdk_cli(["sweep", str(path), "--store", str(store)])
     assert res.exit_code == 0, res.output
     assert second.calls == [{"batch_size": 2, "dtype": "float32"}, {"batch_size": 2, "dtype": "bfloat16"}]
@@ -105,7 +106,7 @@ def test_batch_dtype_sweep_resumes_after_interrupt_and_reports(tmp_path: Path, p
 
     # a third invocation has nothing left to do
     third = CountingWorkload()
-    monkeypatch.setattr(sweep_mod, "DEFAULT_WORKLOAD", third)
+    monkeypatch.setattr(sweep_runner, "DEFAULT_WORKLOAD", third)
     res = perfsdk_cli(["sweep", str(path), "--store", str(store), "--json"])
     assert res.exit_code == 0 and third.calls == []
     assert json.loads(res.output)["sweep_id"] == sweep.sweep_id
@@ -241,7 +242,7 @@ def test_cli_summary_table(tmp_path: Path, perfsdk_cli: Any, monkeypatch: pytest
     def fake(session: Any) -> None:
         session.record("score", float(session.config.workload.batching.batch_size))
 
-    monkeypatch.setattr(sweep_mod, "DEFAULT_WORKLOAD", fake)
+    monkeypatch.setattr(sweep_runner, "DEFAULT_WORKLOAD", fake)
     spec = dict(SPEC, axes={"workload.batching.batch_size": [1, 3]}, objectives=[{"maximize": "records.score"}],
                 constraints=["records.score <= 2"])
     res = perfsdk_cli(["sweep", str(_write(tmp_path, spec)), "--store", str(tmp_path / "s")])

@@ -98,10 +98,10 @@ def test_model_config_and_quantization_axes_are_config_fields(tmp_path: Path) ->
 @needs_optuna
 def test_strategies_compared_share_measured_points(tmp_path: Path, perfsdk_cli: Any,
                                                    monkeypatch: pytest.MonkeyPatch) -> None:
-    from perfsdk.experiments import sweep as sweep_mod
+    from perfsdk.experiments.sweep import runner as sweep_runner
 
     rec = Recorder()
-    monkeypatch.setattr(sweep_mod, "DEFAULT_WORKLOAD", rec)
+    monkeypatch.setattr(sweep_runner, "DEFAULT_WORKLOAD", rec)
     spec = {"name": "cmp", "base": BASE,
             "axes": {"workload.batching.batch_size": [1, 2, 4], "tags.knob": [0, 1, 2]},
             "objective": {"weights": {"records.accuracy": 1, "records.latency_s": -1}, "scale": {"records.latency_s": 0.01}},
@@ -163,9 +163,9 @@ def test_compare_needs_an_objective(tmp_path: Path) -> None:
 
 
 def test_heatmaps_in_the_sweep_report(tmp_path: Path, perfsdk_cli: Any, monkeypatch: pytest.MonkeyPatch) -> None:
-    from perfsdk.experiments import sweep as sweep_mod
+    from perfsdk.experiments.sweep import runner as sweep_runner
 
-    monkeypatch.setattr(sweep_mod, "DEFAULT_WORKLOAD", Recorder())
+    monkeypatch.setattr(sweep_runner, "DEFAULT_WORKLOAD", Recorder())
     spec = {"name": "hm", "base": BASE, "axes": {"workload.batching.batch_size": [1, 2], "tags.knob": [0, 1]},
             "objectives": [{"maximize": "records.accuracy"}],
             "report": {"heatmaps": ["x=batch_size,y=knob,metric=records.latency_s"]}}
