@@ -112,7 +112,7 @@ def test_fit_recovers_known_coefficients() -> None:
 
 
 def test_calibrate_command_writes_profile(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    import perfsdk.simulation.calibration as cal
+    import perfsdk.simulation.calibration.measure as cal
 
     monkeypatch.setattr(cal, "DEFAULT_CALIBRATION_GRID", [(1, 8, 3), (2, 16, 3)])
     out = tmp_path / "host.yaml"

@@ -1,0 +1,47 @@
+"""Calibration: fit a host profile (effective FLOP/s, bandwidth, per-op overhead) to measurements.
+
+Each observation is one phase of one measured ``generate`` call: the operations it executed
+(from capture or the analytic generator) and the measured time (TTFT for the prefill, the
+decode time for the decode steps); :mod:`~perfsdk.simulation.calibration.fit` describes the
+cost model and how it is fitted.
+
+The parts, by job:
+
+- :mod:`~perfsdk.simulation.calibration.fit` — observations, the least-squares fit and the
+  hardware profile made from it (:func:`fit`, :func:`profile_from_fit`).
+- :mod:`~perfsdk.simulation.calibration.measure` — short measurements on this machine
+  (:func:`calibrate_here`; its default grid is ``measure.DEFAULT_CALIBRATION_GRID``).
+- :mod:`~perfsdk.simulation.calibration.from_store` — observations from runs already in a
+  store (:func:`calibrate_from_store`).
+"""
+
+from __future__ import annotations
+
+from perfsdk.simulation.calibration.fit import (
+    CACHE_GRID,
+    HALF_ROWS_GRID,
+    PACK_ROWS_GRID,
+    PARAMS,
+    FitResult,
+    Observation,
+    cached_fraction,
+    fit,
+    profile_from_fit,
+)
+from perfsdk.simulation.calibration.from_store import calibrate_from_store, measurements_of_run, model_config_of_run
+from perfsdk.simulation.calibration.measure import (
+    DEFAULT_CALIBRATION_GRID,
+    Measurement,
+    build_random_model,
+    calibrate_here,
+    measure_generate,
+    micro_observations,
+    observations_for,
+)
+
+__all__ = [
+    "CACHE_GRID", "DEFAULT_CALIBRATION_GRID", "HALF_ROWS_GRID", "PACK_ROWS_GRID", "PARAMS", "FitResult", "Measurement",
+    "Observation", "build_random_model", "cached_fraction", "calibrate_from_store", "calibrate_here", "fit",
+    "measure_generate", "measurements_of_run", "micro_observations", "model_config_of_run", "observations_for",
+    "profile_from_fit",
+]

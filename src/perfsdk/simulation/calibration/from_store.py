@@ -1,0 +1,106 @@
+"""Fitting from stored runs: each run's operations rebuilt from its model configuration at its
+measured shapes (:func:`calibrate_from_store`)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from perfsdk.simulation.calibration.fit import FitResult, Observation, fit
+from perfsdk.simulation.calibration.measure import Measurement, observations_for
+
+
+def model_config_of_run(run: Any) -> Any:
+    """The model configuration a stored run measured, for the analytic op generator.
+
+    ``builtin:NAME`` resolves to the embedded configuration; a Hub id or local path to its
+    ``config.json`` when it is available without downloading; otherwise a config built from the
+    architecture fields of the run's ``model`` section (model type, hidden size, layers, heads,
+    ...), which must name every field the architecture depends on.
+    """
+    info = run.model
+    if info is None:
+        raise ValueError(f"run {run.run_id}: no model section")
+    model_id = info.model_id or (run.config.get("model") or {}).get("id")
+    if isinstance(model_id, str) and model_id.startswith("builtin:"):
+        from perfsdk.models.tiny import tiny_llama_config
+
+        return tiny_llama_config(model_id.removeprefix("builtin:"))
+    if isinstance(model_id, str) and model_id:
+        try:
+            from transformers import AutoConfig
+
+            return AutoConfig.from_pretrained(model_id, local_files_only=True)
+        except Exception:
+            pass
+    from perfsdk.models.arch import architecture_from_config
+
+    names = {"model_type": "model_type", "hidden_size": "hidden_size", "num_hidden_layers": "num_layers",
+             "num_attention_heads": "num_attention_heads", "num_key_value_heads": "num_key_value_heads",
+             "head_dim": "head_dim", "intermediate_size": "intermediate_size", "vocab_size": "vocab_size"}
+    data = {key: getattr(info, field) for key, field in names.items() if getattr(info, field, None) is not None}
+    try:
+        architecture_from_config(data)
+    except ValueError as exc:
+        raise ValueError(f"run {run.run_id}: model {model_id!r} cannot be rebuilt from its model section: {exc}") from None
+    return data
+
+
+def measurements_of_run(run: Any, requests: list[dict[str, Any]] | None = None) -> list[Measurement]:
+    """One :class:`Measurement` per distinct (batch, input tokens, output tokens) of a stored run,
+    as the latency collector reports them (:meth:`LatencyCollector.step_timings`)."""
+    from perfsdk.collectors.latency import LatencyCollector
+
+    label = (run.model.model_id if run.model and run.model.model_id else run.name) or run.run_id
+    return [Measurement(model=label, batch_size=t.batch_size, input_tokens=t.input_tokens,
+                        output_tokens=t.output_tokens, ttft_s=t.ttft_s, decode_s=t.decode_s, repeats=t.repeats)
+            for t in LatencyCollector.step_timings(run, requests)]
+
+
+def calibrate_from_store(store_dir: str, run_ids: list[str] | None = None, *,
+                         fit_step_overhead: bool = True) -> tuple[FitResult, list[Measurement], list[str]]:
+    """Fit a host profile from measured runs in a store (all complete runs, or ``run_ids``).
+
+    Each run's operations are rebuilt by the analytic generator from its model configuration
+    (:func:`model_config_of_run`) at its measured batch sizes and token counts
+    (:func:`measurements_of_run`), in the run's dtype. Returns the fit, the measurements used and
+    one note per run skipped (no model, no latency, failed).
+    """
+    from perfsdk.models.arch import architecture_from_config
+    from perfsdk.store import Store, StoreError
+
+    store = Store(store_dir)
+    ids = list(run_ids) if run_ids else store.run_ids()
+    if not ids:
+        raise ValueError(f"{store_dir}: no runs")
+    obs: list[Observation] = []
+    used: list[Measurement] = []
+    skipped: list[str] = []
+    for rid in ids:
+        try:
+            run = store.get(rid)
+        except StoreError as exc:
+            if run_ids:
+                raise ValueError(str(exc)) from exc
+            skipped.append(f"{rid}: {exc}")
+            continue
+        if run.status == "failed":
+            skipped.append(f"{rid}: status failed")
+            continue
+        try:
+            cfg = model_config_of_run(run)
+        except ValueError as exc:
+            skipped.append(str(exc))
+            continue
+        meas = measurements_of_run(run)
+        if not meas:
+            skipped.append(f"{rid}: no latency measurements")
+            continue
+        dtype = (run.model.dtype if run.model and run.model.dtype else "float32").removeprefix("torch.")
+        shape = architecture_from_config(cfg)
+        for m in meas:
+            obs.extend(observations_for(shape, m, dtype=dtype))
+        used.extend(meas)
+    if len(obs) < 3:
+        raise ValueError(f"{store_dir}: {len(obs)} usable measured phases in {len(ids)} run(s); at least 3 needed "
+                         f"(skipped: {'; '.join(skipped) or 'none'})")
+    return fit(obs, fit_step_overhead=fit_step_overhead), used, skipped

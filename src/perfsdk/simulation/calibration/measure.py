@@ -1,0 +1,191 @@
+"""Measuring on this machine: short ``generate`` timings of randomly initialised models on a
+grid of shapes, plus two micro-kernels, turned into observations and fitted
+(:func:`calibrate_here`)."""
+
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from perfsdk.capture.ops import OpRecord
+from perfsdk.simulation.calibration.fit import FitResult, Observation, fit
+
+
+@dataclass
+class Measurement:
+    """Median TTFT and decode time of repeated ``generate`` calls of one configuration."""
+
+    model: str
+    batch_size: int
+    input_tokens: int
+    output_tokens: int
+    ttft_s: float
+    decode_s: float
+    repeats: int
+
+    @property
+    def tpot_s(self) -> float | None:
+        return self.decode_s / (self.output_tokens - 1) if self.output_tokens > 1 else None
+
+
+class _Stamps:
+    """A streamer recording when each generated position is ready (as the session does)."""
+
+    def __init__(self, clock: Any = time.perf_counter_ns) -> None:
+        self.times: list[int] = []
+        self._prompt = False
+        self._clock = clock
+
+    def put(self, value: Any) -> None:
+        t = self._clock()
+        if self._prompt:
+            self.times.append(t)
+        self._prompt = True
+
+    def end(self) -> None:
+        pass
+
+
+def measure_generate(model: Any, batch_size: int, input_tokens: int, output_tokens: int, *, repeats: int = 3,
+                     warmup: int = 1, label: str = "model", seed: int = 0, estimator: str = "min",
+                     clock: str = "wall") -> Measurement:
+    """Time ``model.generate`` on random token ids, forcing exactly ``output_tokens`` tokens.
+
+    TTFT = generate start to the first generated position; decode = first to last position
+    (one clock: ``time.perf_counter_ns``), over ``repeats`` calls after ``warmup``. The default
+    estimator is the minimum: on a shared machine other processes only ever add time, so the
+    fastest repeat is the best estimate of the machine's own speed (``estimator="median"``
+    for the median). ``clock="cpu"`` times with this process's CPU time instead of the wall
+    clock: with one torch thread it leaves out the time the process waited for a core that other
+    processes held, which is what makes timings on a busy shared machine comparable.
+    """
+    import torch
+
+    g = torch.Generator().manual_seed(seed)
+    vocab = int(model.config.vocab_size)
+    ids = torch.randint(4, vocab, (batch_size, input_tokens), generator=g)
+    mask = torch.ones_like(ids)
+    kw = dict(input_ids=ids, attention_mask=mask, max_new_tokens=output_tokens, min_new_tokens=output_tokens,
+              do_sample=False, pad_token_id=0)
+    ttft, dec = [], []
+    with torch.inference_mode():
+        for i in range(warmup + repeats):
+            clk = time.process_time_ns if clock == "cpu" else time.perf_counter_ns
+            st = _Stamps(clk)
+            t0 = clk()
+            model.generate(**kw, streamer=st)
+            if i < warmup:
+                continue
+            ttft.append((st.times[0] - t0) / 1e9)
+            dec.append((st.times[-1] - st.times[0]) / 1e9)
+    pick = min if estimator == "min" else statistics.median
+    return Measurement(model=label, batch_size=batch_size, input_tokens=input_tokens, output_tokens=output_tokens,
+                       ttft_s=pick(ttft), decode_s=pick(dec), repeats=repeats)
+
+
+def build_random_model(spec: str) -> Any:
+    """A randomly initialised causal LM of ``spec``'s architecture (nothing read or downloaded).
+
+    ``spec@layers=N`` overrides the number of layers (same widths, different depth).
+    """
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    spec, _, suffix = spec.partition("@")
+    if spec.startswith("builtin:"):
+        from perfsdk.models.tiny import tiny_llama_config
+
+        cfg = tiny_llama_config(spec.removeprefix("builtin:"))
+    else:
+        cfg = AutoConfig.from_pretrained(spec, local_files_only=True)
+    if suffix:
+        key, _, value = suffix.partition("=")
+        if key != "layers" or not value.isdigit():
+            raise ValueError(f"{spec}@{suffix}: only @layers=N is understood")
+        cfg.num_hidden_layers = int(value)
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32)
+    model.eval()
+    if getattr(model, "generation_config", None) is not None:
+        model.generation_config.eos_token_id = None
+    return model
+
+
+def observations_for(shape: Any, m: Measurement, dtype: str = "float32") -> list[Observation]:
+    """Prefill and decode observations of one measurement, ops from the analytic generator."""
+    from perfsdk.simulation.analytic import forward_ops, sampled_decode_steps
+
+    label = f"{m.model} b{m.batch_size} in{m.input_tokens} out{m.output_tokens}"
+    pre = forward_ops(shape, m.batch_size, m.input_tokens, 0, dtype, "prefill", 0)
+    obs = [Observation.from_ops(label + " prefill", "prefill", m.ttft_s, pre)]
+    if m.output_tokens > 1:
+        steps, weights = sampled_decode_steps(m.output_tokens, 8)
+        ops: list[OpRecord] = []
+        for k in steps:
+            ops.extend(forward_ops(shape, m.batch_size, 1, m.input_tokens + k - 1, dtype, "decode", k))
+        obs.append(Observation.from_ops(label + " decode", "decode", m.decode_s, ops, weights))
+    return obs
+
+
+def micro_observations(repeats: int = 5, clock: str = "wall") -> list[Observation]:
+    """Two micro-kernels that anchor the rates: a large fp32 matmul (compute) and a large
+    elementwise add (memory), timed with torch on the current thread setting."""
+    import torch
+
+    clk = time.process_time_ns if clock == "cpu" else time.perf_counter_ns
+
+    def best(fn: Any) -> float:
+        fn()
+        ts = []
+        for _ in range(repeats):
+            t0 = clk()
+            fn()
+            ts.append((clk() - t0) / 1e9)
+        return min(ts)
+
+    n = 1024
+    a, b = torch.randn(n, n), torch.randn(n, n)
+    t_mm = best(lambda: torch.mm(a, b))
+    m = 16 * 1024 * 1024  # 64 MiB per fp32 operand: far beyond any cache
+    x, y, z = torch.randn(m), torch.randn(m), torch.empty(m)
+    t_add = best(lambda: torch.add(x, y, out=z))
+    one = np.ones(1)
+    return [
+        Observation("micro matmul 1024^3 fp32", "micro", t_mm, np.array([2.0 * n**3]), np.array([3.0 * n * n * 4]),
+                    one, 0.0, np.array([float(n)])),
+        Observation("micro add 3x64MiB fp32", "micro", t_add, np.array([0.0]), np.array([3.0 * m * 4]), one, 0.0,
+                    np.array([np.inf])),
+    ]
+
+
+DEFAULT_CALIBRATION_GRID = [(1, 16, 16), (1, 128, 16), (4, 32, 16), (8, 128, 8), (2, 256, 8)]
+
+
+def calibrate_here(models: list[str], grid: list[tuple[int, int, int]] | None = None, *, repeats: int = 3,
+                   threads: int | None = None, fit_step_overhead: bool = True, micro: bool = True,
+                   progress: Any = None, clock: str = "wall") -> tuple[FitResult, list[Measurement]]:
+    """Measure ``models`` (random weights) on a grid of (batch, input tokens, output tokens),
+    plus the micro-kernels (``micro``), and fit."""
+    import torch
+
+    from perfsdk.models.arch import architecture_from_config
+
+    if threads:
+        torch.set_num_threads(threads)
+    obs: list[Observation] = micro_observations(clock=clock) if micro else []
+    meas: list[Measurement] = []
+    for spec in models:
+        model = build_random_model(spec)
+        shape = architecture_from_config(model.config)
+        for b, i, o in grid or DEFAULT_CALIBRATION_GRID:
+            m = measure_generate(model, b, i, o, repeats=repeats, label=spec, clock=clock)
+            meas.append(m)
+            obs.extend(observations_for(shape, m))
+            if progress is not None:
+                progress(m)
+    return fit(obs, fit_step_overhead=fit_step_overhead), meas
+
