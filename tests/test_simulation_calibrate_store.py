@@ -13,7 +13,7 @@ from click.testing import CliRunner
 
 import perfsdk
 from perfsdk.hardware.profile import HardwareProfile
-from perfsdk.ops import OpRecord
+from perfsdk.capture.ops import OpRecord
 from perfsdk.simulation.calibration import (
     Measurement,
     Observation,
@@ -23,7 +23,7 @@ from perfsdk.simulation.calibration import (
     profile_from_fit,
 )
 from perfsdk.simulation.costmodel import cost_op
-from perfsdk.simulation.plugin import calibrate_command
+from perfsdk.cli.simulate import calibrate_command
 from perfsdk.simulation.predictor import simulate_model
 from perfsdk.models.arch import architecture_from_config
 
