@@ -35,8 +35,8 @@ from perfsdk.experiments.report.run import run_sections
 from perfsdk.experiments.report.sweep import (
     MAX_PANELS,
     PANELS_PER_COLLECTOR,
-    VISION_PANELS,
-    VISION_X,
+    vision_panels,
+    vision_x_columns,
     batch_size_panels,
     default_objectives,
     efficiency_figure,
@@ -48,7 +48,7 @@ from perfsdk.experiments.report.sweep import (
 )
 
 __all__ = [
-    "CSS", "MAX_PANELS", "PALETTE", "PANELS_PER_COLLECTOR", "PHASE_COLORS", "VISION_PANELS", "VISION_X", "Figure",
+    "CSS", "MAX_PANELS", "PALETTE", "PANELS_PER_COLLECTOR", "PHASE_COLORS", "vision_panels", "vision_x_columns", "Figure",
     "ReportError", "Section", "bar_figure", "batch_size_panels", "build_report", "default_objectives",
     "efficiency_figure", "heatmap_figure", "latency_cdf", "metric_panels", "pareto_plot", "per_token_latency",
     "render_html", "request_samples", "run_sections", "sweep_sections", "utilization_over_time",

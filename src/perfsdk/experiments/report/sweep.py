@@ -118,18 +118,23 @@ def batch_size_panels(rows: list[dict[str, Any]], group_keys: list[str]) -> byte
     return _png(fig)
 
 
-#: Per-phase latency panels against vision tokens: (title, key, scale to ms).
-VISION_PANELS = [
-    ("encode p50 (ms)", "collectors.latency.encode_s.p50"),
-    ("prefill p50 (ms)", "collectors.latency.prefill_s.p50"),
-    ("decode p50 (ms)", "collectors.latency.decode_s.p50"),
-    ("TTFT p50 (ms)", "collectors.latency.ttft_s.p50"),
-]
-VISION_X = ("workload.vision_tokens_mean", "collectors.latency.vision_tokens_per_request.mean")
+def vision_panels() -> list[tuple[str, str]]:
+    """Per-phase latency panels against vision tokens, (title, column): the latency collector
+    names its columns."""
+    from perfsdk.collectors.latency import LatencyCollector
+
+    return LatencyCollector.phase_columns()
+
+
+def vision_x_columns() -> tuple[str, ...]:
+    """Where a point's vision tokens per request are read: the workload's, then the collector's."""
+    from perfsdk.collectors.latency import LatencyCollector
+
+    return ("workload.vision_tokens_mean", *LatencyCollector.vision_token_columns())
 
 
 def _vision_x(row: dict[str, Any]) -> float | None:
-    for key in VISION_X:
+    for key in vision_x_columns():
         v = _num(row.get(key))
         if v is not None:
             return v
@@ -146,8 +151,8 @@ def vision_token_panels(rows: list[dict[str, Any]], group_keys: list[str]) -> by
     for r in pts:
         label = ", ".join(f"{k.rsplit('.', 1)[-1]}={r.get('tags.' + k)}" for k in group_keys) or "all"
         groups[label].append(r)
-    fig, axes = _figure(1, len(VISION_PANELS), width=4.0 * len(VISION_PANELS), height=3.6)
-    for ax, (title, key) in zip(axes[0], VISION_PANELS):
+    fig, axes = _figure(1, len(vision_panels()), width=4.0 * len(vision_panels()), height=3.6)
+    for ax, (title, key) in zip(axes[0], vision_panels()):
         drawn = False
         for gi, (label, grows) in enumerate(sorted(groups.items())):
             xy = sorted((_vision_x(r), _lookup(r, key)) for r in grows)
