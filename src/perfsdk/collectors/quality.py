@@ -165,6 +165,7 @@ class QualityCollector(Collector):
     """Scores the timed steps against their labels: accuracy, F1, exact match, loss, perplexity."""
 
     name = "quality"
+    title = "Quality"
     Config = QualityConfig
     Result = QualityResult
     default_enabled = False
