@@ -37,6 +37,48 @@ os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 CALIBRATION_MODELS = ["builtin:tiny-llama-medium", "builtin:tiny-llama-medium@layers=4",
                       "builtin:tiny-llama-medium@layers=2", "builtin:tiny-llama-medium@layers=1"]
 TEST_MODELS = ["builtin:tiny-llama-small", "builtin:tiny-llama", "builtin:tiny-llama-large"]
+# families the calibration never sees: plain MLP + LayerNorm + GELU + biases + fused QKV (GPT-2),
+# biased QKV + tied embeddings (Qwen2), fused QKV and gate/up (Phi-3), experts + sliding window (Mixtral)
+FAMILY_MODELS = ["family:gpt2", "family:qwen2-tied", "family:phi3", "family:mixtral-swa"]
+
+
+def family_config(name: str) -> object:
+    """A small configuration of another family, built from its transformers config class."""
+    from transformers import GPT2Config, MixtralConfig, Phi3Config, Qwen2Config
+
+    if name == "gpt2":
+        return GPT2Config(n_embd=384, n_layer=4, n_head=6, vocab_size=8192, n_positions=512)
+    if name == "qwen2-tied":
+        return Qwen2Config(hidden_size=384, intermediate_size=1024, num_hidden_layers=4, num_attention_heads=6,
+                           num_key_value_heads=2, vocab_size=16384, tie_word_embeddings=True,
+                           max_position_embeddings=512)
+    if name == "phi3":
+        return Phi3Config(hidden_size=320, intermediate_size=896, num_hidden_layers=5, num_attention_heads=5,
+                          num_key_value_heads=5, vocab_size=8192, max_position_embeddings=512,
+                          original_max_position_embeddings=512, pad_token_id=0, bos_token_id=1, eos_token_id=2)
+    if name == "mixtral-swa":
+        return MixtralConfig(hidden_size=256, intermediate_size=512, num_hidden_layers=3, num_attention_heads=4,
+                             num_key_value_heads=2, num_local_experts=4, num_experts_per_tok=2, vocab_size=8192,
+                             sliding_window=16, max_position_embeddings=512)
+    raise ValueError(f"unknown family {name!r}")
+
+
+def build_model(spec: str) -> object:
+    """``builtin:NAME`` via the calibration's builder, ``family:NAME`` from :func:`family_config`."""
+    from perfsdk.simulation.calibration import build_random_model
+
+    if not spec.startswith("family:"):
+        return build_random_model(spec)
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    cfg = family_config(spec.removeprefix("family:"))
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32)
+    model.eval()
+    if getattr(model, "generation_config", None) is not None:
+        model.generation_config.eos_token_id = None
+    return model
 BATCHES = [1, 4]
 OUTPUTS = [8, 32]
 INPUT_TOKENS = 32
@@ -49,6 +91,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--passes", type=int, default=3)
     ap.add_argument("--clock", choices=["wall", "cpu"], default="cpu",
                     help="cpu: process CPU time (with 1 thread, immune to other processes holding the cores)")
+    ap.add_argument("--models", choices=["all", "llama", "families"], default="all",
+                    help="which predicted models: the llama sizes, the other families, or both")
     ap.add_argument("--json", help="write the rows as JSON here")
     ap.add_argument("--markdown", help="write the table as Markdown here")
     ap.add_argument("--profile-out", help="write the calibrated profile YAML here")
@@ -57,7 +101,7 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     from perfsdk.hardware.profile import profile_to_yaml
-    from perfsdk.simulation.calibration import build_random_model, calibrate_here, measure_generate, profile_from_fit
+    from perfsdk.simulation.calibration import calibrate_here, measure_generate, profile_from_fit
     from perfsdk.simulation.predictor import simulate_model
     from perfsdk.models.arch import architecture_from_config
 
@@ -73,8 +117,10 @@ def main(argv: list[str] | None = None) -> int:
         with open(args.profile_out, "w", encoding="utf-8") as fh:
             fh.write(profile_to_yaml(profile))
 
-    models = {spec: build_random_model(spec) for spec in TEST_MODELS}
-    configs = [(spec, b, o) for spec in TEST_MODELS for b in BATCHES for o in OUTPUTS]
+    specs = ((TEST_MODELS if args.models != "families" else [])
+             + (FAMILY_MODELS if args.models != "llama" else []))
+    models = {spec: build_model(spec) for spec in specs}
+    configs = [(spec, b, o) for spec in specs for b in BATCHES for o in OUTPUTS]
     best: dict[tuple[str, int, int], tuple[float, float]] = {}
     for p in range(args.passes):
         for spec, b, o in configs:
@@ -91,7 +137,7 @@ def main(argv: list[str] | None = None) -> int:
                               dtype="float32")
         ttft, tpot = best[(spec, b, o)]
         row = {
-            "model": spec.removeprefix("builtin:"), "batch": b, "input_tokens": INPUT_TOKENS, "output_tokens": o,
+            "model": spec.split(":", 1)[-1], "family": spec.startswith("family:"), "batch": b, "input_tokens": INPUT_TOKENS, "output_tokens": o,
             "ttft_measured_ms": ttft * 1e3, "ttft_predicted_ms": pred.ttft_s * 1e3,
             "ttft_error_pct": 100 * (pred.ttft_s - ttft) / ttft,
             "tpot_measured_ms": tpot * 1e3, "tpot_predicted_ms": (pred.tpot_s or 0) * 1e3,
@@ -104,7 +150,9 @@ def main(argv: list[str] | None = None) -> int:
               f"({row['tpot_error_pct']:+6.1f}%)", file=sys.stderr, flush=True)
 
     errs = [abs(r[k]) for r in rows for k in ("ttft_error_pct", "tpot_error_pct")]
-    summary = {"median_abs_error_pct": statistics.median(errs), "max_abs_error_pct": max(errs),
+    fam = [abs(r[k]) for r in rows if r["family"] for k in ("ttft_error_pct", "tpot_error_pct")]
+    summary = {"family_median_abs_error_pct": statistics.median(fam) if fam else None,
+               "family_max_abs_error_pct": max(fam) if fam else None,"median_abs_error_pct": statistics.median(errs), "max_abs_error_pct": max(errs),
                "ttft_median_abs_error_pct": statistics.median(abs(r["ttft_error_pct"]) for r in rows),
                "tpot_median_abs_error_pct": statistics.median(abs(r["tpot_error_pct"]) for r in rows),
                "threads": args.threads, "repeats": args.repeats, "passes": args.passes, "clock": args.clock,
@@ -120,6 +168,8 @@ def main(argv: list[str] | None = None) -> int:
     lines.append("")
     lines.append(f"Median |error| {summary['median_abs_error_pct']:.1f}% (TTFT {summary['ttft_median_abs_error_pct']:.1f}%, "
                  f"TPOT {summary['tpot_median_abs_error_pct']:.1f}%), worst {summary['max_abs_error_pct']:.1f}%.")
+    if fam:
+        lines.append(f"Other families: median |error| {statistics.median(fam):.1f}%, worst {max(fam):.1f}%.")
     table = "\n".join(lines)
     print(table)
     if args.markdown:

@@ -145,6 +145,9 @@ class HardwareProfile(_Strict):
     compute_efficiency: float = Field(default=1.0, gt=0, le=1, description="Achieved fraction of peak compute")
     memory_efficiency: float = Field(default=1.0, gt=0, le=1, description="Achieved fraction of memory bandwidth")
     op_overhead_s: float = Field(default=0.0, ge=0, description="Fixed cost per operation (kernel launch, dispatch), s")
+    launch_overhead_s: float = Field(default=0.0, ge=0,
+                                     description="Fixed cost of each further kernel call an operation stands for "
+                                                 "beyond its first (an eager RMSNorm is six calls), s")
     step_overhead_s: float = Field(default=0.0, ge=0, description="Fixed cost per forward pass (framework, sampling), s")
     prefill_overhead_s: float = Field(default=0.0, ge=0,
                                       description="Fixed cost once per generate call, in the prefill (input "

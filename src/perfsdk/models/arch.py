@@ -109,6 +109,10 @@ class Architecture:
     norms_per_layer: int = 2
     norm_weights: bool = True
     qk_norm: Literal["none", "head", "full"] = "none"
+    # one matrix product computes several projections (the cost is the same, the call count not)
+    fused_qkv: bool = False  # query, key and value in one call (GPT-2's c_attn, Phi-3's qkv_proj)
+    fused_gate_up: bool = False  # gate and up projections of the dense MLP in one call (Phi-3)
+    fused_expert_gate_up: bool = False  # experts stored as 3-D tensors, gate and up in one call
     # mixture of experts
     num_experts: int = 0
     experts_per_token: int = 0
@@ -605,6 +609,8 @@ def _decoder(cfg: Any, model_type: str, arch_name: str | None, layers_path: str 
         gated_mlp=gated, norm=norm, position=position, qkv_bias=qkv_bias, o_bias=o_bias, mlp_bias=mlp_bias,
         lm_head_bias=lm_head_bias, tie_word_embeddings=tie,
         max_position_embeddings=int(max_pos) if max_pos is not None else None,
+        fused_qkv=mt in ("gpt2", "gpt_bigcode", "phi3"), fused_gate_up=mt == "phi3",
+        fused_expert_gate_up=mt in ("mixtral", "qwen2_moe", "qwen3_moe", "deepseek_v3"),
         layer_windows=_windows(cfg, layers), norms_per_layer=norms, norm_weights=mt != "olmo", qk_norm=qk_norm,
         num_experts=experts, experts_per_token=topk, expert_intermediate_size=expert_inter,
         shared_expert_intermediate_size=shared_inter, shared_expert_gate=shared_gate, dense_layers=dense,

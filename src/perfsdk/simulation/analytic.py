@@ -69,7 +69,7 @@ class _Emitter:
                                  context_len=self.context_len, **kw))  # type: ignore[arg-type]
 
     def linear(self, path: str, batch: int, tokens: int, k: int, n: int, rows: int | None = None,
-               bias: bool = False) -> None:
+               bias: bool = False, launches: int = 1) -> None:
         """``[rows, k] @ [k, n]``; ``rows`` defaults to batch * tokens (an MoE expert gets its share)."""
         m = batch * tokens if rows is None else rows
         s = self.s
@@ -77,10 +77,13 @@ class _Emitter:
         self._add(module_path=path, op="linear", category="matmul", module_type="Linear",
                   input_shapes=[(batch, tokens, k)], output_shape=(batch, tokens, n),
                   flops=2 * m * k * n, macs=m * k * n, weight_bytes=w,
-                  bytes_read=w + int(m * k * s), bytes_written=int(m * n * s), elements=m * n)
+                  bytes_read=w + int(m * k * s), bytes_written=int(m * n * s), elements=m * n, launches=launches)
 
-    def apply(self, prefix: str, lin: Linear, batch: int, tokens: int, rows: int | None = None) -> None:
-        self.linear(f"{prefix}.{lin.name}", batch, tokens, lin.in_features, lin.out_features, rows, lin.bias)
+    def apply(self, prefix: str, lin: Linear, batch: int, tokens: int, rows: int | None = None,
+              launches: int = 1) -> None:
+        """``lin`` on the new positions; ``launches=0`` for a projection fused into the previous call."""
+        self.linear(f"{prefix}.{lin.name}", batch, tokens, lin.in_features, lin.out_features, rows, lin.bias,
+                    launches)
 
     def norm(self, path: str, batch: int, tokens: int, h: int, kind: str) -> None:
         e = batch * tokens * h
@@ -89,14 +92,16 @@ class _Emitter:
         self._add(module_path=path, op="rms_norm" if kind == "rms" else "layer_norm", category="norm",
                   module_type="RMSNorm" if kind == "rms" else "LayerNorm",
                   input_shapes=[(batch, tokens, h)], output_shape=(batch, tokens, h),
-                  weight_bytes=w, bytes_read=int(e * s) + w, bytes_written=int(e * s), elements=e)
+                  weight_bytes=w, bytes_read=int(e * s) + w, bytes_written=int(e * s), elements=e,
+                  launches=NORM_LAUNCHES.get(kind, 1))
 
     def pointwise(self, path: str, op: str, category: str, shape: tuple[int, ...], inputs: int,
-                  elements: int | None = None) -> None:
+                  elements: int | None = None, launches: int | None = None) -> None:
         e = elements if elements is not None else math.prod(shape)
         s = self.s
+        n = launches if launches is not None else (activation_launches(op) if category == "activation" else 1)
         self._add(module_path=path, op=op, category=category, input_shapes=[shape] * inputs, output_shape=shape,
-                  bytes_read=int(inputs * e * s), bytes_written=int(e * s), elements=e)
+                  bytes_read=int(inputs * e * s), bytes_written=int(e * s), elements=e, launches=n)
 
     def attention(self, path: str, batch: int, tokens: int, keys: int, m: Architecture, *,
                   kv_heads: int | None = None, cached: bool = True) -> None:
@@ -121,6 +126,28 @@ class _Emitter:
                   elements=score_elems)
 
 
+# Kernel calls one analytic op stands for in eager PyTorch / transformers (what a per-call
+# overhead multiplies; see ``launch_overhead_s`` in the cost model).
+NORM_LAUNCHES = {"rms": 6, "layer": 1}  # RMSNorm: pow, mean, add, rsqrt, mul, mul; LayerNorm: one kernel
+ROTARY_LAUNCHES = 10  # per query and key: x * cos, rotate_half (neg, cat), * sin, add
+KV_CACHE_LAUNCHES = 2  # one concatenation for the keys, one for the values
+# activations written as several elementwise kernels (tanh approximations of GELU, x * sigmoid(a x))
+_ACTIVATION_LAUNCHES = {"gelu_new": 8, "gelu_accurate": 9, "gelu_python_tanh": 8, "quick_gelu": 3}
+# mixture of experts (transformers' experts stored as 3-D tensors): the router's softmax, top-k and
+# renormalisation; the dispatch mask (zeros, one-hot, sum, greater, nonzero); per expert reached:
+# the stop test, the token indices (where) and the gather of its rows; then the routing weights'
+# gather, the scaling and the scatter-add of its rows into the output
+MOE_ROUTER_LAUNCHES = 4
+MOE_DISPATCH_LAUNCHES = 5
+MOE_GATHER_LAUNCHES = 4
+MOE_SCATTER_LAUNCHES = 3
+
+
+def activation_launches(act: str) -> int:
+    """Kernel calls of the activation ``act`` (a transformers ``hidden_act`` name)."""
+    return _ACTIVATION_LAUNCHES.get(act, 1)
+
+
 def _names(m: Architecture) -> dict[str, str]:
     """Module names inside one block (T5 names its sub-layers by position)."""
     if m.model_type == "t5":
@@ -138,11 +165,12 @@ def _layer(e: _Emitter, m: Architecture, li: int, batch: int, tokens: int, past:
     attn = f"{p}.{n['attn']}"
     e.norm(f"{p}.{n['attn_norm']}", batch, tokens, h, m.norm)
     *proj, out = m.attention_linears()
-    for lin in proj:
-        e.apply(p, lin, batch, tokens)
+    for j, lin in enumerate(proj):
+        e.apply(p, lin, batch, tokens, launches=0 if m.fused_qkv and j else 1)
     q_out, kv_out = m.num_heads * m.head_dim, m.num_kv_heads * m.head_dim
     if m.position == "rope":
-        e.pointwise(f"{attn}.rotary", "rotary_embedding", "elementwise", (batch, tokens, q_out + kv_out), inputs=2)
+        e.pointwise(f"{attn}.rotary", "rotary_embedding", "elementwise", (batch, tokens, q_out + kv_out), inputs=2,
+                    launches=ROTARY_LAUNCHES)
     keys = m.keys_attended(li, past, tokens)
     if past and m.causal:
         # transformers' DynamicCache appends by concatenation: the cached entries are read and
@@ -156,7 +184,7 @@ def _layer(e: _Emitter, m: Architecture, li: int, batch: int, tokens: int, past:
         e._add(module_path=f"{attn}.kv_cache", op="cat", category="other",
                input_shapes=[(batch, heads, old, per_head)], output_shape=(batch, heads, old + tokens, per_head),
                bytes_read=kv_old + kv_in, bytes_written=kv_old + kv_in, kv_bytes=kv_old,
-               elements=batch * (old + tokens) * width)
+               elements=batch * (old + tokens) * width, launches=KV_CACHE_LAUNCHES)
     expand = m.key_linears()
     for lin in expand:  # latent attention: the cached latent expanded to keys and values
         e.apply(p, lin, batch, keys, rows=batch * keys)
@@ -181,12 +209,12 @@ def _layer(e: _Emitter, m: Architecture, li: int, batch: int, tokens: int, past:
     if m.is_moe_layer(li):
         _moe(e, m, p, batch, tokens)
     else:
-        _mlp(e, m, p, m.mlp_linears(prefix=f"{n['mlp']}."), batch, tokens, None)
+        _mlp(e, m, p, m.mlp_linears(prefix=f"{n['mlp']}."), batch, tokens, None, fused=m.fused_gate_up)
     e.pointwise(f"{p}.residual_mlp", "add", "elementwise", (batch, tokens, h), inputs=2)
 
 
 def _mlp(e: _Emitter, m: Architecture, p: str, lins: tuple[Linear, ...], batch: int, tokens: int,
-         rows: int | None) -> None:
+         rows: int | None, fused: bool = False) -> None:
     n = batch * tokens if rows is None else rows
     inter = lins[0].out_features
     act_shape = (batch, tokens, inter)
@@ -195,7 +223,7 @@ def _mlp(e: _Emitter, m: Architecture, p: str, lins: tuple[Linear, ...], batch: 
     if m.gated_mlp:
         gate, up, down = lins
         e.apply(p, gate, batch, tokens, rows)
-        e.apply(p, up, batch, tokens, rows)
+        e.apply(p, up, batch, tokens, rows, launches=0 if fused else 1)
         e.pointwise(act_path, act, "activation", act_shape, inputs=1, elements=n * inter)
         e.pointwise(act_path.replace("act_fn", "gate_mul"), "mul", "elementwise", act_shape, inputs=2,
                     elements=n * inter)
@@ -210,14 +238,24 @@ def _mlp(e: _Emitter, m: Architecture, p: str, lins: tuple[Linear, ...], batch: 
 def _moe(e: _Emitter, m: Architecture, p: str, batch: int, tokens: int) -> None:
     n_tok = batch * tokens
     e.apply(p, m.router(), batch, tokens)
-    e.pointwise(f"{p}.mlp.router_softmax", "softmax", "softmax", (batch, tokens, m.num_experts), inputs=1)
+    e.pointwise(f"{p}.mlp.router_softmax", "softmax", "softmax", (batch, tokens, m.num_experts), inputs=1,
+                launches=MOE_ROUTER_LAUNCHES)
     active = expected_active_experts(m.num_experts, m.experts_per_token, n_tok)
     # the routed rows (tokens x top_k) split as evenly as whole rows allow among the experts reached
     routed = n_tok * m.experts_per_token
+    e.pointwise(f"{p}.mlp.dispatch", "one_hot", "other", (m.num_experts, routed), inputs=1,
+                launches=MOE_DISPATCH_LAUNCHES)
     base, extra = divmod(routed, active)
+    h = m.hidden_size
     for j in range(active):
+        rows = base + (1 if j < extra else 0)
+        # the expert's rows gathered from the hidden states, its output scaled and added back
+        e.pointwise(f"{p}.mlp.experts.{j}.gather", "index", "other", (rows, h), inputs=1,
+                    launches=MOE_GATHER_LAUNCHES)
         lins = m.mlp_linears(m.expert_intermediate_size, prefix=f"mlp.experts.{j}.")
-        _mlp(e, m, p, lins, batch, tokens, base + (1 if j < extra else 0))
+        _mlp(e, m, p, lins, batch, tokens, rows, fused=m.fused_expert_gate_up)
+        e.pointwise(f"{p}.mlp.experts.{j}.scatter", "index_add", "other", (rows, h), inputs=2,
+                    launches=MOE_SCATTER_LAUNCHES)
     shared = m.shared_expert_linears()
     if shared:
         mlp = shared[:3] if m.gated_mlp else shared[:2]

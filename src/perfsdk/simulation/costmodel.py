@@ -10,7 +10,10 @@ For one operation on one device (profile ``P``)::
                  (with P.cache_mb: a forward pass touching R bytes of weights + KV cache has
                   min(1, cache / R) of its bytes served at P.cache_bandwidth instead)
     pack_s     = weight_bytes / P.matmul_pack_gbs  for a matrix product with >= P.matmul_pack_rows rows
-    time_s     = max(compute_s, memory_s) + pack_s + P.op_overhead_s   (no overhead for views)
+    time_s     = max(compute_s, memory_s) + pack_s + overhead_s
+    overhead_s = P.op_overhead_s + (launches - 1) * P.launch_overhead_s
+                 (launches: kernel calls the op stands for; no overhead for views and for the parts
+                  of a fused call, launches = 0)
     energy_j   = flops * P.compute_pj_per_flop + 8 * bytes * P.memory_pj_per_bit   (dynamic)
                  + P.static_power_w * time_s                                          (static)
 
@@ -149,6 +152,15 @@ def pack_time_s(op: OpRecord, profile: HardwareProfile) -> float:
     return op.weight_bytes / (profile.matmul_pack_gbs * 1e9)
 
 
+def overhead_time_s(op: OpRecord, profile: HardwareProfile) -> float:
+    """Fixed cost of the op: the profile's per-op overhead plus its per-call overhead for each
+    further kernel call the op stands for. Views and other metadata-only ops launch no kernel,
+    nor do the parts of a fused call (``launches`` 0)."""
+    if not (op_bytes(op) or op.flops) or op.launches <= 0:
+        return 0.0
+    return profile.op_overhead_s + (op.launches - 1) * profile.launch_overhead_s
+
+
 def cost_op(op: OpRecord, profile: HardwareProfile, dtype: str | None = None,
             resident_bytes: float | None = None) -> OpCost:
     """Cost of ``op`` on ``profile`` (no transfers). ``dtype`` overrides ``op.dtype`` for peaks;
@@ -158,8 +170,7 @@ def cost_op(op: OpRecord, profile: HardwareProfile, dtype: str | None = None,
         compute_s=compute_time_s(op, profile, dtype),
         memory_s=memory_time_s(op, profile, resident_bytes),
         pack_s=pack_time_s(op, profile),
-        # views and other metadata-only ops launch no kernel
-        overhead_s=profile.op_overhead_s if (nbytes or op.flops) else 0.0,
+        overhead_s=overhead_time_s(op, profile),
         compute_energy_j=op.flops * profile.compute_pj_per_flop * PJ,
         memory_energy_j=nbytes * 8 * profile.memory_pj_per_bit * PJ,
         static_power_w=profile.static_power_w,

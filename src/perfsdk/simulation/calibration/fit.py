@@ -5,14 +5,15 @@ Each observation is one phase of one measured ``generate`` call: the operations 
 decode time for the decode steps). The model being fitted is the simulation's own::
 
     time = sum_i [max(flops_i * g_i * x_f, bytes_i * ((1 - f_i) * x_b + f_i * x_c)) + pack_i * x_k]
-           + ops * x_o + forward_passes * x_s + [prefill] * x_p
+           + ops * x_o + calls * x_l + forward_passes * x_s + [prefill] * x_p
 
 with ``g_i = (rows_i + h) / rows_i`` for a matrix product with ``rows_i`` output rows (small
 products run below the peak rate), ``f_i = min(1, C / resident_i)`` the share of the op's bytes
 served from a cache of ``C`` bytes when its forward pass touches ``resident_i`` bytes of weights
 and KV cache, ``pack_i`` the weight bytes of a matrix product with at least ``P`` rows (the
 blocked BLAS path repacks its weights), ``x_f = 1 / FLOP/s``, ``x_b`` and ``x_c`` seconds per
-byte from memory and from cache, ``x_k`` per repacked byte, ``x_o`` the per-op overhead, ``x_s``
+byte from memory and from cache, ``x_k`` per repacked byte, ``x_o`` the per-op overhead, ``x_l`` the overhead of each further kernel call an op
+stands for (``calls``: ``launches - 1`` summed over the ops; an eager RMSNorm is six calls), ``x_s``
 the per-forward-pass overhead and ``x_p`` the once-per-``generate`` set-up cost (prefill only).
 ``h``, ``C`` and ``P`` are chosen on small grids. The ``max`` makes it piecewise linear, so the
 fit alternates: label every op compute- or memory-bound with the current estimate, solve the
@@ -37,7 +38,7 @@ from perfsdk.simulation.costmodel import matmul_rows, op_bytes
 log = structlog.get_logger("perfsdk.simulation.calibration")
 
 PARAMS = ("s_per_flop", "s_per_byte", "op_overhead_s", "step_overhead_s", "prefill_overhead_s", "s_per_cached_byte",
-          "s_per_packed_byte")
+          "s_per_packed_byte", "launch_overhead_s")
 
 
 @dataclass
@@ -54,6 +55,8 @@ class Observation:
     rows: np.ndarray | None = None  # output rows of matrix products (inf for other ops)
     resident: np.ndarray | None = None  # bytes of weights + KV cache the op's forward pass touches
     weight_bytes: np.ndarray | None = None  # weights of each op
+    ops: float | None = None  # (weighted) ops that make a kernel call; None: every op counts
+    extra_launches: float = 0.0  # (weighted) kernel calls beyond each op's first
 
     @classmethod
     def from_ops(cls, label: str, phase: str, measured_s: float, ops: list[OpRecord],
@@ -61,16 +64,22 @@ class Observation:
         w = np.array([(step_weights or {}).get(o.step, 1.0) for o in ops], dtype=float)
         steps: dict[int, float] = {}
         resident: dict[int, float] = {}
+        calls = extra = 0.0
         for o in ops:
-            steps[o.step] = (step_weights or {}).get(o.step, 1.0)
+            sw = (step_weights or {}).get(o.step, 1.0)
+            steps[o.step] = sw
             resident[o.step] = resident.get(o.step, 0.0) + o.weight_bytes + o.kv_bytes
+            if o.launches > 0 and (o.flops or op_bytes(o)):
+                calls += sw
+                extra += sw * (o.launches - 1)
         return cls(label=label, phase=phase, measured_s=measured_s,
                    flops=np.array([o.flops for o in ops], dtype=float),
                    bytes_=np.array([op_bytes(o) for o in ops], dtype=float),
                    weights=w, forward_passes=float(sum(steps.values())),
                    rows=np.array([matmul_rows(o) if o.category == "matmul" else np.inf for o in ops]),
                    resident=np.array([resident[o.step] for o in ops], dtype=float),
-                   weight_bytes=np.array([o.weight_bytes for o in ops], dtype=float))
+                   weight_bytes=np.array([o.weight_bytes for o in ops], dtype=float), ops=calls,
+                   extra_launches=extra)
 
     def cached_fraction(self, cache_bytes: float) -> np.ndarray:
         """Share of each op's bytes served from a cache of ``cache_bytes`` (see :func:`cached_fraction`)."""
@@ -80,7 +89,7 @@ class Observation:
     def features(self, x_f: float, x_b: float, half_rows: float = 0.0, cache_bytes: float = 0.0,
                  x_c: float = 0.0, pack_rows: float = 0.0) -> np.ndarray:
         """[compute-bound FLOPs, memory-bound bytes from memory, op count, forward passes, prefill,
-        memory-bound bytes from cache, weight bytes repacked] at this estimate.
+        memory-bound bytes from cache, weight bytes repacked, further kernel calls] at this estimate.
 
         FLOPs of matrix products are scaled by ``(rows + half_rows) / rows`` (small-M slowdown);
         the bytes of a forward pass whose weights + KV cache fit ``cache_bytes`` are split
@@ -98,12 +107,18 @@ class Observation:
         return np.array([
             float(np.sum(self.weights * flops * compute_bound)),
             float(np.sum(mem * (1.0 - f))),
-            float(np.sum(self.weights)),
+            self.op_count,
             self.forward_passes,
             1.0 if self.phase == "prefill" else 0.0,
             float(np.sum(mem * f)),
             float(np.sum(self.weights * self.packed_bytes(pack_rows))),
+            self.extra_launches,
         ])
+
+    @property
+    def op_count(self) -> float:
+        """(Weighted) ops that make a kernel call."""
+        return float(np.sum(self.weights)) if self.ops is None else self.ops
 
     def packed_bytes(self, pack_rows: float) -> np.ndarray:
         """Weight bytes of the matrix products with at least ``pack_rows`` rows (0: none)."""
@@ -202,15 +217,16 @@ def _fit_at(observations: list[Observation], h: float, c: float = 0.0, pr: float
     """Fit the linear coefficients at a fixed small-M parameter ``h`` and cache size ``c``."""
     if len(observations) < 3:
         raise ValueError(f"need at least 3 observations to calibrate, got {len(observations)}")
-    free = [0, 1, 2, 3, 4] if fit_step_overhead else [0, 1, 2, 4]
+    free = [0, 1, 2, 3, 4, 7] if fit_step_overhead else [0, 1, 2, 4, 7]
     if c:
         free.append(5)
     if pr:
         free.append(6)
     # start from an additive model: every op both compute- and memory-costed
     a0 = np.array([[np.sum(o.weights * o.flops), np.sum(o.weights * o.bytes_ * (1 - o.cached_fraction(c))),
-                    np.sum(o.weights), o.forward_passes, 1.0 if o.phase == "prefill" else 0.0,
-                    np.sum(o.weights * o.bytes_ * o.cached_fraction(c)), np.sum(o.weights * o.packed_bytes(pr))]
+                    o.op_count, o.forward_passes, 1.0 if o.phase == "prefill" else 0.0,
+                    np.sum(o.weights * o.bytes_ * o.cached_fraction(c)), np.sum(o.weights * o.packed_bytes(pr)),
+                    o.extra_launches]
                    for o in observations])
     b = np.array([o.measured_s for o in observations])
     scale = 1.0 / b
@@ -278,7 +294,8 @@ def profile_from_fit(result: FitResult, *, name: str = "host-calibrated", base: 
         peak_tflops={"fp32": peak, "bf16": peak, "fp16": peak},  # type: ignore[arg-type]
         compute_pj_per_flop=base.compute_pj_per_flop, static_power_w=base.static_power_w,
         compute_efficiency=1.0, memory_efficiency=1.0,
-        op_overhead_s=result.coefficients["op_overhead_s"], step_overhead_s=result.coefficients["step_overhead_s"],
+        op_overhead_s=result.coefficients["op_overhead_s"],
+        launch_overhead_s=result.coefficients.get("launch_overhead_s", 0.0), step_overhead_s=result.coefficients["step_overhead_s"],
         prefill_overhead_s=result.coefficients["prefill_overhead_s"],
         matmul_half_rows=result.matmul_half_rows or None,
         matmul_pack_rows=result.pack_rows or None,

@@ -153,12 +153,31 @@ def micro_observations(repeats: int = 5, clock: str = "wall") -> list[Observatio
     m = 16 * 1024 * 1024  # 64 MiB per fp32 operand: far beyond any cache
     x, y, z = torch.randn(m), torch.randn(m), torch.empty(m)
     t_add = best(lambda: torch.add(x, y, out=z))
+    # the fixed cost of one kernel call: a chain of elementwise kernels on 16-element tensors
+    calls = 400
+    u, v = torch.randn(16), torch.randn(16)
+
+    def chain() -> None:
+        w = u
+        for _ in range(calls):
+            w = torch.add(w, v)
+
+    t_calls = best(chain)
+    # the fixed cost of one module's operation: a chain of tiny linear layers called as modules
+    mods = torch.nn.Sequential(*(torch.nn.Linear(16, 16) for _ in range(100)))
+    with torch.inference_mode():
+        t_mods = best(lambda: mods(u))
+    mod_bytes = (16 * 16 + 16 + 2 * 16) * 4.0
     one = np.ones(1)
     return [
         Observation("micro matmul 1024^3 fp32", "micro", t_mm, np.array([2.0 * n**3]), np.array([3.0 * n * n * 4]),
                     one, 0.0, np.array([float(n)])),
         Observation("micro add 3x64MiB fp32", "micro", t_add, np.array([0.0]), np.array([3.0 * m * 4]), one, 0.0,
                     np.array([np.inf])),
+        Observation(f"micro {calls} kernel calls", "micro", t_calls, np.zeros(1), np.zeros(1), np.zeros(1), 0.0,
+                    np.array([np.inf]), ops=0.0, extra_launches=float(calls)),
+        Observation("micro 100 linear modules 16x16", "micro", t_mods, np.full(100, 2.0 * 16 * 16),
+                    np.full(100, mod_bytes), np.ones(100), 0.0, np.ones(100), ops=100.0),
     ]
 
 
