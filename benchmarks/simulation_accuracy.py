@@ -35,7 +35,8 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 
 CALIBRATION_MODELS = ["builtin:tiny-llama-medium", "builtin:tiny-llama-medium@layers=4",
-                      "builtin:tiny-llama-medium@layers=2", "builtin:tiny-llama-medium@layers=1"]
+                      "builtin:tiny-llama-medium@layers=2", "builtin:tiny-llama-medium@layers=1",
+                      "builtin:tiny-llama-medium@hidden=64@layers=8", "builtin:tiny-llama-medium@hidden=64@layers=2"]
 TEST_MODELS = ["builtin:tiny-llama-small", "builtin:tiny-llama", "builtin:tiny-llama-large"]
 # families the calibration never sees: plain MLP + LayerNorm + GELU + biases + fused QKV (GPT-2),
 # biased QKV + tied embeddings (Qwen2), fused QKV and gate/up (Phi-3), experts + sliding window (Mixtral)
@@ -89,6 +90,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--threads", type=int, default=1, help="torch threads (1: least sensitive to a shared machine)")
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--passes", type=int, default=3)
+    ap.add_argument("--calibration-passes", type=int, default=2, help="round-robin passes of the calibration")
     ap.add_argument("--clock", choices=["wall", "cpu"], default="cpu",
                     help="cpu: process CPU time (with 1 thread, immune to other processes holding the cores)")
     ap.add_argument("--models", choices=["all", "llama", "families"], default="all",
@@ -107,7 +109,8 @@ def main(argv: list[str] | None = None) -> int:
 
     torch.set_num_threads(args.threads)
     t0 = time.time()
-    fit, _ = calibrate_here(CALIBRATION_MODELS, repeats=args.repeats, threads=args.threads, clock=args.clock)
+    fit, _ = calibrate_here(CALIBRATION_MODELS, repeats=args.repeats, threads=args.threads, clock=args.clock,
+                            passes=args.calibration_passes)
     profile = profile_from_fit(fit, name="host-calibrated", note="benchmarks/simulation_accuracy.py")
     print(f"calibrated in {time.time() - t0:.0f} s: {json.dumps(fit.coefficients)}, "
           f"matmul_half_rows {fit.matmul_half_rows}, pack_rows {fit.pack_rows}, cache {fit.cache_bytes / 1e6:g} MB",

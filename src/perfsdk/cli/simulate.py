@@ -234,9 +234,13 @@ def hardware_convert(path: str, output: str | None) -> None:
 @click.command("calibrate")
 @click.option("--model", "models", multiple=True,
               default=["builtin:tiny-llama-medium", "builtin:tiny-llama-medium@layers=4",
-                       "builtin:tiny-llama-medium@layers=2", "builtin:tiny-llama-medium@layers=1"],
+                       "builtin:tiny-llama-medium@layers=2", "builtin:tiny-llama-medium@layers=1",
+                       "builtin:tiny-llama-medium@hidden=64@layers=8", "builtin:tiny-llama-medium@hidden=64@layers=2"],
               show_default=True, help="Models to measure (random weights); spec@layers=N changes the depth")
-@click.option("--repeats", default=3, show_default=True, type=click.IntRange(min=1))
+@click.option("--repeats", default=3, show_default=True, type=click.IntRange(min=1),
+              help="Timed calls per configuration in each pass (after a warm-up call)")
+@click.option("--passes", default=2, show_default=True, type=click.IntRange(min=1),
+              help="Round-robin passes over all configurations; the fastest time of each is kept")
 @click.option("--threads", type=click.IntRange(min=1), help="torch threads (default: torch's)")
 @click.option("--clock", type=click.Choice(["wall", "cpu"]), default="wall", show_default=True,
               help="cpu: time with process CPU time (use with --threads 1 on a busy shared machine)")
@@ -246,8 +250,8 @@ def hardware_convert(path: str, output: str | None) -> None:
 @click.option("--from-store", "from_store", type=click.Path(file_okay=False),
               help="Fit from the measured runs in this store instead of measuring (see --run)")
 @click.option("--run", "run_ids", multiple=True, help="With --from-store: only these run ids (default: all runs)")
-def calibrate_command(models: tuple[str, ...], repeats: int, threads: int | None, clock: str, name: str,
-                      output: str | None, as_json: bool, from_store: str | None, run_ids: tuple[str, ...]) -> None:
+def calibrate_command(models: tuple[str, ...], repeats: int, passes: int, threads: int | None, clock: str,
+                      name: str, output: str | None, as_json: bool, from_store: str | None, run_ids: tuple[str, ...]) -> None:
     """Fit a host profile (FLOP/s, bandwidth, per-op and per-step overhead) from short measured runs,
     or with --from-store from runs already measured and stored."""
     from perfsdk.simulation.calibration import calibrate_from_store, calibrate_here, profile_from_fit
@@ -270,7 +274,8 @@ def calibrate_command(models: tuple[str, ...], repeats: int, threads: int | None
             note = (f"Stored runs of {from_store}: {', '.join(run_ids) if run_ids else 'all'} "
                     f"({len(used)} measured shapes).")
         else:
-            result, _ = calibrate_here(list(models), repeats=repeats, threads=threads, progress=progress, clock=clock)
+            result, _ = calibrate_here(list(models), repeats=repeats, threads=threads, progress=progress, clock=clock,
+                                       passes=passes)
             note = f"Models: {', '.join(models)}."
         profile = profile_from_fit(result, name=name, note=note)
     except ValueError as exc:

@@ -31,6 +31,7 @@ from perfsdk.simulation.calibration.fit import (
 from perfsdk.simulation.calibration.from_store import calibrate_from_store, measurements_of_run, model_config_of_run
 from perfsdk.simulation.calibration.measure import (
     DEFAULT_CALIBRATION_GRID,
+    DEFAULT_CALIBRATION_MODELS,
     Measurement,
     build_random_model,
     calibrate_here,
@@ -40,7 +41,7 @@ from perfsdk.simulation.calibration.measure import (
 )
 
 __all__ = [
-    "CACHE_GRID", "DEFAULT_CALIBRATION_GRID", "HALF_ROWS_GRID", "PACK_ROWS_GRID", "PARAMS", "FitResult", "Measurement",
+    "CACHE_GRID", "DEFAULT_CALIBRATION_GRID", "DEFAULT_CALIBRATION_MODELS", "HALF_ROWS_GRID", "PACK_ROWS_GRID", "PARAMS", "FitResult", "Measurement",
     "Observation", "build_random_model", "cached_fraction", "calibrate_from_store", "calibrate_here", "fit",
     "measure_generate", "measurements_of_run", "micro_observations", "model_config_of_run", "observations_for",
     "profile_from_fit",
