@@ -28,6 +28,7 @@ from pydantic import BaseModel, Field
 
 from perfsdk.collector import Collector, CollectorConfig, CollectorResult
 from perfsdk.collectors.layers import StepSelection
+from perfsdk.collectors.layers.config import InstrumentsSelectedSteps
 from perfsdk.fmt import fmt_ms as _ms
 from perfsdk.fmt import fmt_pct as _pct
 from perfsdk.plugins import hookimpl
@@ -97,7 +98,7 @@ def _device_attr(evt: Any, new: str, old: str) -> float:
     return float(v or 0.0)
 
 
-class TorchProfilerCollector(Collector):
+class TorchProfilerCollector(InstrumentsSelectedSteps, Collector):
     """Wraps selected steps in ``torch.profiler``: traces as artifacts, top operators as results."""
 
     name: ClassVar[str] = "torch_profiler"
@@ -105,7 +106,6 @@ class TorchProfilerCollector(Collector):
     Result: ClassVar[type[BaseModel]] = TorchProfilerResult
     default_enabled: ClassVar[bool] = False
     description: ClassVar[str] = "torch.profiler traces of selected steps and the top operators"
-    instruments_steps: ClassVar[bool] = True
     title: ClassVar[str] = "Operators (torch.profiler)"
 
     @classmethod
@@ -131,7 +131,6 @@ class TorchProfilerCollector(Collector):
     def __init__(self, config: BaseModel | None = None) -> None:
         super().__init__(config)
         self.cfg: TorchProfilerConfig = self.config  # type: ignore[assignment]
-        self._ordinal = 0
         self._prof: Any = None
         self._prof_step: int | None = None
         self._activities: list[str] = []
@@ -174,12 +173,6 @@ class TorchProfilerCollector(Collector):
                     self._cuda_reason = "CUDA is not available on this machine"
         self._activities = chosen
         return acts
-
-    def wants_to_instrument(self, session: Any, step: Step) -> bool:
-        """The selected measured steps (``steps``: first N or every Nth)."""
-        ordinal = self._ordinal
-        self._ordinal += 1
-        return self.cfg.steps.selects(ordinal)
 
     @hookimpl
     def perfsdk_before_generate(self, session: Session, step: Step) -> None:

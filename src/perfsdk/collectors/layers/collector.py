@@ -16,7 +16,7 @@ import structlog
 from pydantic import BaseModel
 
 from perfsdk.collector import Collector
-from perfsdk.collectors.layers.config import LayersConfig
+from perfsdk.collectors.layers.config import InstrumentsSelectedSteps, LayersConfig
 from perfsdk.collectors.layers.functions import close_capture, function_rows, open_capture
 from perfsdk.collectors.layers.hooks import ModuleTimer, StepRecord, phase_of
 from perfsdk.collectors.layers.result import PHASES, LayersResult, ModuleRow, ModuleTypeRow, PhaseRow
@@ -40,7 +40,7 @@ def _step_shape_key(step: Step) -> tuple[Any, ...]:
     return ("forward", step.batch_size, tuple(step.input_tokens), tuple(shapes))
 
 
-class LayersCollector(Collector):
+class LayersCollector(InstrumentsSelectedSteps, Collector):
     """Per-module forward times (hooks) for encode, prefill and decode, with coverage and overhead."""
 
     name: ClassVar[str] = "layers"
@@ -50,12 +50,10 @@ class LayersCollector(Collector):
     description: ClassVar[str] = "per-layer forward times (hooks), by module and type, encode / prefill / decode"
     title: ClassVar[str] = "Layers"
     key_columns: ClassVar[tuple[str, ...]] = ("coverage_pct",)
-    instruments_steps: ClassVar[bool] = True
 
     def __init__(self, config: BaseModel | None = None) -> None:
         super().__init__(config)
         self.cfg: LayersConfig = self.config  # type: ignore[assignment]
-        self._ordinal = 0
         self._timer = ModuleTimer(self.cfg)
         self._synchronized = False
         self._records: list[StepRecord] = []
@@ -70,12 +68,6 @@ class LayersCollector(Collector):
         self._capture_error: str | None = None
 
     # -- lifecycle ------------------------------------------------------------------------
-
-    def wants_to_instrument(self, session: Any, step: Step) -> bool:
-        """The selected measured steps (``steps``: first N or every Nth)."""
-        ordinal = self._ordinal
-        self._ordinal += 1
-        return self.cfg.steps.selects(ordinal)
 
     @hookimpl
     def perfsdk_before_generate(self, session: Session, step: Step) -> None:

@@ -47,6 +47,21 @@ class StepSelection(BaseModel):
         return f"every {self.every}" if self.every is not None else f"first {self.first}"
 
 
+class InstrumentsSelectedSteps:
+    """Collector mix-in: instrument the measured steps that ``self.config.steps`` (a
+    :class:`StepSelection`) selects, counting timed steps in the order they run."""
+
+    instruments_steps = True
+    config: Any
+    _selected_ordinal = 0
+
+    def wants_to_instrument(self, session: Any, step: Any) -> bool:
+        """The selected measured steps (``steps``: first N or every Nth)."""
+        ordinal = self._selected_ordinal
+        self._selected_ordinal = ordinal + 1
+        return bool(self.config.steps.selects(ordinal))
+
+
 class LayersConfig(CollectorConfig):
     """Settings of the ``layers`` collector."""
 

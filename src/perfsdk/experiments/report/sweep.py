@@ -106,16 +106,20 @@ def batch_size_panels(rows: list[dict[str, Any]], group_keys: list[str]) -> byte
         ax.grid(alpha=0.3)
         if not drawn:
             ax.text(0.5, 0.5, "not measured", ha="center", va="center", transform=ax.transAxes, color="grey")
-    handles, labels = axes[0][0].get_legend_handles_labels()
-    if not handles:
-        for ax in axes[0][1:]:
-            handles, labels = ax.get_legend_handles_labels()
-            if handles:
-                break
-    if handles:
-        fig.legend(handles, labels, loc="outside lower center", ncols=min(6, len(labels)), fontsize=8)
+    _shared_legend(fig, axes, min_labels=1)
     fig.suptitle("Batch size (dashed: p95)")
     return _png(fig)
+
+
+def _shared_legend(fig: Any, axes: Any, min_labels: int = 1) -> None:
+    """One legend below the panels, from the first panel that has labelled lines."""
+    handles, labels = [], []
+    for ax in axes[0]:
+        handles, labels = ax.get_legend_handles_labels()
+        if handles:
+            break
+    if handles and len(labels) >= min_labels:
+        fig.legend(handles, labels, loc="outside lower center", ncols=min(6, len(labels)), fontsize=8)
 
 
 def vision_panels() -> list[tuple[str, str]]:
@@ -167,14 +171,7 @@ def vision_token_panels(rows: list[dict[str, Any]], group_keys: list[str]) -> by
         ax.grid(alpha=0.3)
         if not drawn:
             ax.text(0.5, 0.5, "not measured", ha="center", va="center", transform=ax.transAxes, color="grey")
-    handles, labels = axes[0][0].get_legend_handles_labels()
-    if not handles:
-        for ax in axes[0][1:]:
-            handles, labels = ax.get_legend_handles_labels()
-            if handles:
-                break
-    if handles and len(labels) > 1:
-        fig.legend(handles, labels, loc="outside lower center", ncols=min(6, len(labels)), fontsize=8)
+    _shared_legend(fig, axes, min_labels=2)
     fig.suptitle("Latency by phase against vision tokens")
     return _png(fig)
 
