@@ -143,17 +143,7 @@ def nonembedding_matmul_params(arch: Architecture, active_only: bool = True) -> 
     """Weights of the decoder's layer matrices (``active_only``: the experts one token reaches)."""
     if active_only:
         return arch.linear_macs_per_token()
-    total = 0
-    for layer in range(arch.num_layers):
-        total += sum(l.macs for l in arch.attention_linears() + arch.key_linears())
-        q, kv = arch.cross_attention_linears()
-        total += sum(l.macs for l in q + kv)
-        if arch.is_moe_layer(layer):
-            total += arch.num_experts * sum(l.macs for l in arch.mlp_linears(arch.expert_intermediate_size))
-            total += arch.router().macs + sum(l.macs for l in arch.shared_expert_linears())
-        else:
-            total += sum(l.macs for l in arch.mlp_linears())
-    return total
+    return sum(lin.macs * k for layer in range(arch.num_layers) for lin, k in arch.layer_matrices(layer))
 
 
 def _arch(cfg: Any) -> Architecture:

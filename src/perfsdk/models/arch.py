@@ -329,20 +329,25 @@ class Architecture:
                 total += encoder_tokens * self.num_kv_heads * (self.head_dim + self.v_head_dim)
         return int(total * batch_size * dtype_bytes)
 
+    def layer_matrices(self, layer: int) -> list[tuple[Linear, int]]:
+        """Every weight matrix of decoder layer ``layer`` with how many copies it has (every
+        expert of a mixture-of-experts layer, not only those one token reaches)."""
+        q, kv = self.cross_attention_linears()
+        out = [(lin, 1) for lin in self.attention_linears() + self.key_linears() + q + kv]
+        if self.is_moe_layer(layer):
+            out += [(lin, self.num_experts) for lin in self.mlp_linears(self.expert_intermediate_size)]
+            out += [(self.router(), 1)] + [(lin, 1) for lin in self.shared_expert_linears()]
+        else:
+            out += [(lin, 1) for lin in self.mlp_linears()]
+        return out
+
     def param_count(self) -> int:
         """Parameters: embeddings, every expert, biases, norms, ``lm_head`` counted once when tied."""
         h = self.hidden_size
         norm = h * (2 if self.norm == "layer" else 1) if self.norm_weights else 0
         n = 0
         for layer in range(self.num_layers):
-            n += sum(l.params for l in self.attention_linears() + self.key_linears())
-            q, kv = self.cross_attention_linears()
-            n += sum(l.params for l in q + kv)
-            if self.is_moe_layer(layer):
-                n += self.num_experts * sum(l.params for l in self.mlp_linears(self.expert_intermediate_size))
-                n += self.router().params + sum(l.params for l in self.shared_expert_linears())
-            else:
-                n += sum(l.params for l in self.mlp_linears())
+            n += sum(lin.params * k for lin, k in self.layer_matrices(layer))
             n += (self.norms_per_layer + (1 if self.cross_attention else 0)) * norm
             if self.qk_norm == "head":
                 n += 2 * self.head_dim
