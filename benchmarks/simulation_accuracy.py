@@ -94,6 +94,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--passes", type=int, default=3)
     ap.add_argument("--calibration-passes", type=int, default=2, help="round-robin passes of the calibration")
+    ap.add_argument("--calibration-repeats", type=int, default=3,
+                    help="repeats per configuration and pass of the calibration (perfsdk calibrate's default)")
+    ap.add_argument("--calibrations", type=int, default=2,
+                    help="independent calibrations, one after the other: the table uses the first, and their "
+                         "predictions are compared (reproducibility)")
     ap.add_argument("--clock", choices=["wall", "cpu"], default="cpu",
                     help="cpu: process CPU time (with 1 thread, immune to other processes holding the cores)")
     ap.add_argument("--models", choices=["all", "llama", "families"], default="all",
@@ -106,19 +111,25 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     from perfsdk.hardware.profile import profile_to_yaml
-    from perfsdk.simulation.calibration import calibrate_here, measure_generate, profile_from_fit
+    from perfsdk.simulation.calibration import Measurement, calibrate_here, measure_generate, profile_from_fit
     from perfsdk.simulation.predictor import simulate_model
     from perfsdk.models.arch import architecture_from_config
 
     torch.set_num_threads(args.threads)
     t0 = time.time()
-    fit, _ = calibrate_here(CALIBRATION_MODELS, repeats=args.repeats, threads=args.threads, clock=args.clock,
-                            passes=args.calibration_passes)
-    profile = profile_from_fit(fit, name="host-calibrated", note="benchmarks/simulation_accuracy.py")
-    print(f"calibrated in {time.time() - t0:.0f} s: {json.dumps(fit.coefficients)}, "
-          f"matmul_half_rows {fit.matmul_half_rows}, pack_rows {fit.pack_rows}, cache {fit.cache_bytes / 1e6:g} MB",
-          file=sys.stderr)
-    print("in-sample errors %: " + ", ".join(f"{k}: {v:+.1f}" for k, v in fit.errors_pct.items()), file=sys.stderr)
+    profiles, fits = [], []
+    for k in range(args.calibrations):
+        tc = time.time()
+        fit, _ = calibrate_here(CALIBRATION_MODELS, repeats=args.calibration_repeats, threads=args.threads, clock=args.clock,
+                                passes=args.calibration_passes)
+        fits.append(fit)
+        profiles.append(profile_from_fit(fit, name="host-calibrated", note="benchmarks/simulation_accuracy.py"))
+        print(f"calibration {k + 1} in {time.time() - tc:.0f} s: {json.dumps(fit.coefficients)}, "
+              f"matmul_half_rows {fit.matmul_half_rows:.2f}, pack_rows {fit.pack_rows}, "
+              f"cache {fit.cache_bytes / 1e6:g} MB", file=sys.stderr)
+        print("in-sample errors %: " + ", ".join(f"{k}: {v:+.1f}" for k, v in fit.errors_pct.items()),
+              file=sys.stderr)
+    fit, profile = fits[0], profiles[0]
     if args.profile_out:
         with open(args.profile_out, "w", encoding="utf-8") as fh:
             fh.write(profile_to_yaml(profile))
@@ -127,40 +138,57 @@ def main(argv: list[str] | None = None) -> int:
              + (FAMILY_MODELS if args.models != "llama" else []))
     models = {spec: build_model(spec) for spec in specs}
     configs = [(spec, b, o) for spec in specs for b in BATCHES for o in OUTPUTS]
-    best: dict[tuple[str, int, int], tuple[float, float]] = {}
+    best: dict[tuple[str, int, int], Measurement] = {}
     for p in range(args.passes):
         for spec, b, o in configs:
             m = measure_generate(models[spec], b, INPUT_TOKENS, o, repeats=args.repeats, label=spec, seed=p,
                                  clock=args.clock)
             prev = best.get((spec, b, o))
-            tpot = m.tpot_s or 0.0
-            best[(spec, b, o)] = (m.ttft_s, tpot) if prev is None else (min(prev[0], m.ttft_s), min(prev[1], tpot))
+            best[(spec, b, o)] = m if prev is None else prev.merged(m)
         print(f"pass {p + 1}/{args.passes} done at {time.time() - t0:.0f} s", file=sys.stderr, flush=True)
     rows = []
     for spec, b, o in configs:
         shape = architecture_from_config(models[spec].config)
-        pred = simulate_model(shape, profile, name=spec, batch_size=b, input_tokens=INPUT_TOKENS, output_tokens=o,
-                              dtype="float32")
-        ttft, tpot = best[(spec, b, o)]
+        preds = [simulate_model(shape, prof, name=spec, batch_size=b, input_tokens=INPUT_TOKENS, output_tokens=o,
+                                dtype="float32") for prof in profiles]
+        pred = preds[0]
+        ttft, tpot = best[(spec, b, o)].ttft_s, best[(spec, b, o)].tpot_s or 0.0
         row = {
             "model": spec.split(":", 1)[-1], "family": spec.startswith("family:"), "batch": b, "input_tokens": INPUT_TOKENS, "output_tokens": o,
             "ttft_measured_ms": ttft * 1e3, "ttft_predicted_ms": pred.ttft_s * 1e3,
             "ttft_error_pct": 100 * (pred.ttft_s - ttft) / ttft,
             "tpot_measured_ms": tpot * 1e3, "tpot_predicted_ms": (pred.tpot_s or 0) * 1e3,
             "tpot_error_pct": 100 * ((pred.tpot_s or 0) - tpot) / tpot,
+            # every calibration's predictions, and their largest relative difference
+            "ttft_predicted_ms_each": [q.ttft_s * 1e3 for q in preds],
+            "tpot_predicted_ms_each": [(q.tpot_s or 0) * 1e3 for q in preds],
+            "ttft_error_pct_each": [100 * (q.ttft_s - ttft) / ttft for q in preds],
+            "tpot_error_pct_each": [100 * ((q.tpot_s or 0) - tpot) / tpot for q in preds],
         }
+        row["calibration_spread_pct"] = max(
+            100 * (max(v) / min(v) - 1) for v in (row["ttft_predicted_ms_each"], row["tpot_predicted_ms_each"]))
         rows.append(row)
         print(f"{row['model']:18s} b{b} out{o:<3d} TTFT {row['ttft_measured_ms']:8.2f} ms pred "
               f"{row['ttft_predicted_ms']:8.2f} ({row['ttft_error_pct']:+6.1f}%)  TPOT "
               f"{row['tpot_measured_ms']:7.2f} ms pred {row['tpot_predicted_ms']:7.2f} "
-              f"({row['tpot_error_pct']:+6.1f}%)", file=sys.stderr, flush=True)
+              f"({row['tpot_error_pct']:+6.1f}%)  calibrations differ by {row['calibration_spread_pct']:.1f}%",
+              file=sys.stderr, flush=True)
 
     errs = [abs(r[k]) for r in rows for k in ("ttft_error_pct", "tpot_error_pct")]
-    fam = [abs(r[k]) for r in rows if r["family"] for k in ("ttft_error_pct", "tpot_error_pct")]
+    fam_rows = [r for r in rows if r["family"]]
+    fam = [abs(r[k]) for r in fam_rows for k in ("ttft_error_pct", "tpot_error_pct")]
+    per_cal = []
+    for k in range(len(profiles)):
+        e = [abs(r[f"{x}_error_pct_each"][k]) for r in fam_rows for x in ("ttft", "tpot")]
+        per_cal.append({"family_median_abs_error_pct": statistics.median(e) if e else None,
+                        "family_max_abs_error_pct": max(e) if e else None})
     summary = {"family_median_abs_error_pct": statistics.median(fam) if fam else None,
                "family_max_abs_error_pct": max(fam) if fam else None,"median_abs_error_pct": statistics.median(errs), "max_abs_error_pct": max(errs),
                "ttft_median_abs_error_pct": statistics.median(abs(r["ttft_error_pct"]) for r in rows),
                "tpot_median_abs_error_pct": statistics.median(abs(r["tpot_error_pct"]) for r in rows),
+               "per_calibration": per_cal,
+               "family_calibration_spread_pct": max((r["calibration_spread_pct"] for r in fam_rows), default=None),
+               "calibration_spread_pct": max(r["calibration_spread_pct"] for r in rows),
                "threads": args.threads, "repeats": args.repeats, "passes": args.passes, "clock": args.clock,
                "wall_s": time.time() - t0, "calibration": {**fit.coefficients,
                                                           "matmul_half_rows": fit.matmul_half_rows,
@@ -176,6 +204,12 @@ def main(argv: list[str] | None = None) -> int:
                  f"TPOT {summary['tpot_median_abs_error_pct']:.1f}%), worst {summary['max_abs_error_pct']:.1f}%.")
     if fam:
         lines.append(f"Other families: median |error| {statistics.median(fam):.1f}%, worst {max(fam):.1f}%.")
+    if len(profiles) > 1:
+        lines.append("Each calibration, other families: " + "; ".join(
+            f"median {c['family_median_abs_error_pct']:.1f}%, worst {c['family_max_abs_error_pct']:.1f}%"
+            for c in per_cal if c["family_median_abs_error_pct"] is not None) + ".")
+        lines.append(f"Calibrations' predictions differ by at most {summary['calibration_spread_pct']:.1f}% "
+                     f"(other families {summary['family_calibration_spread_pct'] or 0:.1f}%).")
     table = "\n".join(lines)
     print(table)
     if args.markdown:

@@ -89,19 +89,27 @@ class _Emitter:
         e = batch * tokens * h
         s = self.s
         w = int(h * s * (2 if kind == "layer" else 1))
+        reads, writes = NORM_TRAFFIC.get(kind, (1.0, 1.0))
         self._add(module_path=path, op="rms_norm" if kind == "rms" else "layer_norm", category="norm",
                   module_type="RMSNorm" if kind == "rms" else "LayerNorm",
                   input_shapes=[(batch, tokens, h)], output_shape=(batch, tokens, h),
-                  weight_bytes=w, bytes_read=int(e * s) + w, bytes_written=int(e * s), elements=e,
+                  weight_bytes=w, bytes_read=int(reads * e * s) + w, bytes_written=int(writes * e * s), elements=e,
                   launches=NORM_LAUNCHES.get(kind, 1))
 
     def pointwise(self, path: str, op: str, category: str, shape: tuple[int, ...], inputs: int,
-                  elements: int | None = None, launches: int | None = None) -> None:
+                  elements: int | None = None, launches: int | None = None,
+                  traffic: tuple[float, float] | None = None) -> None:
+        """An elementwise op over ``shape``; ``traffic``: (reads, writes) of full tensors when
+        it runs as several kernels (default: ``inputs`` reads and one write, or the
+        activation's own, :func:`activation_traffic`)."""
         e = elements if elements is not None else math.prod(shape)
         s = self.s
         n = launches if launches is not None else (activation_launches(op) if category == "activation" else 1)
+        if traffic is None:
+            traffic = activation_traffic(op) if category == "activation" else None
+        reads, writes = traffic if traffic is not None else (float(inputs), 1.0)
         self._add(module_path=path, op=op, category=category, input_shapes=[shape] * inputs, output_shape=shape,
-                  bytes_read=int(inputs * e * s), bytes_written=int(e * s), elements=e, launches=n)
+                  bytes_read=int(reads * e * s), bytes_written=int(writes * e * s), elements=e, launches=n)
 
     def attention(self, path: str, batch: int, tokens: int, keys: int, m: Architecture, *,
                   kv_heads: int | None = None, cached: bool = True) -> None:
@@ -143,9 +151,26 @@ MOE_GATHER_LAUNCHES = 4
 MOE_SCATTER_LAUNCHES = 3
 
 
+# Memory traffic of the ops written as several kernels, in full tensors (reads, writes): every
+# kernel of the chain reads and writes a whole intermediate, so it moves several times the bytes
+# of one fused pass. RMSNorm: pow (1 read, 1 write), mean (1, ~0), x * rsqrt (1, 1), weight * x
+# (1, 1); rotary, per query/key tensor of e elements: x * cos (1, 1), rotate_half's neg of one
+# half and cat (1, 1), * sin (1, 1), the sum (2, 1); the tanh GELU: x^3, * c, + x, * sqrt(2/pi),
+# tanh, + 1, * 0.5 x (about 10 reads, 8 writes); quick GELU: * 1.702, sigmoid, * x (4, 3).
+NORM_TRAFFIC = {"rms": (4.0, 3.0), "layer": (1.0, 1.0)}
+ROTARY_TRAFFIC = (5.0, 4.0)  # per element of the query + key tensors
+_ACTIVATION_TRAFFIC = {"gelu_new": (10.0, 8.0), "gelu_accurate": (11.0, 9.0), "gelu_python_tanh": (10.0, 8.0),
+                       "quick_gelu": (4.0, 3.0)}
+
+
 def activation_launches(act: str) -> int:
     """Kernel calls of the activation ``act`` (a transformers ``hidden_act`` name)."""
     return _ACTIVATION_LAUNCHES.get(act, 1)
+
+
+def activation_traffic(act: str) -> tuple[float, float] | None:
+    """(reads, writes) in full tensors of the activation ``act`` when it runs as several kernels."""
+    return _ACTIVATION_TRAFFIC.get(act)
 
 
 def _names(m: Architecture) -> dict[str, str]:
@@ -170,7 +195,7 @@ def _layer(e: _Emitter, m: Architecture, li: int, batch: int, tokens: int, past:
     q_out, kv_out = m.num_heads * m.head_dim, m.num_kv_heads * m.head_dim
     if m.position == "rope":
         e.pointwise(f"{attn}.rotary", "rotary_embedding", "elementwise", (batch, tokens, q_out + kv_out), inputs=2,
-                    launches=ROTARY_LAUNCHES)
+                    launches=ROTARY_LAUNCHES, traffic=ROTARY_TRAFFIC)
     keys = m.keys_attended(li, past, tokens)
     if past and m.causal:
         # transformers' DynamicCache appends by concatenation: the cached entries are read and

@@ -4,21 +4,29 @@ Each observation is one phase of one measured ``generate`` call: the operations 
 (from capture or the analytic generator) and the measured time (TTFT for the prefill, the
 decode time for the decode steps). The model being fitted is the simulation's own::
 
-    time = sum_i [max(flops_i * g_i * x_f, bytes_i * ((1 - f_i) * x_b + f_i * x_c)) + pack_i * x_k]
+    time = sum_i [max(flops_i * x_f + row_i * x_h + scores_i * x_sm,
+                      bytes_i * ((1 - f_i) * x_b + f_i * x_c)) + pack_i * x_k]
            + ops * x_o + calls * x_l + forward_passes * x_s + [prefill] * x_p
 
-with ``g_i = (rows_i + h) / rows_i`` for a matrix product with ``rows_i`` output rows (small
-products run below the peak rate), ``f_i = min(1, C / resident_i)`` the share of the op's bytes
-served from a cache of ``C`` bytes when its forward pass touches ``resident_i`` bytes of weights
-and KV cache, ``pack_i`` the weight bytes of a matrix product with at least ``P`` rows (the
-blocked BLAS path repacks its weights), ``x_f = 1 / FLOP/s``, ``x_b`` and ``x_c`` seconds per
-byte from memory and from cache, ``x_k`` per repacked byte, ``x_o`` the per-op overhead, ``x_l`` the overhead of each further kernel call an op
-stands for (``calls``: ``launches - 1`` summed over the ops; an eager RMSNorm is six calls), ``x_s``
-the per-forward-pass overhead and ``x_p`` the once-per-``generate`` set-up cost (prefill only).
-``h``, ``C`` and ``P`` are chosen on small grids. The ``max`` makes it piecewise linear, so the
-fit alternates: label every op compute- or memory-bound with the current estimate, solve the
-linear least-squares problem (numpy, rows weighted by 1/measured so that the *relative* error is
-minimised, negative coefficients dropped and refitted), and repeat until the labels stop changing.
+with ``row_i = flops_i / rows_i`` for a matrix product with ``rows_i`` output rows (0 for other
+ops): ``x_h = h * x_f`` is the small-M slowdown ``(rows + h) / rows`` of the cost model written
+as a linear term, so ``h`` is fitted like the rates, not picked on a grid; ``scores_i`` the
+softmax elements of attention (``x_sm`` per element); ``f_i = min(1, C / resident_i)`` the share
+of the op's bytes served from a cache of ``C`` bytes when its forward pass touches
+``resident_i`` bytes of weights and KV cache; ``pack_i`` the weight bytes of a matrix product
+with at least ``P`` rows (the blocked BLAS path repacks its weights); ``x_f = 1 / FLOP/s``,
+``x_b`` and ``x_c`` seconds per byte from memory and from cache, ``x_k`` per repacked byte, ``x_o`` the per-op overhead, ``x_l``
+the overhead of each further kernel call an op stands for (``calls``: ``launches - 1`` summed
+over the ops; an eager RMSNorm is six calls), ``x_s`` the per-forward-pass overhead and ``x_p``
+the once-per-``generate`` set-up cost (prefill only). ``C`` and ``P`` are chosen on small grids.
+
+The ``max`` makes it piecewise linear, so the fit alternates: label every op compute- or
+memory-bound with the current estimate, solve the linear least-squares problem (numpy, rows
+weighted by 1/measured so that the *relative* error is minimised, negative coefficients dropped
+and refitted), and repeat until the labels stop changing. The fit is robust (Huber weights on
+the relative error, ``fit(robust=...)``): a configuration the model misses by far, because it
+was measured at a bad moment or does something the model does not describe, is down-weighted
+instead of pulling every coefficient, which is what keeps two calibrations of one machine close.
 """
 
 from __future__ import annotations
@@ -38,7 +46,7 @@ from perfsdk.simulation.costmodel import matmul_rows, op_bytes
 log = structlog.get_logger("perfsdk.simulation.calibration")
 
 PARAMS = ("s_per_flop", "s_per_byte", "op_overhead_s", "step_overhead_s", "prefill_overhead_s", "s_per_cached_byte",
-          "s_per_packed_byte", "launch_overhead_s")
+          "s_per_packed_byte", "launch_overhead_s", "s_per_row_flop", "s_per_score")
 
 
 @dataclass
@@ -57,6 +65,7 @@ class Observation:
     weight_bytes: np.ndarray | None = None  # weights of each op
     ops: float | None = None  # (weighted) ops that make a kernel call; None: every op counts
     extra_launches: float = 0.0  # (weighted) kernel calls beyond each op's first
+    scores: np.ndarray | None = None  # softmax elements: attention scores, softmax outputs (0 for other ops)
 
     @classmethod
     def from_ops(cls, label: str, phase: str, measured_s: float, ops: list[OpRecord],
@@ -79,33 +88,49 @@ class Observation:
                    rows=np.array([matmul_rows(o) if o.category == "matmul" else np.inf for o in ops]),
                    resident=np.array([resident[o.step] for o in ops], dtype=float),
                    weight_bytes=np.array([o.weight_bytes for o in ops], dtype=float), ops=calls,
-                   extra_launches=extra)
+                   extra_launches=extra,
+                   scores=np.array([o.elements if o.category in ("attention", "softmax") else 0 for o in ops],
+                                   dtype=float))
 
     def cached_fraction(self, cache_bytes: float) -> np.ndarray:
         """Share of each op's bytes served from a cache of ``cache_bytes`` (see :func:`cached_fraction`)."""
         res = self.resident if self.resident is not None else self.bytes_
         return cached_fraction(res, cache_bytes)
 
-    def features(self, x_f: float, x_b: float, half_rows: float = 0.0, cache_bytes: float = 0.0,
-                 x_c: float = 0.0, pack_rows: float = 0.0) -> np.ndarray:
-        """[compute-bound FLOPs, memory-bound bytes from memory, op count, forward passes, prefill,
-        memory-bound bytes from cache, weight bytes repacked, further kernel calls] at this estimate.
+    def row_flops(self) -> np.ndarray:
+        """FLOPs of one output row of each matrix product (``flops / rows``; 0 for other ops)."""
+        if self.rows is None:
+            return np.zeros_like(self.flops)
+        mm = np.isfinite(self.rows)
+        return np.where(mm, self.flops / np.where(mm, self.rows, 1.0), 0.0)
 
-        FLOPs of matrix products are scaled by ``(rows + half_rows) / rows`` (small-M slowdown);
-        the bytes of a forward pass whose weights + KV cache fit ``cache_bytes`` are split
-        between the cache and memory rates (:func:`cached_fraction`); matrix products with at
-        least ``pack_rows`` rows repack their weights (a pass over them on top of max(compute, memory)).
+    def features(self, x_f: float, x_b: float, half_rows: float = 0.0, cache_bytes: float = 0.0,
+                 x_c: float = 0.0, pack_rows: float = 0.0, x_h: float = 0.0, x_s: float = 0.0) -> np.ndarray:
+        """The linear features of :data:`PARAMS` at this estimate: [compute-bound FLOPs,
+        memory-bound bytes from memory, op count, forward passes, prefill, memory-bound bytes
+        from cache, weight bytes repacked, further kernel calls, compute-bound FLOPs per output
+        row, compute-bound softmax elements].
+
+        The small-M slowdown of a matrix product, ``(rows + h) / rows`` on its FLOPs, is
+        ``flops * x_f + (flops / rows) * x_h`` with ``x_h = h * x_f``: linear in a coefficient of
+        its own, fitted like the others. A fixed ``half_rows`` instead scales the FLOPs of the
+        first column. The bytes of a forward pass whose weights + KV cache fit ``cache_bytes``
+        are split between the cache and memory rates (:func:`cached_fraction`). Matrix products with at least
+        ``pack_rows`` rows repack their weights (a pass over them on top of max(compute,
+        memory)). Attention also computes a softmax over its score elements (``x_s`` seconds
+        each, the profile's ``softmax_ns_per_element``).
         """
         flops = self.flops
-        if half_rows and self.rows is not None:
-            mm = np.isfinite(self.rows)
-            flops = np.where(mm, flops * (np.where(mm, self.rows, 1.0) + half_rows) / np.where(mm, self.rows, 1.0),
-                             flops)
+        per_row = self.row_flops()
+        scores = self.scores if self.scores is not None else np.zeros_like(flops)
+        if half_rows:
+            flops = flops + per_row * half_rows
         f = self.cached_fraction(cache_bytes) if cache_bytes else np.zeros_like(self.bytes_)
-        compute_bound = flops * x_f >= self.bytes_ * (x_b * (1.0 - f) + x_c * f)
+        compute_bound = flops * x_f + per_row * x_h + scores * x_s >= self.bytes_ * (x_b * (1.0 - f) + x_c * f)
+        wc = self.weights * compute_bound
         mem = self.weights * self.bytes_ * ~compute_bound
         return np.array([
-            float(np.sum(self.weights * flops * compute_bound)),
+            float(np.sum(wc * flops)),
             float(np.sum(mem * (1.0 - f))),
             self.op_count,
             self.forward_passes,
@@ -113,6 +138,8 @@ class Observation:
             float(np.sum(mem * f)),
             float(np.sum(self.weights * self.packed_bytes(pack_rows))),
             self.extra_launches,
+            float(np.sum(wc * per_row)),
+            float(np.sum(wc * scores)),
         ])
 
     @property
@@ -129,7 +156,7 @@ class Observation:
     def predict(self, x: np.ndarray, half_rows: float = 0.0, cache_bytes: float = 0.0,
                 pack_rows: float = 0.0) -> float:
         x = np.concatenate([np.asarray(x, dtype=float), np.zeros(max(0, len(PARAMS) - len(x)))])
-        return float(self.features(x[0], x[1], half_rows, cache_bytes, x[5], pack_rows) @ x)
+        return float(self.features(x[0], x[1], half_rows, cache_bytes, x[5], pack_rows, x[8], x[9]) @ x)
 
 
 @dataclass
@@ -169,6 +196,8 @@ def _nnls(a: np.ndarray, b: np.ndarray, free: list[int]) -> np.ndarray:
     return x
 
 
+#: Fixed small-M values to try instead of fitting ``h`` (``fit(half_rows=...)``); by default
+#: ``h`` is a fitted coefficient, not a grid choice.
 HALF_ROWS_GRID = (0.0, 1.0, 2.0, 4.0, 8.0, 12.0, 16.0, 24.0, 32.0, 48.0, 64.0)
 CACHE_GRID = (0.0, 4e6, 8e6, 16e6, 32e6, 64e6, 128e6)
 PACK_ROWS_GRID = (0.0, 2.0, 3.0, 4.0, 8.0)
@@ -183,14 +212,16 @@ def cached_fraction(resident: np.ndarray, cache_bytes: float) -> np.ndarray:
 
 
 def fit(observations: list[Observation], *, fit_step_overhead: bool = True, max_iter: int = 30,
-        half_rows: tuple[float, ...] | None = HALF_ROWS_GRID,
+        half_rows: tuple[float, ...] | None = None,
         cache_bytes: tuple[float, ...] | None = CACHE_GRID,
-        pack_rows: tuple[float, ...] | None = PACK_ROWS_GRID) -> FitResult:
+        pack_rows: tuple[float, ...] | None = PACK_ROWS_GRID, robust: float | None = 0.1) -> FitResult:
     """Fit the coefficients to ``observations`` (see the module docstring).
 
-    ``half_rows``: candidate values of the matrix-product size at half efficiency;
-    ``cache_bytes``: candidate cache sizes (0: one memory rate for all bytes). The pair with the
-    least relative squared error is kept.
+    ``half_rows``: ``None`` (default) fits the small-M slowdown ``h`` as a linear coefficient
+    (continuous, so two calibrations cannot land on different grid points); a tuple of fixed
+    values tries each instead (``(0.0,)``: no small-M term). ``cache_bytes``: candidate cache
+    sizes (0: one memory rate for all bytes); ``pack_rows``: candidate sizes from which matrix
+    products repack their weights. The combination with the least relative squared error is kept.
     """
     if len(observations) < 3:
         raise ValueError(f"need at least 3 observations to calibrate, got {len(observations)}")
@@ -198,35 +229,51 @@ def fit(observations: list[Observation], *, fit_step_overhead: bool = True, max_
     best_sse = float("inf")
     for c in cache_bytes or (0.0,):
         for pr in pack_rows or (0.0,):
-            for h in half_rows or (0.0,):
-                res = _fit_at(observations, h, c, pr, fit_step_overhead=fit_step_overhead, max_iter=max_iter)
+            for h in half_rows if half_rows is not None else (None,):
+                res = _fit_at(observations, h, c, pr, fit_step_overhead=fit_step_overhead, max_iter=max_iter,
+                              robust=robust)
                 k = res.coefficients
                 if c and not 0 < k["s_per_cached_byte"] <= k["s_per_byte"]:
                     # a cache that serves bytes for free, or slower than memory, is not a cache
                     # (and leaves the memory rate unidentified): the c = 0 fit covers that case
                     continue
-                sse = sum(e * e for e in res.errors_pct.values())
+                sse = _loss(np.array(list(res.errors_pct.values())) / 100.0, robust)
                 if sse < best_sse - 1e-12:
                     best, best_sse = res, sse
     assert best is not None
     return best
 
 
-def _fit_at(observations: list[Observation], h: float, c: float = 0.0, pr: float = 0.0, *, fit_step_overhead: bool,
-            max_iter: int) -> FitResult:
-    """Fit the linear coefficients at a fixed small-M parameter ``h`` and cache size ``c``."""
+def _loss(rel_errors: np.ndarray, robust: float | None) -> float:
+    """Squared relative errors, or with ``robust`` the Huber loss (quadratic up to ``robust``,
+    linear beyond) that the robust fit minimises."""
+    r = np.abs(rel_errors)
+    if not robust:
+        return float(np.sum(r * r))
+    return float(np.sum(np.where(r <= robust, r * r, 2 * robust * r - robust * robust)))
+
+
+def _fit_at(observations: list[Observation], h: float | None, c: float = 0.0, pr: float = 0.0, *,
+            fit_step_overhead: bool, max_iter: int, robust: float | None = None) -> FitResult:
+    """Fit the linear coefficients at cache size ``c`` and repacking size ``pr``; the small-M
+    parameter is fitted (``h`` None) or fixed at ``h``."""
     if len(observations) < 3:
         raise ValueError(f"need at least 3 observations to calibrate, got {len(observations)}")
-    free = [0, 1, 2, 3, 4, 7] if fit_step_overhead else [0, 1, 2, 4, 7]
+    free = [0, 1, 2, 3, 4, 7, 9] if fit_step_overhead else [0, 1, 2, 4, 7, 9]
     if c:
         free.append(5)
     if pr:
         free.append(6)
+    if h is None:
+        free.append(8)
+    hf = h or 0.0
     # start from an additive model: every op both compute- and memory-costed
-    a0 = np.array([[np.sum(o.weights * o.flops), np.sum(o.weights * o.bytes_ * (1 - o.cached_fraction(c))),
+    a0 = np.array([[np.sum(o.weights * (o.flops + hf * o.row_flops())),
+                    np.sum(o.weights * o.bytes_ * (1 - o.cached_fraction(c))),
                     o.op_count, o.forward_passes, 1.0 if o.phase == "prefill" else 0.0,
                     np.sum(o.weights * o.bytes_ * o.cached_fraction(c)), np.sum(o.weights * o.packed_bytes(pr)),
-                    o.extra_launches]
+                    o.extra_launches, np.sum(o.weights * o.row_flops()) if h is None else 0.0,
+                    np.sum(o.weights * (o.scores if o.scores is not None else 0.0))]
                    for o in observations])
     b = np.array([o.measured_s for o in observations])
     scale = 1.0 / b
@@ -234,20 +281,32 @@ def _fit_at(observations: list[Observation], h: float, c: float = 0.0, pr: float
     x = _nnls(a0 * scale[:, None] / col, b * scale, free) / col
     labels: list[Any] = []
     it = 0
+    w = np.ones_like(b)
     for it in range(1, max_iter + 1):
         xf = x[0] if x[0] > 0 else 1e-18
         xb = x[1] if x[1] > 0 else 1e-18
-        a = np.array([o.features(xf, xb, h, c, x[5], pr) for o in observations])
+        a = np.array([o.features(xf, xb, hf, c, x[5], pr, x[8], x[9]) for o in observations])
         new_labels = [tuple(row[:2].tolist()) for row in a]
         col = np.maximum(np.abs(a).max(axis=0), 1e-30)
-        x = _nnls(a * scale[:, None] / col, b * scale, free) / col
-        if new_labels == labels:
+        x = _nnls(a * (scale * w)[:, None] / col, b * scale * w, free) / col
+        new_w = w
+        if robust:
+            # Huber weights on the relative error: an observation the model misses by more than
+            # ``robust`` counts in proportion to 1/|error|, so one noisy or unmodelled
+            # configuration cannot pull every coefficient towards itself
+            r = np.abs(a @ x - b) / b
+            new_w = np.minimum(1.0, robust / np.maximum(r, 1e-12))
+        if new_labels == labels and np.allclose(new_w, w, rtol=1e-3, atol=1e-4):
             break
-        labels = new_labels
-    errors = {o.label: 100.0 * (o.predict(x, h, c, pr) - o.measured_s) / o.measured_s for o in observations}
+        labels, w = new_labels, new_w
+    errors = {o.label: 100.0 * (o.predict(x, hf, c, pr) - o.measured_s) / o.measured_s for o in observations}
+    if h is None:
+        h_fit = float(x[8] / x[0]) if x[0] > 0 else 0.0
+    else:
+        h_fit = hf
     return FitResult(coefficients=dict(zip(PARAMS, (float(v) for v in x))), errors_pct=errors, iterations=it,
                      observations=len(observations), fixed=[] if fit_step_overhead else ["step_overhead_s"],
-                     matmul_half_rows=h, cache_bytes=c, pack_rows=pr)
+                     matmul_half_rows=h_fit, cache_bytes=c, pack_rows=pr)
 
 
 def profile_from_fit(result: FitResult, *, name: str = "host-calibrated", base: HardwareProfile | None = None,
@@ -285,7 +344,8 @@ def profile_from_fit(result: FitResult, *, name: str = "host-calibrated", base: 
         source += f" Not identifiable from the data, kept from {base.name}: {', '.join(missing)}."
     source += f" Energy, static power and efficiency-free rates: energy figures copied from {base.name} (estimates)."
     peak = fps / 1e12
-    cached_ok = bool(result.cache_bytes) and result.coefficients.get("s_per_cached_byte", 0) > 0
+    k = result.coefficients
+    cached = bool(result.cache_bytes) and k.get("s_per_cached_byte", 0) > 0
     return HardwareProfile(
         name=name, kind="cpu", variant=f"{cpu}, fitted rates", source=source,
         description="Effective rates of this host as perfsdk measured them (use with compute/memory efficiency 1.0).",
@@ -301,7 +361,8 @@ def profile_from_fit(result: FitResult, *, name: str = "host-calibrated", base: 
         matmul_pack_rows=result.pack_rows or None,
         matmul_pack_gbs=(1e-9 / result.coefficients["s_per_packed_byte"]
                          if result.pack_rows and result.coefficients.get("s_per_packed_byte", 0) > 0 else None),
-        cache_mb=result.cache_bytes / 1e6 if result.cache_bytes and cached_ok else None,
-        cache_bandwidth_gbs=1e-9 / result.coefficients["s_per_cached_byte"] if cached_ok else None,
+        cache_mb=result.cache_bytes / 1e6 if cached else None,
+        cache_bandwidth_gbs=1e-9 / k["s_per_cached_byte"] if cached else None,
+        softmax_ns_per_element=k.get("s_per_score", 0.0) * 1e9 or None,
     )
 

@@ -17,7 +17,11 @@ from perfsdk.simulation.calibration.fit import FitResult, Observation, fit
 
 @dataclass
 class Measurement:
-    """Median TTFT and decode time of repeated ``generate`` calls of one configuration."""
+    """TTFT and decode time of repeated ``generate`` calls of one configuration.
+
+    ``decode_steps_s``: the time of each decode step (the gap before generated position 2, 3, …),
+    each the best over the repeats; ``decode_s`` is their sum.
+    """
 
     model: str
     batch_size: int
@@ -26,10 +30,22 @@ class Measurement:
     ttft_s: float
     decode_s: float
     repeats: int
+    decode_steps_s: list[float] | None = None
 
     @property
     def tpot_s(self) -> float | None:
         return self.decode_s / (self.output_tokens - 1) if self.output_tokens > 1 else None
+
+    def merged(self, other: Measurement) -> Measurement:
+        """The best of both (another pass over the same configuration): the faster TTFT, and
+        each decode step the faster of the two."""
+        steps = None
+        if self.decode_steps_s is not None and other.decode_steps_s is not None:
+            steps = [min(a, b) for a, b in zip(self.decode_steps_s, other.decode_steps_s)]
+        return Measurement(model=self.model, batch_size=self.batch_size, input_tokens=self.input_tokens,
+                           output_tokens=self.output_tokens, ttft_s=min(self.ttft_s, other.ttft_s),
+                           decode_s=sum(steps) if steps is not None else min(self.decode_s, other.decode_s),
+                           repeats=self.repeats + other.repeats, decode_steps_s=steps)
 
 
 class _Stamps:
@@ -59,7 +75,10 @@ def measure_generate(model: Any, batch_size: int, input_tokens: int, output_toke
     (one clock: ``time.perf_counter_ns``), over ``repeats`` calls after ``warmup``. The default
     estimator is the minimum: on a shared machine other processes only ever add time, so the
     fastest repeat is the best estimate of the machine's own speed (``estimator="median"``
-    for the median). ``clock="cpu"`` times with this process's CPU time instead of the wall
+    for the median). The decode time is taken step by step: each decode step's time is the
+    estimator over the repeats of that step (same position, same context length), and the
+    decode time their sum, so an interruption in one step of one call does not cost that call
+    all its other steps. ``clock="cpu"`` times with this process's CPU time instead of the wall
     clock: with one torch thread it leaves out the time the process waited for a core that other
     processes held, which is what makes timings on a busy shared machine comparable.
     """
@@ -71,7 +90,8 @@ def measure_generate(model: Any, batch_size: int, input_tokens: int, output_toke
     mask = torch.ones_like(ids)
     kw = dict(input_ids=ids, attention_mask=mask, max_new_tokens=output_tokens, min_new_tokens=output_tokens,
               do_sample=False, pad_token_id=0)
-    ttft, dec = [], []
+    ttft: list[float] = []
+    steps: list[list[float]] = []
     with torch.inference_mode():
         for i in range(warmup + repeats):
             clk = time.process_time_ns if clock == "cpu" else time.perf_counter_ns
@@ -81,10 +101,11 @@ def measure_generate(model: Any, batch_size: int, input_tokens: int, output_toke
             if i < warmup:
                 continue
             ttft.append((st.times[0] - t0) / 1e9)
-            dec.append((st.times[-1] - st.times[0]) / 1e9)
+            steps.append([(b - a) / 1e9 for a, b in zip(st.times, st.times[1:])])
     pick = min if estimator == "min" else statistics.median
+    per_step = [pick(col) for col in zip(*steps)]
     return Measurement(model=label, batch_size=batch_size, input_tokens=input_tokens, output_tokens=output_tokens,
-                       ttft_s=pick(ttft), decode_s=pick(dec), repeats=repeats)
+                       ttft_s=pick(ttft), decode_s=sum(per_step), repeats=repeats, decode_steps_s=per_step)
 
 
 def build_random_model(spec: str) -> Any:
@@ -203,8 +224,8 @@ def calibrate_here(models: list[str], grid: list[tuple[int, int, int]] | None = 
     plus the micro-kernels (``micro``), and fit.
 
     Every configuration is measured ``repeats`` times (after a warm-up call) in each of
-    ``passes`` round-robin passes over all of them, and the fastest TTFT and decode time are
-    kept: spreading the repeats over time lets each configuration meet a quiet moment, which is
+    ``passes`` round-robin passes over all of them, and the fastest TTFT and decode steps are
+    kept (:meth:`Measurement.merged`): spreading the repeats over time lets each configuration meet a quiet moment, which is
     what makes two calibrations of the same machine agree. The micro-kernels are timed at the
     start and at the end, and the faster of the two kept.
     """
@@ -224,11 +245,7 @@ def calibrate_here(models: list[str], grid: list[tuple[int, int, int]] | None = 
             spec, b, i, o = key
             m = measure_generate(built[spec], b, i, o, repeats=repeats, label=spec, clock=clock, seed=p)
             prev = best.get(key)
-            if prev is not None:
-                m = Measurement(model=spec, batch_size=b, input_tokens=i, output_tokens=o,
-                                ttft_s=min(prev.ttft_s, m.ttft_s), decode_s=min(prev.decode_s, m.decode_s),
-                                repeats=prev.repeats + m.repeats)
-            best[key] = m
+            best[key] = m if prev is None else prev.merged(m)
             if progress is not None and p == max(1, passes) - 1:
                 progress(m)
     if micro:

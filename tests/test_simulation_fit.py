@@ -1,0 +1,115 @@
+"""The calibration fit: the small-M slowdown and the attention softmax fitted as coefficients,
+the robust weighting, and decode times taken step by step."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from perfsdk.capture.ops import OpRecord
+from perfsdk.hardware.profile import HardwareProfile
+from perfsdk.simulation.calibration import PARAMS, Measurement, Observation, fit, measure_generate, profile_from_fit
+from perfsdk.simulation.costmodel import cost_op
+
+
+def _linear(rows: int, k: int, n: int, step: int) -> OpRecord:
+    w = k * n * 4
+    return OpRecord(module_path=f"l{k}x{n}", op="linear", category="matmul", phase="decode", step=step,
+                    dtype="float32", input_shapes=[(rows, k)], output_shape=(rows, n), flops=2 * rows * k * n,
+                    macs=rows * k * n, weight_bytes=w, bytes_read=w + rows * k * 4, bytes_written=rows * n * 4,
+                    elements=rows * n)
+
+
+def _attention(queries: int, keys: int, heads: int, step: int) -> OpRecord:
+    hd = 16
+    kv = keys * heads * 2 * hd * 4
+    return OpRecord(module_path="attn", op="scaled_dot_product_attention", category="attention", phase="decode",
+                    step=step, dtype="float32", input_shapes=[(1, heads, queries, hd)],
+                    output_shape=(1, heads, queries, hd), flops=2 * heads * queries * keys * 2 * hd,
+                    macs=heads * queries * keys * 2 * hd, bytes_read=heads * queries * hd * 4 + kv, kv_bytes=kv,
+                    bytes_written=heads * queries * hd * 4, elements=heads * queries * keys)
+
+
+def _add(n: int, step: int) -> OpRecord:
+    return OpRecord(module_path="add", op="add", category="elementwise", phase="decode", step=step, dtype="float32",
+                    input_shapes=[(n,), (n,)], output_shape=(n,), bytes_read=8 * n, bytes_written=4 * n, elements=n)
+
+
+TRUTH = {"s_per_flop": 1e-11, "s_per_byte": 2.5e-11, "op_overhead_s": 5e-6, "step_overhead_s": 1e-4,
+         "prefill_overhead_s": 0.0, "s_per_cached_byte": 0.0, "s_per_packed_byte": 0.0, "launch_overhead_s": 0.0,
+         "s_per_row_flop": 7.3e-11, "s_per_score": 1.5e-9}
+
+
+def _observations(rng: np.random.Generator, n: int = 24) -> tuple[list[Observation], list[list[OpRecord]]]:
+    truth = np.array([TRUTH[p] for p in PARAMS])
+    obs, lists = [], []
+    for i in range(n):
+        rows = int(rng.choice([1, 2, 4, 8, 32, 128, 512]))
+        k, m = int(rng.choice([64, 256, 512])), int(rng.choice([128, 512, 1408]))
+        ops = [_linear(rows, k, m, 0), _linear(rows, m, k, 0), _attention(rows, int(rng.integers(8, 600)), 8, 0)]
+        ops += [_add(rows * k, 0) for _ in range(int(rng.integers(1, 8)))]
+        o = Observation.from_ops(f"o{i}", "decode", 1.0, ops)
+        o.measured_s = o.predict(truth)
+        obs.append(o)
+        lists.append(ops)
+    return obs, lists
+
+
+def test_fit_recovers_small_m_and_softmax_terms_between_grid_points() -> None:
+    obs, lists = _observations(np.random.default_rng(3))
+    res = fit(obs, cache_bytes=(0.0,), pack_rows=(0.0,))
+    # h = x_h / x_f = 7.3: no grid holds it, the linear fit recovers it exactly
+    assert res.matmul_half_rows == pytest.approx(7.3, rel=1e-6)
+    for name in ("s_per_flop", "s_per_byte", "op_overhead_s", "step_overhead_s", "s_per_row_flop", "s_per_score"):
+        assert res.coefficients[name] == pytest.approx(TRUTH[name], rel=1e-6), name
+    assert max(abs(e) for e in res.errors_pct.values()) < 1e-6
+    # the profile made from the fit costs every op as the fit did: the simulation and the
+    # calibration share one model
+    prof = profile_from_fit(res, name="fitted")
+    assert isinstance(prof, HardwareProfile)
+    assert prof.matmul_half_rows == pytest.approx(7.3, rel=1e-6)
+    assert prof.softmax_ns_per_element == pytest.approx(1.5, rel=1e-6)
+    for o, ops in zip(obs, lists):
+        simulated = sum(cost_op(op, prof).time_s for op in ops) + prof.step_overhead_s
+        assert simulated == pytest.approx(o.measured_s, rel=1e-6)
+
+
+def test_robust_fit_is_not_pulled_by_one_interrupted_measurement() -> None:
+    obs, _ = _observations(np.random.default_rng(5), n=30)
+    obs[4].measured_s *= 1.8  # measured while something else ran
+    robust = fit(obs, cache_bytes=(0.0,), pack_rows=(0.0,))
+    plain = fit(obs, cache_bytes=(0.0,), pack_rows=(0.0,), robust=None)
+    for name in ("s_per_flop", "s_per_byte", "s_per_row_flop", "s_per_score"):
+        assert robust.coefficients[name] == pytest.approx(TRUTH[name], rel=0.02), name
+    # the outlier keeps its error instead of spreading it over the others
+    assert robust.errors_pct["o4"] == pytest.approx(100 * (1 / 1.8 - 1), abs=2.0)
+    others = [abs(e) for k, e in robust.errors_pct.items() if k != "o4"]
+    assert max(others) < 2.0
+    worst_plain = max(abs(e) for k, e in plain.errors_pct.items() if k != "o4")
+    assert worst_plain > max(others)
+
+
+def test_fixed_small_m_values_are_still_accepted() -> None:
+    obs, _ = _observations(np.random.default_rng(3))
+    res = fit(obs, half_rows=(0.0, 8.0), cache_bytes=(0.0,), pack_rows=(0.0,))
+    assert res.matmul_half_rows in (0.0, 8.0) and res.coefficients["s_per_row_flop"] == 0.0
+
+
+def test_decode_steps_are_merged_step_by_step() -> None:
+    a = Measurement("m", 1, 8, 4, ttft_s=0.010, decode_s=0.007, repeats=3, decode_steps_s=[0.001, 0.005, 0.001])
+    b = Measurement("m", 1, 8, 4, ttft_s=0.012, decode_s=0.005, repeats=3, decode_steps_s=[0.002, 0.001, 0.002])
+    m = a.merged(b)
+    # neither call alone was this fast: each step keeps its own best
+    assert m.decode_steps_s == [0.001, 0.001, 0.001]
+    assert m.decode_s == pytest.approx(0.003) and m.ttft_s == 0.010 and m.repeats == 6
+    assert m.tpot_s == pytest.approx(0.001)
+
+
+def test_measure_generate_times_each_decode_step() -> None:
+    from perfsdk.simulation.calibration import build_random_model
+
+    model = build_random_model("builtin:tiny-llama-small@layers=1")
+    m = measure_generate(model, 1, 8, 5, repeats=2, warmup=1)
+    assert m.decode_steps_s is not None and len(m.decode_steps_s) == 4
+    assert m.decode_s == pytest.approx(sum(m.decode_steps_s))
+    assert all(t > 0 for t in m.decode_steps_s) and m.ttft_s > 0 and m.repeats == 2
