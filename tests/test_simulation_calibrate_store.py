@@ -141,10 +141,12 @@ def test_calibrate_from_store_predicts_its_runs(tmp_path: Path) -> None:
                                                                               (1, 64, 6)}
     prof = profile_from_fit(result, name="from-store")
     # the fitted profile predicts the runs it was fitted on: tolerance for timing on a shared
-    # machine: every TTFT and TPOT within a factor of 2, the median error within 40%
+    # machine: the median error within 40%, and every TTFT and TPOT within a factor of 2 but
+    # for at most two (the robust fit leaves a measurement disturbed by other load out, rather
+    # than bending every coefficient towards it)
     from perfsdk.models.tiny import tiny_llama_config
 
-    errs = []
+    errs, outside = [], []
     for m in used:
         name = "tiny-llama-small" if m.model == "builtin:tiny-llama-small" else "tiny-llama"
         shape = architecture_from_config(tiny_llama_config(name))
@@ -152,8 +154,10 @@ def test_calibrate_from_store_predicts_its_runs(tmp_path: Path) -> None:
                            output_tokens=m.output_tokens, dtype="float32")
         assert m.tpot_s is not None and p.tpot_s is not None
         for pred, meas in ((p.ttft_s, m.ttft_s), (p.tpot_s, m.tpot_s)):
-            assert 0.5 * meas <= pred <= 2.0 * meas, (m, pred, meas)
+            if not 0.5 * meas <= pred <= 2.0 * meas:
+                outside.append((m, pred, meas))
             errs.append(abs(pred - meas) / meas)
+    assert len(outside) <= 2, outside
     assert statistics.median(errs) <= 0.40
 
     # the command: one run only, YAML written and loadable as a profile

@@ -109,6 +109,9 @@ class Architecture:
     norms_per_layer: int = 2
     norm_weights: bool = True
     qk_norm: Literal["none", "head", "full"] = "none"
+    norm_unit_offset: bool = False  # RMSNorm scales by (1 + weight) and casts back (Gemma)
+    attn_logit_softcapping: float | None = None  # tanh cap on attention scores (Gemma 2): eager attention
+    final_logit_softcapping: float | None = None  # tanh cap on the logits (Gemma 2 and 3)
     # one matrix product computes several projections (the cost is the same, the call count not)
     fused_qkv: bool = False  # query, key and value in one call (GPT-2's c_attn, Phi-3's qkv_proj)
     fused_gate_up: bool = False  # gate and up projections of the dense MLP in one call (Phi-3)
@@ -503,6 +506,11 @@ def architecture_from_config(config: Any) -> Architecture:
     raise _unsupported(model_type)
 
 
+def _softcap(cfg: Any, name: str) -> float | None:
+    v = _get(cfg, name)
+    return float(v) if v else None
+
+
 def _need(cfg: Any, model_type: str, *names: str) -> int:
     v = _get(cfg, *names)
     if v is None:
@@ -617,6 +625,8 @@ def _decoder(cfg: Any, model_type: str, arch_name: str | None, layers_path: str 
         fused_qkv=mt in ("gpt2", "gpt_bigcode", "phi3"), fused_gate_up=mt == "phi3",
         fused_expert_gate_up=mt in ("mixtral", "qwen2_moe", "qwen3_moe", "deepseek_v3"),
         layer_windows=_windows(cfg, layers), norms_per_layer=norms, norm_weights=mt != "olmo", qk_norm=qk_norm,
+        norm_unit_offset=mt.startswith("gemma"), attn_logit_softcapping=_softcap(cfg, "attn_logit_softcapping"),
+        final_logit_softcapping=_softcap(cfg, "final_logit_softcapping"),
         num_experts=experts, experts_per_token=topk, expert_intermediate_size=expert_inter,
         shared_expert_intermediate_size=shared_inter, shared_expert_gate=shared_gate, dense_layers=dense,
         q_lora_rank=q_lora, kv_lora_rank=kv_lora, qk_rope_head_dim=rope_dim, architecture=arch_name,

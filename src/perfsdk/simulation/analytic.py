@@ -85,16 +85,20 @@ class _Emitter:
         self.linear(f"{prefix}.{lin.name}", batch, tokens, lin.in_features, lin.out_features, rows, lin.bias,
                     launches)
 
-    def norm(self, path: str, batch: int, tokens: int, h: int, kind: str) -> None:
-        e = batch * tokens * h
+    def norm(self, path: str, batch: int, tokens: int, h: int, kind: str, offset: bool = False,
+             groups: int = 1) -> None:
+        """A normalization over ``h`` features of ``batch x tokens x groups`` rows (``groups``:
+        heads of a per-head query/key norm); ``offset``: an RMSNorm scaling by (1 + weight)."""
+        e = batch * tokens * h * groups
         s = self.s
         w = int(h * s * (2 if kind == "layer" else 1))
         reads, writes = NORM_TRAFFIC.get(kind, (1.0, 1.0))
+        launches = NORM_LAUNCHES.get(kind, 1) + (NORM_OFFSET_LAUNCHES if offset and kind == "rms" else 0)
         self._add(module_path=path, op="rms_norm" if kind == "rms" else "layer_norm", category="norm",
                   module_type="RMSNorm" if kind == "rms" else "LayerNorm",
-                  input_shapes=[(batch, tokens, h)], output_shape=(batch, tokens, h),
+                  input_shapes=[(batch, tokens, h * groups)], output_shape=(batch, tokens, h * groups),
                   weight_bytes=w, bytes_read=int(reads * e * s) + w, bytes_written=int(writes * e * s), elements=e,
-                  launches=NORM_LAUNCHES.get(kind, 1))
+                  launches=launches)
 
     def pointwise(self, path: str, op: str, category: str, shape: tuple[int, ...], inputs: int,
                   elements: int | None = None, launches: int | None = None,
@@ -112,7 +116,7 @@ class _Emitter:
                   bytes_read=int(reads * e * s), bytes_written=int(writes * e * s), elements=e, launches=n)
 
     def attention(self, path: str, batch: int, tokens: int, keys: int, m: Architecture, *,
-                  kv_heads: int | None = None, cached: bool = True) -> None:
+                  kv_heads: int | None = None, cached: bool = True, launches: int = 1) -> None:
         """Scaled-dot-product attention of ``tokens`` queries over ``keys`` keys.
 
         ``kv_heads``: heads of the keys and values handed to the kernel (latent attention
@@ -131,12 +135,19 @@ class _Emitter:
                   flops=2 * score_elems * (hd + vd), macs=score_elems * (hd + vd),
                   bytes_read=q_bytes + kv, kv_bytes=kv if cached else 0,
                   bytes_written=int(batch * nh * tokens * vd * s) + int(batch * nkv * tokens * (hd + vd) * s),
-                  elements=score_elems)
+                  elements=score_elems, launches=launches)
 
 
 # Kernel calls one analytic op stands for in eager PyTorch / transformers (what a per-call
 # overhead multiplies; see ``launch_overhead_s`` in the cost model).
 NORM_LAUNCHES = {"rms": 6, "layer": 1}  # RMSNorm: pow, mean, add, rsqrt, mul, mul; LayerNorm: one kernel
+NORM_OFFSET_LAUNCHES = 2  # Gemma's RMSNorm: 1 + weight, and the cast back (type_as)
+# Gemma 2's capped attention runs eagerly: QK^T, / cap, tanh, * cap, + mask, softmax, dropout, PV
+SOFTCAP_ATTENTION_LAUNCHES = 8
+SOFTCAP_SCORE_TRAFFIC = (6.0, 5.0)  # the score tensor read and written by the elementwise steps
+SOFTCAP_LOGIT_LAUNCHES = 3  # / cap, tanh, * cap
+# calls to dropout (a no-op in eval mode, still a dispatched call) per layer, per family
+DROPOUT_CALLS = {"gpt2": 2, "gpt_bigcode": 2, "gpt_neox": 2, "starcoder2": 2, "phi": 2, "phi3": 2}
 ROTARY_LAUNCHES = 10  # per query and key: x * cos, rotate_half (neg, cat), * sin, add
 KV_CACHE_LAUNCHES = 2  # one concatenation for the keys, one for the values
 # activations written as several elementwise kernels (tanh approximations of GELU, x * sigmoid(a x))
@@ -146,9 +157,19 @@ _ACTIVATION_LAUNCHES = {"gelu_new": 8, "gelu_accurate": 9, "gelu_python_tanh": 8
 # the stop test, the token indices (where) and the gather of its rows; then the routing weights'
 # gather, the scaling and the scatter-add of its rows into the output
 MOE_ROUTER_LAUNCHES = 4
+# DeepSeek-V3's group-limited routing: sigmoid, bias, per-group top-2 sums, group top-k, group
+# mask (zeros, scatter, expand, not, fill), top-k, gather of the weights, renormalise, scale
+MOE_ROUTER_LAUNCHES_BY_TYPE = {"deepseek_v3": 16}
 MOE_DISPATCH_LAUNCHES = 5
 MOE_GATHER_LAUNCHES = 4
 MOE_SCATTER_LAUNCHES = 3
+# experts stored as 3-D tensors go through transformers' experts interface, grouped by default:
+# the routed rows sorted by expert (sort, index of the token, gather of the rows and of their
+# weights, histc, cumsum), one grouped product for every expert's gate/up and one for the downs,
+# then the weights applied, the order restored (empty_like, arange, index_put_, gather) and the
+# top-k outputs of each token summed
+MOE_GROUPED_DISPATCH_LAUNCHES = 7
+MOE_GROUPED_COMBINE_LAUNCHES = 6
 
 
 # Memory traffic of the ops written as several kernels, in full tensors (reads, writes): every
@@ -179,6 +200,9 @@ def _names(m: Architecture) -> dict[str, str]:
         mlp_norm = f"layer.{2 if m.cross_attention else 1}.layer_norm"
         return {"attn_norm": "layer.0.layer_norm", "attn": "layer.0.SelfAttention", "cross_norm": "layer.1.layer_norm",
                 "cross": "layer.1.EncDecAttention", "mlp_norm": mlp_norm, "mlp": mlp_norm.replace("layer_norm", "DenseReluDense")}
+    if m.norms_per_layer == 4:  # Gemma 2 and 3: each block's output normalized too
+        return {"attn_norm": "input_layernorm", "attn": "self_attn", "attn_out_norm": "post_attention_layernorm",
+                "mlp_norm": "pre_feedforward_layernorm", "mlp_out_norm": "post_feedforward_layernorm", "mlp": "mlp"}
     return {"attn_norm": "layer_norm1" if m.role == "vision" else "input_layernorm", "attn": "self_attn",
             "mlp_norm": "layer_norm2" if m.role == "vision" else "post_attention_layernorm", "mlp": "mlp"}
 
@@ -188,11 +212,23 @@ def _layer(e: _Emitter, m: Architecture, li: int, batch: int, tokens: int, past:
     p = f"{m.layers_path}.{li}"
     n = _names(m)
     attn = f"{p}.{n['attn']}"
-    e.norm(f"{p}.{n['attn_norm']}", batch, tokens, h, m.norm)
+    off = m.norm_unit_offset
+    dropouts = DROPOUT_CALLS.get(m.model_type, 0) // 2
+    e.norm(f"{p}.{n['attn_norm']}", batch, tokens, h, m.norm, off)
     *proj, out = m.attention_linears()
     for j, lin in enumerate(proj):
         e.apply(p, lin, batch, tokens, launches=0 if m.fused_qkv and j else 1)
     q_out, kv_out = m.num_heads * m.head_dim, m.num_kv_heads * m.head_dim
+    if m.kv_lora_rank is not None:  # latent attention normalizes its compressed query and key-value
+        if m.q_lora_rank:
+            e.norm(f"{attn}.q_a_layernorm", batch, tokens, m.q_lora_rank, "rms", off)
+        e.norm(f"{attn}.kv_a_layernorm", batch, tokens, m.kv_lora_rank, "rms", off)
+    if m.qk_norm == "head":  # per head, over the head size (Qwen3, Gemma 3)
+        e.norm(f"{attn}.q_norm", batch, tokens, m.head_dim, "rms", off, groups=m.num_heads)
+        e.norm(f"{attn}.k_norm", batch, tokens, m.head_dim, "rms", off, groups=m.num_kv_heads)
+    elif m.qk_norm == "full":  # over every query and key feature (OLMo 2)
+        e.norm(f"{attn}.q_norm", batch, tokens, q_out, "rms", off)
+        e.norm(f"{attn}.k_norm", batch, tokens, kv_out, "rms", off)
     if m.position == "rope":
         e.pointwise(f"{attn}.rotary", "rotary_embedding", "elementwise", (batch, tokens, q_out + kv_out), inputs=2,
                     launches=ROTARY_LAUNCHES, traffic=ROTARY_TRAFFIC)
@@ -216,9 +252,14 @@ def _layer(e: _Emitter, m: Architecture, li: int, batch: int, tokens: int, past:
     if m.relative_attention_num_buckets:
         e.pointwise(f"{attn}.relative_attention_bias", "add", "elementwise", (batch, m.num_heads, tokens, keys), inputs=2)
     e.attention(f"{attn}.attn", batch, tokens, keys, m, kv_heads=m.num_heads if expand else None,
-                cached=m.causal and not expand)
+                cached=m.causal and not expand, launches=2 if m.attn_logit_softcapping else 1)
+    if m.attn_logit_softcapping:  # the eager path's elementwise steps over the scores
+        e.pointwise(f"{attn}.softcap", "softcap_softmax", "elementwise", (batch, m.num_heads, tokens, keys),
+                    inputs=1, launches=SOFTCAP_ATTENTION_LAUNCHES - 2, traffic=SOFTCAP_SCORE_TRAFFIC)
     e.apply(p, out, batch, tokens)
-    e.pointwise(f"{p}.residual_attn", "add", "elementwise", (batch, tokens, h), inputs=2)
+    if "attn_out_norm" in n:
+        e.norm(f"{p}.{n['attn_out_norm']}", batch, tokens, h, m.norm, off)
+    e.pointwise(f"{p}.residual_attn", "add", "elementwise", (batch, tokens, h), inputs=2, launches=1 + dropouts)
     if m.cross_attention:
         cross = f"{p}.{n['cross']}"
         (q, o), kv = m.cross_attention_linears()
@@ -230,12 +271,15 @@ def _layer(e: _Emitter, m: Architecture, li: int, batch: int, tokens: int, past:
         e.attention(f"{cross}.attn", batch, tokens, encoder_tokens, m)
         e.apply(p, o, batch, tokens)
         e.pointwise(f"{p}.residual_cross", "add", "elementwise", (batch, tokens, h), inputs=2)
-    e.norm(f"{p}.{n['mlp_norm']}", batch, tokens, h, m.norm)
+    if m.norms_per_layer > 1 or m.model_type == "t5":  # one shared norm: attention and MLP in parallel (Phi)
+        e.norm(f"{p}.{n['mlp_norm']}", batch, tokens, h, m.norm, off)
     if m.is_moe_layer(li):
         _moe(e, m, p, batch, tokens)
     else:
         _mlp(e, m, p, m.mlp_linears(prefix=f"{n['mlp']}."), batch, tokens, None, fused=m.fused_gate_up)
-    e.pointwise(f"{p}.residual_mlp", "add", "elementwise", (batch, tokens, h), inputs=2)
+    if "mlp_out_norm" in n:
+        e.norm(f"{p}.{n['mlp_out_norm']}", batch, tokens, h, m.norm, off)
+    e.pointwise(f"{p}.residual_mlp", "add", "elementwise", (batch, tokens, h), inputs=2, launches=1 + dropouts)
 
 
 def _mlp(e: _Emitter, m: Architecture, p: str, lins: tuple[Linear, ...], batch: int, tokens: int,
@@ -264,15 +308,18 @@ def _moe(e: _Emitter, m: Architecture, p: str, batch: int, tokens: int) -> None:
     n_tok = batch * tokens
     e.apply(p, m.router(), batch, tokens)
     e.pointwise(f"{p}.mlp.router_softmax", "softmax", "softmax", (batch, tokens, m.num_experts), inputs=1,
-                launches=MOE_ROUTER_LAUNCHES)
+                launches=MOE_ROUTER_LAUNCHES_BY_TYPE.get(m.model_type, MOE_ROUTER_LAUNCHES))
     active = expected_active_experts(m.num_experts, m.experts_per_token, n_tok)
     # the routed rows (tokens x top_k) split as evenly as whole rows allow among the experts reached
     routed = n_tok * m.experts_per_token
-    e.pointwise(f"{p}.mlp.dispatch", "one_hot", "other", (m.num_experts, routed), inputs=1,
-                launches=MOE_DISPATCH_LAUNCHES)
+    if not m.fused_expert_gate_up:
+        e.pointwise(f"{p}.mlp.dispatch", "one_hot", "other", (m.num_experts, routed), inputs=1,
+                    launches=MOE_DISPATCH_LAUNCHES)
     base, extra = divmod(routed, active)
     h = m.hidden_size
-    for j in range(active):
+    if m.fused_expert_gate_up:
+        _grouped_experts(e, m, p, batch, tokens, active, routed)
+    for j in range(active if not m.fused_expert_gate_up else 0):
         rows = base + (1 if j < extra else 0)
         # the expert's rows gathered from the hidden states, its output scaled and added back
         e.pointwise(f"{p}.mlp.experts.{j}.gather", "index", "other", (rows, h), inputs=1,
@@ -287,6 +334,32 @@ def _moe(e: _Emitter, m: Architecture, p: str, batch: int, tokens: int) -> None:
         _mlp(e, m, p, mlp, batch, tokens, None)
         for lin in shared[len(mlp):]:  # the shared expert's gate
             e.apply(p, lin, batch, tokens)
+
+
+def _grouped_experts(e: _Emitter, m: Architecture, p: str, batch: int, tokens: int, active: int, routed: int) -> None:
+    """Experts stored as 3-D tensors, run grouped: the routed rows sorted by expert and gathered,
+    one grouped product over every expert reached for gate/up and one for down (each expert's
+    share of it an op of its own, the call counted once), the outputs weighted, put back in
+    order and summed over each token's top-k."""
+    h = m.hidden_size
+    e.pointwise(f"{p}.mlp.dispatch", "index", "other", (routed, h), inputs=1, launches=MOE_GROUPED_DISPATCH_LAUNCHES)
+    base, extra = divmod(routed, active)
+    inter = m.expert_intermediate_size
+    for j in range(active):
+        rows = base + (1 if j < extra else 0)
+        first = 1 if j == 0 else 0
+        gate, up, down = m.mlp_linears(inter, prefix=f"mlp.experts.{j}.")
+        act_path = f"{p}.mlp.experts.{j}.act_fn"
+        e.apply(p, gate, batch, tokens, rows, launches=first)
+        e.apply(p, up, batch, tokens, rows, launches=0)
+        e.pointwise(act_path, m.hidden_act or "act", "activation", (batch, tokens, inter), inputs=1,
+                    elements=rows * inter, launches=first * activation_launches(m.hidden_act or "act"))
+        e.pointwise(act_path.replace("act_fn", "gate_mul"), "mul", "elementwise", (batch, tokens, inter), inputs=2,
+                    elements=rows * inter, launches=first)
+        e.apply(p, down, batch, tokens, rows, launches=first)
+    # weighting, reordering (a gather) and the sum over each token's top-k: three passes over the rows
+    e.pointwise(f"{p}.mlp.combine", "index", "other", (routed, h), inputs=1, launches=MOE_GROUPED_COMBINE_LAUNCHES,
+                traffic=(3.0, 3.0))
 
 
 def _embedding(e: _Emitter, path: str, batch: int, tokens: int, vocab: int, h: int) -> None:
@@ -308,8 +381,11 @@ def forward_ops(m: Architecture, batch: int, tokens: int, past: int, dtype: str,
     _embedding(e, m.embed_path, batch, tokens, m.vocab_size, h)
     for li in range(m.num_layers):
         _layer(e, m, li, batch, tokens, past, encoder_tokens)
-    e.norm(m.final_norm_path, batch, logits_tokens, h, m.norm)
+    e.norm(m.final_norm_path, batch, logits_tokens, h, m.norm, m.norm_unit_offset)
     e.linear("lm_head", batch, logits_tokens, h, m.vocab_size, bias=m.lm_head_bias)
+    if m.final_logit_softcapping:
+        e.pointwise("lm_head.softcap", "softcap", "elementwise", (batch, logits_tokens, m.vocab_size), inputs=1,
+                    launches=SOFTCAP_LOGIT_LAUNCHES, traffic=(3.0, 3.0))
     return e.ops
 
 
