@@ -37,18 +37,49 @@ import time
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 
-CALIBRATION_MODELS = ["builtin:tiny-llama-medium", "builtin:tiny-llama-medium@layers=4",
-                      "builtin:tiny-llama-medium@layers=2", "builtin:tiny-llama-medium@layers=1",
-                      "builtin:tiny-llama-medium@hidden=64@layers=8", "builtin:tiny-llama-medium@hidden=64@layers=2"]
 TEST_MODELS = ["builtin:tiny-llama-small", "builtin:tiny-llama", "builtin:tiny-llama-large"]
 # families the calibration never sees: plain MLP + LayerNorm + GELU + biases + fused QKV (GPT-2),
 # biased QKV + tied embeddings (Qwen2), fused QKV and gate/up (Phi-3), experts + sliding window (Mixtral)
 FAMILY_MODELS = ["family:gpt2", "family:qwen2-tied", "family:phi3", "family:mixtral-swa"]
+# more families (``--models extra``): per-head query/key norms (Qwen3), offset norms and GeGLU
+# (Gemma), four norms per layer and capped eager attention (Gemma 2), parallel residual with
+# partial rotary (GPT-NeoX), biased plain MLP with GQA (StarCoder2), full query/key norms (OLMo 2),
+# scaled residuals (Granite), shared expert with a gate (Qwen2-MoE)
+EXTRA_FAMILY_MODELS = ["family:qwen3", "family:gemma", "family:gemma2", "family:gpt-neox", "family:starcoder2",
+                       "family:olmo2", "family:granite", "family:qwen2-moe"]
 
 
 def family_config(name: str) -> object:
     """A small configuration of another family, built from its transformers config class."""
+    import transformers as t
     from transformers import GPT2Config, MixtralConfig, Phi3Config, Qwen2Config
+
+    common = dict(vocab_size=8192, max_position_embeddings=512)
+    if name == "qwen3":
+        return t.Qwen3Config(hidden_size=384, intermediate_size=1024, num_hidden_layers=4, num_attention_heads=6,
+                             num_key_value_heads=2, head_dim=64, **common)
+    if name == "gemma":
+        return t.GemmaConfig(hidden_size=256, intermediate_size=1024, num_hidden_layers=4, num_attention_heads=4,
+                             num_key_value_heads=1, head_dim=64, **common)
+    if name == "gemma2":
+        return t.Gemma2Config(hidden_size=256, intermediate_size=768, num_hidden_layers=4, num_attention_heads=4,
+                              num_key_value_heads=2, head_dim=64, sliding_window=16, **common)
+    if name == "gpt-neox":
+        return t.GPTNeoXConfig(hidden_size=384, intermediate_size=1536, num_hidden_layers=4, num_attention_heads=6,
+                               **common)
+    if name == "starcoder2":
+        return t.Starcoder2Config(hidden_size=384, intermediate_size=1536, num_hidden_layers=4, num_attention_heads=6,
+                                  num_key_value_heads=2, **common)
+    if name == "olmo2":
+        return t.Olmo2Config(hidden_size=320, intermediate_size=896, num_hidden_layers=5, num_attention_heads=5,
+                             pad_token_id=0, **common)
+    if name == "granite":
+        return t.GraniteConfig(hidden_size=384, intermediate_size=1024, num_hidden_layers=4, num_attention_heads=6,
+                               num_key_value_heads=2, **common)
+    if name == "qwen2-moe":
+        return t.Qwen2MoeConfig(hidden_size=256, intermediate_size=512, moe_intermediate_size=256,
+                                shared_expert_intermediate_size=512, num_experts=4, num_experts_per_tok=2,
+                                num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2, **common)
 
     if name == "gpt2":
         return GPT2Config(n_embd=384, n_layer=4, n_head=6, vocab_size=8192, n_positions=512)
@@ -93,16 +124,20 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--threads", type=int, default=1, help="torch threads (1: least sensitive to a shared machine)")
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--passes", type=int, default=3)
-    ap.add_argument("--calibration-passes", type=int, default=2, help="round-robin passes of the calibration")
+    ap.add_argument("--calibration-passes", type=int, default=3, help="round-robin passes of the calibration (perfsdk calibrate's default)")
     ap.add_argument("--calibration-repeats", type=int, default=3,
                     help="repeats per configuration and pass of the calibration (perfsdk calibrate's default)")
+    ap.add_argument("--min-time", type=float, default=0.2,
+                    help="seconds each configuration is timed for at least, per pass, in the calibration and the "
+                         "measurement (cheap configurations get more repeats)")
     ap.add_argument("--calibrations", type=int, default=2,
                     help="independent calibrations, one after the other: the table uses the first, and their "
                          "predictions are compared (reproducibility)")
     ap.add_argument("--clock", choices=["wall", "cpu"], default="cpu",
                     help="cpu: process CPU time (with 1 thread, immune to other processes holding the cores)")
-    ap.add_argument("--models", choices=["all", "llama", "families"], default="all",
-                    help="which predicted models: the llama sizes, the other families, or both")
+    ap.add_argument("--models", choices=["all", "llama", "families", "extra"], default="all",
+                    help="which predicted models: the llama sizes, the four other families, both (all), or "
+                         "eight more families (extra)")
     ap.add_argument("--json", help="write the rows as JSON here")
     ap.add_argument("--markdown", help="write the table as Markdown here")
     ap.add_argument("--profile-out", help="write the calibrated profile YAML here")
@@ -111,7 +146,8 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     from perfsdk.hardware.profile import profile_to_yaml
-    from perfsdk.simulation.calibration import Measurement, calibrate_here, measure_generate, profile_from_fit
+    from perfsdk.simulation.calibration import (DEFAULT_CALIBRATION_MODELS, Measurement, calibrate_here,
+                                                measure_generate, profile_from_fit)
     from perfsdk.simulation.predictor import simulate_model
     from perfsdk.models.arch import architecture_from_config
 
@@ -120,8 +156,8 @@ def main(argv: list[str] | None = None) -> int:
     profiles, fits = [], []
     for k in range(args.calibrations):
         tc = time.time()
-        fit, _ = calibrate_here(CALIBRATION_MODELS, repeats=args.calibration_repeats, threads=args.threads, clock=args.clock,
-                                passes=args.calibration_passes)
+        fit, _ = calibrate_here(list(DEFAULT_CALIBRATION_MODELS), repeats=args.calibration_repeats, threads=args.threads, clock=args.clock,
+                                passes=args.calibration_passes, min_time_s=args.min_time)
         fits.append(fit)
         profiles.append(profile_from_fit(fit, name="host-calibrated", note="benchmarks/simulation_accuracy.py"))
         print(f"calibration {k + 1} in {time.time() - tc:.0f} s: {json.dumps(fit.coefficients)}, "
@@ -134,15 +170,15 @@ def main(argv: list[str] | None = None) -> int:
         with open(args.profile_out, "w", encoding="utf-8") as fh:
             fh.write(profile_to_yaml(profile))
 
-    specs = ((TEST_MODELS if args.models != "families" else [])
-             + (FAMILY_MODELS if args.models != "llama" else []))
+    specs = {"all": TEST_MODELS + FAMILY_MODELS, "llama": TEST_MODELS, "families": FAMILY_MODELS,
+             "extra": EXTRA_FAMILY_MODELS}[args.models]
     models = {spec: build_model(spec) for spec in specs}
     configs = [(spec, b, o) for spec in specs for b in BATCHES for o in OUTPUTS]
     best: dict[tuple[str, int, int], Measurement] = {}
     for p in range(args.passes):
         for spec, b, o in configs:
             m = measure_generate(models[spec], b, INPUT_TOKENS, o, repeats=args.repeats, label=spec, seed=p,
-                                 clock=args.clock)
+                                 clock=args.clock, min_time_s=args.min_time)
             prev = best.get((spec, b, o))
             best[(spec, b, o)] = m if prev is None else prev.merged(m)
         print(f"pass {p + 1}/{args.passes} done at {time.time() - t0:.0f} s", file=sys.stderr, flush=True)

@@ -113,3 +113,14 @@ def test_measure_generate_times_each_decode_step() -> None:
     assert m.decode_steps_s is not None and len(m.decode_steps_s) == 4
     assert m.decode_s == pytest.approx(sum(m.decode_steps_s))
     assert all(t > 0 for t in m.decode_steps_s) and m.ttft_s > 0 and m.repeats == 2
+
+
+def test_cheap_configurations_are_repeated_for_a_minimum_time() -> None:
+    from perfsdk.simulation.calibration import build_random_model
+
+    model = build_random_model("builtin:tiny-llama-small@layers=1")
+    once = measure_generate(model, 1, 4, 2, repeats=1, warmup=1)
+    assert once.repeats == 1
+    timed = measure_generate(model, 1, 4, 2, repeats=1, warmup=1, min_time_s=0.05, max_repeats=40)
+    # each call takes a few milliseconds: repeated until 50 ms were timed, or 40 calls
+    assert 1 < timed.repeats <= 40

@@ -239,8 +239,10 @@ def hardware_convert(path: str, output: str | None) -> None:
               show_default=True, help="Models to measure (random weights); spec@layers=N changes the depth")
 @click.option("--repeats", default=3, show_default=True, type=click.IntRange(min=1),
               help="Timed calls per configuration in each pass (after a warm-up call)")
-@click.option("--passes", default=2, show_default=True, type=click.IntRange(min=1),
+@click.option("--passes", default=3, show_default=True, type=click.IntRange(min=1),
               help="Round-robin passes over all configurations; the fastest time of each is kept")
+@click.option("--min-time", "min_time", default=0.2, show_default=True, type=click.FloatRange(min=0.0),
+              help="Seconds each configuration is timed for at least, per pass (cheap ones are repeated more)")
 @click.option("--threads", type=click.IntRange(min=1), help="torch threads (default: torch's)")
 @click.option("--clock", type=click.Choice(["wall", "cpu"]), default="wall", show_default=True,
               help="cpu: time with process CPU time (use with --threads 1 on a busy shared machine)")
@@ -250,7 +252,8 @@ def hardware_convert(path: str, output: str | None) -> None:
 @click.option("--from-store", "from_store", type=click.Path(file_okay=False),
               help="Fit from the measured runs in this store instead of measuring (see --run)")
 @click.option("--run", "run_ids", multiple=True, help="With --from-store: only these run ids (default: all runs)")
-def calibrate_command(models: tuple[str, ...], repeats: int, passes: int, threads: int | None, clock: str,
+def calibrate_command(models: tuple[str, ...], repeats: int, passes: int, min_time: float, threads: int | None,
+                      clock: str,
                       name: str, output: str | None, as_json: bool, from_store: str | None, run_ids: tuple[str, ...]) -> None:
     """Fit a host profile (FLOP/s, bandwidth, per-op and per-step overhead) from short measured runs,
     or with --from-store from runs already measured and stored."""
@@ -275,7 +278,7 @@ def calibrate_command(models: tuple[str, ...], repeats: int, passes: int, thread
                     f"({len(used)} measured shapes).")
         else:
             result, _ = calibrate_here(list(models), repeats=repeats, threads=threads, progress=progress, clock=clock,
-                                       passes=passes)
+                                       passes=passes, min_time_s=min_time)
             note = f"Models: {', '.join(models)}."
         profile = profile_from_fit(result, name=name, note=note)
     except ValueError as exc:

@@ -4,6 +4,7 @@ grid of shapes, plus two micro-kernels, turned into observations and fitted
 
 from __future__ import annotations
 
+import gc
 import statistics
 import time
 from dataclasses import dataclass
@@ -68,7 +69,7 @@ class _Stamps:
 
 def measure_generate(model: Any, batch_size: int, input_tokens: int, output_tokens: int, *, repeats: int = 3,
                      warmup: int = 1, label: str = "model", seed: int = 0, estimator: str = "min",
-                     clock: str = "wall") -> Measurement:
+                     clock: str = "wall", min_time_s: float = 0.0, max_repeats: int = 64) -> Measurement:
     """Time ``model.generate`` on random token ids, forcing exactly ``output_tokens`` tokens.
 
     TTFT = generate start to the first generated position; decode = first to last position
@@ -81,6 +82,11 @@ def measure_generate(model: Any, batch_size: int, input_tokens: int, output_toke
     all its other steps. ``clock="cpu"`` times with this process's CPU time instead of the wall
     clock: with one torch thread it leaves out the time the process waited for a core that other
     processes held, which is what makes timings on a busy shared machine comparable.
+
+    ``min_time_s``: keep repeating (up to ``max_repeats``) until the timed calls add up to at
+    least this long, so that a cheap configuration gets as many chances at a quiet moment as an
+    expensive one (its fixed costs are what the per-call overheads are fitted from). The garbage
+    collector is paused while timing, as ``timeit`` does.
     """
     import torch
 
@@ -92,20 +98,31 @@ def measure_generate(model: Any, batch_size: int, input_tokens: int, output_toke
               do_sample=False, pad_token_id=0)
     ttft: list[float] = []
     steps: list[list[float]] = []
-    with torch.inference_mode():
-        for i in range(warmup + repeats):
-            clk = time.process_time_ns if clock == "cpu" else time.perf_counter_ns
-            st = _Stamps(clk)
-            t0 = clk()
-            model.generate(**kw, streamer=st)
-            if i < warmup:
-                continue
-            ttft.append((st.times[0] - t0) / 1e9)
-            steps.append([(b - a) / 1e9 for a, b in zip(st.times, st.times[1:])])
+    clk = time.process_time_ns if clock == "cpu" else time.perf_counter_ns
+    spent = 0.0
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        with torch.inference_mode():
+            i = 0
+            while i < warmup + repeats or (spent < min_time_s and len(ttft) < max_repeats):
+                st = _Stamps(clk)
+                t0 = clk()
+                model.generate(**kw, streamer=st)
+                t1 = clk()
+                i += 1
+                if i <= warmup:
+                    continue
+                spent += (t1 - t0) / 1e9
+                ttft.append((st.times[0] - t0) / 1e9)
+                steps.append([(b - a) / 1e9 for a, b in zip(st.times, st.times[1:])])
+    finally:
+        if was_enabled:
+            gc.enable()
     pick = min if estimator == "min" else statistics.median
     per_step = [pick(col) for col in zip(*steps)]
     return Measurement(model=label, batch_size=batch_size, input_tokens=input_tokens, output_tokens=output_tokens,
-                       ttft_s=pick(ttft), decode_s=sum(per_step), repeats=repeats, decode_steps_s=per_step)
+                       ttft_s=pick(ttft), decode_s=sum(per_step), repeats=len(ttft), decode_steps_s=per_step)
 
 
 def build_random_model(spec: str) -> Any:
@@ -219,13 +236,15 @@ DEFAULT_CALIBRATION_MODELS = ["builtin:tiny-llama-medium", "builtin:tiny-llama-m
 
 def calibrate_here(models: list[str], grid: list[tuple[int, int, int]] | None = None, *, repeats: int = 3,
                    threads: int | None = None, fit_step_overhead: bool = True, micro: bool = True,
-                   progress: Any = None, clock: str = "wall", passes: int = 2) -> tuple[FitResult, list[Measurement]]:
+                   progress: Any = None, clock: str = "wall", passes: int = 3,
+                   min_time_s: float = 0.2) -> tuple[FitResult, list[Measurement]]:
     """Measure ``models`` (random weights) on a grid of (batch, input tokens, output tokens),
     plus the micro-kernels (``micro``), and fit.
 
     Every configuration is measured ``repeats`` times (after a warm-up call) in each of
     ``passes`` round-robin passes over all of them, and the fastest TTFT and decode steps are
-    kept (:meth:`Measurement.merged`): spreading the repeats over time lets each configuration meet a quiet moment, which is
+    kept (:meth:`Measurement.merged`); a configuration faster than ``min_time_s`` over its
+    repeats is repeated until it has taken that long (:func:`measure_generate`): spreading the repeats over time lets each configuration meet a quiet moment, which is
     what makes two calibrations of the same machine agree. The micro-kernels are timed at the
     start and at the end, and the faster of the two kept.
     """
@@ -243,7 +262,8 @@ def calibrate_here(models: list[str], grid: list[tuple[int, int, int]] | None = 
     for p in range(max(1, passes)):
         for key in configs:
             spec, b, i, o = key
-            m = measure_generate(built[spec], b, i, o, repeats=repeats, label=spec, clock=clock, seed=p)
+            m = measure_generate(built[spec], b, i, o, repeats=repeats, label=spec, clock=clock, seed=p,
+                                 min_time_s=min_time_s)
             prev = best.get(key)
             best[key] = m if prev is None else prev.merged(m)
             if progress is not None and p == max(1, passes) - 1:
