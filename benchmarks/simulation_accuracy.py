@@ -15,9 +15,11 @@ Protocol
    {1, 4} x output lengths {8, 32} at a 32-token prompt (``--models`` picks the sets).
 3. Measure the same configurations (TTFT = generate start to first token, TPOT = decode time
    / (output tokens - 1)). Each is measured ``--repeats`` times (after one warm-up) in each of
-   ``--passes`` round-robin passes over all configurations, and the fastest time is kept: on a
-   shared machine load comes and goes, and spreading the repeats over time lets each
-   configuration meet a quiet moment. Report the signed error ``(predicted - measured) / measured``
+   ``--passes`` round-robin passes over all configurations, and the fastest time is kept (each
+   decode step's fastest): on a shared machine load comes and goes, and spreading the repeats
+   over time lets each configuration meet a quiet moment. The measurement passes alternate with
+   the ``--calibrations`` calibrations (measure, calibrate, measure, calibrate, measure), so that
+   a drift of the machine's speed over minutes hits both sides alike. Report the signed error ``(predicted - measured) / measured``
    and the median and worst absolute error over the other families.
 
 Run: ``PYTHONPATH=src python benchmarks/simulation_accuracy.py [--threads 1] [--repeats 3]
@@ -153,11 +155,26 @@ def main(argv: list[str] | None = None) -> int:
 
     torch.set_num_threads(args.threads)
     t0 = time.time()
-    profiles, fits = [], []
-    for k in range(args.calibrations):
+    specs = {"all": TEST_MODELS + FAMILY_MODELS, "llama": TEST_MODELS, "families": FAMILY_MODELS,
+             "extra": EXTRA_FAMILY_MODELS}[args.models]
+    models = {spec: build_model(spec) for spec in specs}
+    configs = [(spec, b, o) for spec in specs for b in BATCHES for o in OUTPUTS]
+    best: dict[tuple[str, int, int], Measurement] = {}
+
+    def measure_pass(p: int) -> None:
+        for spec, b, o in configs:
+            m = measure_generate(models[spec], b, INPUT_TOKENS, o, repeats=args.repeats, label=spec, seed=p,
+                                 clock=args.clock, min_time_s=args.min_time)
+            prev = best.get((spec, b, o))
+            best[(spec, b, o)] = m if prev is None else prev.merged(m)
+        print(f"measurement pass {p + 1}/{args.passes} done at {time.time() - t0:.0f} s", file=sys.stderr,
+              flush=True)
+
+    def calibrate(k: int) -> None:
         tc = time.time()
-        fit, _ = calibrate_here(list(DEFAULT_CALIBRATION_MODELS), repeats=args.calibration_repeats, threads=args.threads, clock=args.clock,
-                                passes=args.calibration_passes, min_time_s=args.min_time)
+        fit, _ = calibrate_here(list(DEFAULT_CALIBRATION_MODELS), repeats=args.calibration_repeats,
+                                threads=args.threads, clock=args.clock, passes=args.calibration_passes,
+                                min_time_s=args.min_time)
         fits.append(fit)
         profiles.append(profile_from_fit(fit, name="host-calibrated", note="benchmarks/simulation_accuracy.py"))
         print(f"calibration {k + 1} in {time.time() - tc:.0f} s: {json.dumps(fit.coefficients)}, "
@@ -165,23 +182,25 @@ def main(argv: list[str] | None = None) -> int:
               f"cache {fit.cache_bytes / 1e6:g} MB", file=sys.stderr)
         print("in-sample errors %: " + ", ".join(f"{k}: {v:+.1f}" for k, v in fit.errors_pct.items()),
               file=sys.stderr)
+
+    # measurement passes and calibrations alternate (measure, calibrate, measure, calibrate,
+    # measure …): this machine's speed drifts over minutes, and alternating lets both sides see
+    # the same moments instead of the calibration one period and the measurement the next
+    profiles, fits = [], []
+    p = 0
+    for k in range(max(args.calibrations, args.passes)):
+        if p < args.passes:
+            measure_pass(p)
+            p += 1
+        if k < args.calibrations:
+            calibrate(k)
+    while p < args.passes:
+        measure_pass(p)
+        p += 1
     fit, profile = fits[0], profiles[0]
     if args.profile_out:
         with open(args.profile_out, "w", encoding="utf-8") as fh:
             fh.write(profile_to_yaml(profile))
-
-    specs = {"all": TEST_MODELS + FAMILY_MODELS, "llama": TEST_MODELS, "families": FAMILY_MODELS,
-             "extra": EXTRA_FAMILY_MODELS}[args.models]
-    models = {spec: build_model(spec) for spec in specs}
-    configs = [(spec, b, o) for spec in specs for b in BATCHES for o in OUTPUTS]
-    best: dict[tuple[str, int, int], Measurement] = {}
-    for p in range(args.passes):
-        for spec, b, o in configs:
-            m = measure_generate(models[spec], b, INPUT_TOKENS, o, repeats=args.repeats, label=spec, seed=p,
-                                 clock=args.clock, min_time_s=args.min_time)
-            prev = best.get((spec, b, o))
-            best[(spec, b, o)] = m if prev is None else prev.merged(m)
-        print(f"pass {p + 1}/{args.passes} done at {time.time() - t0:.0f} s", file=sys.stderr, flush=True)
     rows = []
     for spec, b, o in configs:
         shape = architecture_from_config(models[spec].config)
