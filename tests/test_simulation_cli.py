@@ -135,12 +135,13 @@ def test_simulate_kv_heads_and_sliding_window_overrides() -> None:
     assert r.exit_code == 0, r.output
     gqa = json.loads(r.output)
     assert gqa["devices"][0]["kv_cache_bytes"] == 2 * 32 * 8 * 128 * 2 * 19
-    assert gqa["notes"] == ["overrides: KV heads 8 (model: 32)"]
+    assert gqa["notes"] == ["dtype bfloat16 (the config states none; --dtype to choose)",
+                            "overrides: KV heads 8 (model: 32)"]
     assert gqa["tpot_s"] < base["tpot_s"]
     r = CliRunner().invoke(simulate_command, [*args, "--num-key-value-heads", "8", "--sliding-window", "8"])
     win = json.loads(r.output)
     assert win["devices"][0]["kv_cache_bytes"] == 2 * 32 * 8 * 128 * 2 * 8
-    assert "attention window 8 (model: full)" in win["notes"][0]
+    assert "attention window 8 (model: full)" in win["notes"][-1]
     r = CliRunner().invoke(simulate_command, [*args, "--kv-heads", "5"])
     assert r.exit_code == 2 and "num_key_value_heads 5 must divide the model's 32 attention heads" in r.output
 
@@ -154,3 +155,33 @@ def test_simulate_shows_efficiency() -> None:
                                               "--input-tokens", "8", "--output-tokens", "2"])
     [dev] = json.loads(r.output)["devices"]
     assert dev["peak_assumed"] is False and 0 < dev["compute_efficiency"] < 1
+
+
+def test_simulate_dtype_auto_follows_the_config_then_the_device(tmp_path: Path) -> None:
+    cfg = {"model_type": "llama", "hidden_size": 256, "intermediate_size": 704, "num_hidden_layers": 2,
+           "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 4096}
+    plain = tmp_path / "plain" / "config.json"
+    plain.parent.mkdir()
+    plain.write_text(json.dumps(cfg), encoding="utf-8")
+    stated = tmp_path / "stated" / "config.json"
+    stated.parent.mkdir()
+    stated.write_text(json.dumps({**cfg, "torch_dtype": "float16"}), encoding="utf-8")
+
+    def run(model: Path, *extra: str) -> dict:
+        r = CliRunner().invoke(simulate_command, ["--model", str(model), "--output-tokens", "4", "--json", *extra])
+        assert r.exit_code == 0, r.output
+        return json.loads(r.output)
+
+    # no dtype in the config: float32 on a CPU (what PyTorch runs there, what calibrate measures)
+    on_cpu = run(plain, "--hardware", "host-cpu")
+    assert on_cpu["dtype"] == "float32"
+    assert "dtype float32 (a cpu profile, the config states none; --dtype to choose)" in on_cpu["notes"]
+    # ... bfloat16 on an accelerator; a dtype the config states wins on either
+    assert run(plain, "--hardware", "h100-sxm")["dtype"] == "bfloat16"
+    from_config = run(stated, "--hardware", "host-cpu")
+    assert from_config["dtype"] == "float16" and not any(n.startswith("dtype ") for n in from_config["notes"])
+    # an explicit --dtype is taken as given, without a note
+    explicit = run(plain, "--hardware", "host-cpu", "--dtype", "bfloat16")
+    assert explicit["dtype"] == "bfloat16" and not any(n.startswith("dtype ") for n in explicit["notes"])
+    # float32 moves twice the weight bytes of bfloat16: the memory-bound decode is slower
+    assert on_cpu["tpot_s"] > explicit["tpot_s"]

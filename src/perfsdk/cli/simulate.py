@@ -17,6 +17,9 @@ from perfsdk.plugins import hookimpl
 from perfsdk.simulation.mapping import MappingError, mapping_from
 from perfsdk.simulation.predictor import SimulationResult, simulate_model
 
+#: Data types ``perfsdk simulate --dtype`` accepts.
+SIMULATED_DTYPES = ("float32", "float16", "bfloat16", "float8_e4m3fn", "int8", "int4")
+
 log = structlog.get_logger("perfsdk.cli.simulate")
 
 
@@ -31,6 +34,23 @@ def _fail(msg: str) -> None:
 
 
 
+
+def _auto_dtype(config: Any, profile: HardwareProfile) -> tuple[str, str]:
+    """The dtype ``--dtype auto`` simulates, and why (empty: the one the config states)."""
+    stated = getattr(config, "dtype", None)
+    name = str(stated).removeprefix("torch.") if stated is not None else ""
+    why = "the config states none"
+    if name in SIMULATED_DTYPES:
+        try:
+            profile.dtype_key(name)
+            return name, ""
+        except HardwareProfileError:
+            why = f"the config's {name} has no peak on {profile.name}"
+    if profile.kind == "cpu":
+        return "float32", f"a cpu profile, {why}"
+    return "bfloat16", why
+
+
 @click.command("simulate")
 @click.option("--model", "model_spec", required=True, help="Config name (llama-2-7b ...), config.json path, builtin:... or cached HF id")
 @click.option("--hardware", default="h100-sxm", show_default=True,
@@ -43,8 +63,10 @@ def _fail(msg: str) -> None:
 @click.option("--output-tokens", default=128, show_default=True, type=click.IntRange(min=1))
 @click.option("--images", default=None, type=click.IntRange(min=0),
               help="Images per sequence of a vision-language model [default: 1]")
-@click.option("--dtype", default="bfloat16", show_default=True,
-              type=click.Choice(["float32", "float16", "bfloat16", "float8_e4m3fn", "int8", "int4"]))
+@click.option("--dtype", default="auto", show_default=True,
+              type=click.Choice(["auto", *SIMULATED_DTYPES]),
+              help="auto: the dtype the model's config states, else float32 on a cpu profile (what PyTorch "
+                   "runs there by default, and what calibrate measures) and bfloat16 on other devices")
 @click.option("--kv-heads", "--num-key-value-heads", "kv_heads", type=click.IntRange(min=1),
               help="Simulate with this many KV heads instead of the model's (must divide the attention heads)")
 @click.option("--sliding-window", type=click.IntRange(min=0),
@@ -59,13 +81,18 @@ def simulate_command(model_spec: str, hardware: str, hardware_files: tuple[str, 
     Encoder-decoder (T5) and vision-language (LLaVA) models get an encode phase: the encoder, or
     the vision tower and projector; TTFT spans encode and prefill.
     """
-    from perfsdk.models.resolve import resolve_architecture
+    from perfsdk.models.arch import architecture_from_config
+    from perfsdk.models.resolve import resolve_config
 
+    dtype_why = ""
     try:
         catalog = Catalog.load(hardware_files)
         profile = _profile(hardware, catalog)
         mapping = mapping_from(mapping_file)
-        base = resolve_architecture(model_spec)
+        config = resolve_config(model_spec)[0]
+        base = architecture_from_config(config)
+        if dtype == "auto":
+            dtype, dtype_why = _auto_dtype(config, profile)
         arch = apply_overrides(base, kv_heads, sliding_window)
         sim_profiles = [profile] + ([catalog.get(p) for p in mapping.devices.values()] if mapping else [])
         if not mapping or not mapping.default:
@@ -77,6 +104,8 @@ def simulate_command(model_spec: str, hardware: str, hardware_files: tuple[str, 
         _fail(str(exc))
         return
     notes = []
+    if dtype_why:
+        res = res.model_copy(update={"notes": [*res.notes, f"dtype {dtype} ({dtype_why}; --dtype to choose)"]})
     if kv_heads is not None:
         notes.append(f"KV heads {arch.num_kv_heads} (model: {base.num_kv_heads})")
     if sliding_window is not None:

@@ -472,6 +472,7 @@ def config_from_dict(data: dict[str, Any]) -> Any:
     data = dict(data)
     model_type = data.pop("model_type")
     architectures = data.pop("architectures", None)
+    stated_dtype = data.get("dtype") or data.get("torch_dtype")
     for k in ("_name_or_path", "transformers_version", "torch_dtype", "dtype"):
         data.pop(k, None)
     try:
@@ -480,6 +481,8 @@ def config_from_dict(data: dict[str, Any]) -> Any:
         raise InvalidConfig(f"config of model_type {model_type!r} rejected by transformers: {exc}") from None
     if architectures:
         cfg.architectures = list(architectures)
+    if isinstance(stated_dtype, str):  # the weights' dtype the file states (as a name, no conversion)
+        cfg.dtype = stated_dtype.removeprefix("torch.")
     return cfg
 
 
