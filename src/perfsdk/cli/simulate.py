@@ -32,9 +32,6 @@ def _fail(msg: str) -> None:
     fail(msg)
 
 
-
-
-
 def _auto_dtype(config: Any, profile: HardwareProfile) -> tuple[str, str]:
     """The dtype ``--dtype auto`` simulates, and why (empty: the one the config states)."""
     stated = getattr(config, "dtype", None)

@@ -152,18 +152,13 @@ ROTARY_LAUNCHES = 10  # per query and key: x * cos, rotate_half (neg, cat), * si
 KV_CACHE_LAUNCHES = 2  # one concatenation for the keys, one for the values
 # activations written as several elementwise kernels (tanh approximations of GELU, x * sigmoid(a x))
 _ACTIVATION_LAUNCHES = {"gelu_new": 8, "gelu_accurate": 9, "gelu_python_tanh": 8, "quick_gelu": 3}
-# mixture of experts (transformers' experts stored as 3-D tensors): the router's softmax, top-k and
-# renormalisation; the dispatch mask (zeros, one-hot, sum, greater, nonzero); per expert reached:
-# the stop test, the token indices (where) and the gather of its rows; then the routing weights'
-# gather, the scaling and the scatter-add of its rows into the output
+# mixture of experts: the router's softmax, top-k and renormalisation
 MOE_ROUTER_LAUNCHES = 4
 # DeepSeek-V3's group-limited routing: sigmoid, bias, per-group top-2 sums, group top-k, group
 # mask (zeros, scatter, expand, not, fill), top-k, gather of the weights, renormalise, scale
 MOE_ROUTER_LAUNCHES_BY_TYPE = {"deepseek_v3": 16}
-MOE_DISPATCH_LAUNCHES = 5
-MOE_GATHER_LAUNCHES = 4
-MOE_SCATTER_LAUNCHES = 3
-# experts stored as 3-D tensors go through transformers' experts interface, grouped by default:
+# every supported MoE family stores its experts as 3-D tensors, which go through transformers'
+# experts interface, grouped by default:
 # the routed rows sorted by expert (sort, index of the token, gather of the rows and of their
 # weights, histc, cumsum), one grouped product for every expert's gate/up and one for the downs,
 # then the weights applied, the order restored (empty_like, arange, index_put_, gather) and the
@@ -310,30 +305,20 @@ def _moe(e: _Emitter, m: Architecture, p: str, batch: int, tokens: int) -> None:
     e.pointwise(f"{p}.mlp.router_softmax", "softmax", "softmax", (batch, tokens, m.num_experts), inputs=1,
                 launches=MOE_ROUTER_LAUNCHES_BY_TYPE.get(m.model_type, MOE_ROUTER_LAUNCHES))
     active = expected_active_experts(m.num_experts, m.experts_per_token, n_tok)
-    # the routed rows (tokens x top_k) split as evenly as whole rows allow among the experts reached
     routed = n_tok * m.experts_per_token
-    if not m.fused_expert_gate_up:
-        e.pointwise(f"{p}.mlp.dispatch", "one_hot", "other", (m.num_experts, routed), inputs=1,
-                    launches=MOE_DISPATCH_LAUNCHES)
-    base, extra = divmod(routed, active)
-    h = m.hidden_size
-    if m.fused_expert_gate_up:
-        _grouped_experts(e, m, p, batch, tokens, active, routed)
-    for j in range(active if not m.fused_expert_gate_up else 0):
-        rows = base + (1 if j < extra else 0)
-        # the expert's rows gathered from the hidden states, its output scaled and added back
-        e.pointwise(f"{p}.mlp.experts.{j}.gather", "index", "other", (rows, h), inputs=1,
-                    launches=MOE_GATHER_LAUNCHES)
-        lins = m.mlp_linears(m.expert_intermediate_size, prefix=f"mlp.experts.{j}.")
-        _mlp(e, m, p, lins, batch, tokens, rows, fused=m.fused_expert_gate_up)
-        e.pointwise(f"{p}.mlp.experts.{j}.scatter", "index_add", "other", (rows, h), inputs=2,
-                    launches=MOE_SCATTER_LAUNCHES)
+    _grouped_experts(e, m, p, batch, tokens, active, routed)
     shared = m.shared_expert_linears()
     if shared:
         mlp = shared[:3] if m.gated_mlp else shared[:2]
         _mlp(e, m, p, mlp, batch, tokens, None)
         for lin in shared[len(mlp):]:  # the shared expert's gate
             e.apply(p, lin, batch, tokens)
+
+
+def _expert_rows(routed: int, active: int) -> list[int]:
+    """The routed rows (tokens x top_k) split as evenly as whole rows allow among the experts reached."""
+    base, extra = divmod(routed, active)
+    return [base + (1 if j < extra else 0) for j in range(active)]
 
 
 def _grouped_experts(e: _Emitter, m: Architecture, p: str, batch: int, tokens: int, active: int, routed: int) -> None:
@@ -343,10 +328,8 @@ def _grouped_experts(e: _Emitter, m: Architecture, p: str, batch: int, tokens: i
     order and summed over each token's top-k."""
     h = m.hidden_size
     e.pointwise(f"{p}.mlp.dispatch", "index", "other", (routed, h), inputs=1, launches=MOE_GROUPED_DISPATCH_LAUNCHES)
-    base, extra = divmod(routed, active)
     inter = m.expert_intermediate_size
-    for j in range(active):
-        rows = base + (1 if j < extra else 0)
+    for j, rows in enumerate(_expert_rows(routed, active)):
         first = 1 if j == 0 else 0
         gate, up, down = m.mlp_linears(inter, prefix=f"mlp.experts.{j}.")
         act_path = f"{p}.mlp.experts.{j}.act_fn"
