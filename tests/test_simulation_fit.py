@@ -1,5 +1,5 @@
-"""The calibration fit: the small-M slowdown and the attention softmax fitted as coefficients,
-the robust weighting, and decode times taken step by step."""
+"""The calibration fit: the small-M slowdown, the attention softmax and the cost per weight row
+fitted as coefficients, the robust weighting, and decode times taken step by step."""
 
 from __future__ import annotations
 
@@ -12,12 +12,12 @@ from perfsdk.simulation.calibration import PARAMS, Measurement, Observation, fit
 from perfsdk.simulation.costmodel import cost_op
 
 
-def _linear(rows: int, k: int, n: int, step: int) -> OpRecord:
+def _linear(rows: int, k: int, n: int, step: int, in_out: bool = False) -> OpRecord:
     w = k * n * 4
     return OpRecord(module_path=f"l{k}x{n}", op="linear", category="matmul", phase="decode", step=step,
                     dtype="float32", input_shapes=[(rows, k)], output_shape=(rows, n), flops=2 * rows * k * n,
                     macs=rows * k * n, weight_bytes=w, bytes_read=w + rows * k * 4, bytes_written=rows * n * 4,
-                    elements=rows * n)
+                    elements=rows * n, weight_rows=k if in_out else None)
 
 
 def _attention(queries: int, keys: int, heads: int, step: int) -> OpRecord:
@@ -37,7 +37,7 @@ def _add(n: int, step: int) -> OpRecord:
 
 TRUTH = {"s_per_flop": 1e-11, "s_per_byte": 2.5e-11, "op_overhead_s": 5e-6, "step_overhead_s": 1e-4,
          "prefill_overhead_s": 0.0, "s_per_cached_byte": 0.0, "s_per_packed_byte": 0.0, "launch_overhead_s": 0.0,
-         "s_per_row_flop": 7.3e-11, "s_per_score": 1.5e-9}
+         "s_per_row_flop": 7.3e-11, "s_per_score": 1.5e-9, "s_per_weight_row": 4e-8}
 
 
 def _observations(rng: np.random.Generator, n: int = 24) -> tuple[list[Observation], list[list[OpRecord]]]:
@@ -46,7 +46,8 @@ def _observations(rng: np.random.Generator, n: int = 24) -> tuple[list[Observati
     for i in range(n):
         rows = int(rng.choice([1, 2, 4, 8, 32, 128, 512]))
         k, m = int(rng.choice([64, 256, 512])), int(rng.choice([128, 512, 1408]))
-        ops = [_linear(rows, k, m, 0), _linear(rows, m, k, 0), _attention(rows, int(rng.integers(8, 600)), 8, 0)]
+        ops = [_linear(rows, k, m, 0), _linear(rows, m, k, 0, in_out=i % 3 == 0),
+               _attention(rows, int(rng.integers(8, 600)), 8, 0)]
         ops += [_add(rows * k, 0) for _ in range(int(rng.integers(1, 8)))]
         o = Observation.from_ops(f"o{i}", "decode", 1.0, ops)
         o.measured_s = o.predict(truth)
@@ -55,12 +56,13 @@ def _observations(rng: np.random.Generator, n: int = 24) -> tuple[list[Observati
     return obs, lists
 
 
-def test_fit_recovers_small_m_and_softmax_terms_between_grid_points() -> None:
+def test_fit_recovers_small_m_softmax_and_weight_row_terms_between_grid_points() -> None:
     obs, lists = _observations(np.random.default_rng(3))
     res = fit(obs, cache_bytes=(0.0,), pack_rows=(0.0,))
     # h = x_h / x_f = 7.3: no grid holds it, the linear fit recovers it exactly
     assert res.matmul_half_rows == pytest.approx(7.3, rel=1e-6)
-    for name in ("s_per_flop", "s_per_byte", "op_overhead_s", "step_overhead_s", "s_per_row_flop", "s_per_score"):
+    for name in ("s_per_flop", "s_per_byte", "op_overhead_s", "step_overhead_s", "s_per_row_flop", "s_per_score",
+                 "s_per_weight_row"):
         assert res.coefficients[name] == pytest.approx(TRUTH[name], rel=1e-6), name
     assert max(abs(e) for e in res.errors_pct.values()) < 1e-6
     # the profile made from the fit costs every op as the fit did: the simulation and the
@@ -69,6 +71,7 @@ def test_fit_recovers_small_m_and_softmax_terms_between_grid_points() -> None:
     assert isinstance(prof, HardwareProfile)
     assert prof.matmul_half_rows == pytest.approx(7.3, rel=1e-6)
     assert prof.softmax_ns_per_element == pytest.approx(1.5, rel=1e-6)
+    assert prof.matmul_ns_per_weight_row == pytest.approx(40.0, rel=1e-6)
     for o, ops in zip(obs, lists):
         simulated = sum(cost_op(op, prof).time_s for op in ops) + prof.step_overhead_s
         assert simulated == pytest.approx(o.measured_s, rel=1e-6)
@@ -79,7 +82,7 @@ def test_robust_fit_is_not_pulled_by_one_interrupted_measurement() -> None:
     obs[4].measured_s *= 1.8  # measured while something else ran
     robust = fit(obs, cache_bytes=(0.0,), pack_rows=(0.0,))
     plain = fit(obs, cache_bytes=(0.0,), pack_rows=(0.0,), robust=None)
-    for name in ("s_per_flop", "s_per_byte", "s_per_row_flop", "s_per_score"):
+    for name in ("s_per_flop", "s_per_byte", "s_per_row_flop", "s_per_score", "s_per_weight_row"):
         assert robust.coefficients[name] == pytest.approx(TRUTH[name], rel=0.02), name
     # the outlier keeps its error instead of spreading it over the others
     assert robust.errors_pct["o4"] == pytest.approx(100 * (1 / 1.8 - 1), abs=2.0)
@@ -124,3 +127,37 @@ def test_cheap_configurations_are_repeated_for_a_minimum_time() -> None:
     timed = measure_generate(model, 1, 4, 2, repeats=1, warmup=1, min_time_s=0.05, max_repeats=40)
     # each call takes a few milliseconds: repeated until 50 ms were timed, or 40 calls
     assert 1 < timed.repeats <= 40
+
+
+def test_weight_rows_follow_the_stored_layout() -> None:
+    """A matrix-vector product pays the profile's cost per row of its weight as stored: the
+    output features of a linear layer ([out, in]), the input features of a Conv1D ([in, out]),
+    and once for a fused Conv1D call whose parts share those rows."""
+    from perfsdk.models.arch import architecture_from_config
+    from perfsdk.simulation.analytic import forward_ops
+    from perfsdk.simulation.costmodel import compute_time_s, weight_rows
+    from transformers import GPT2Config, LlamaConfig
+
+    prof = HardwareProfile(name="p", kind="cpu", variant="test", source="test", memory_bandwidth_gbs=10.0,
+                           memory_pj_per_bit=1.0,
+                           peak_tflops={"fp32": 0.1}, compute_pj_per_flop=1.0, matmul_ns_per_weight_row=40.0)
+    lin = _linear(1, 384, 1152, 0)
+    conv = _linear(1, 384, 1152, 0, in_out=True)
+    flop_s = 2 * 384 * 1152 / 0.1e12
+    assert weight_rows(lin) == 1152 and weight_rows(conv) == 384
+    assert compute_time_s(lin, prof) == pytest.approx(flop_s + 1152 * 40e-9)
+    assert compute_time_s(conv, prof) == pytest.approx(flop_s + 384 * 40e-9)
+    assert weight_rows(_add(16, 0)) == 0
+
+    gpt2 = architecture_from_config(GPT2Config(n_embd=64, n_layer=1, n_head=4, vocab_size=256, n_positions=64))
+    rows = {o.module_path.rsplit(".", 1)[-1]: weight_rows(o)
+            for o in forward_ops(gpt2, 1, 1, 8, "float32", "decode", 1) if o.category == "matmul" and o.weight_bytes}
+    # c_attn [64, 192] is one call: its 64 rows once; c_proj [64, 64]; c_fc [64, 256]; the MLP's
+    # c_proj [256, 64]; the lm_head is a linear layer [256 vocab, 64]
+    assert rows == {"q_proj": 64, "k_proj": 0, "v_proj": 0, "o_proj": 64, "fc1": 64, "fc2": 256, "lm_head": 256}
+    llama = architecture_from_config(LlamaConfig(hidden_size=64, intermediate_size=176, num_hidden_layers=1,
+                                                 num_attention_heads=4, num_key_value_heads=2, vocab_size=256))
+    rows = {o.module_path.rsplit(".", 1)[-1]: weight_rows(o)
+            for o in forward_ops(llama, 1, 1, 8, "float32", "decode", 1) if o.category == "matmul" and o.weight_bytes}
+    assert rows == {"q_proj": 64, "k_proj": 32, "v_proj": 32, "o_proj": 64, "gate_proj": 176, "up_proj": 176,
+                    "down_proj": 64, "lm_head": 256}

@@ -46,3 +46,6 @@ class OpRecord:
     # several (an RMSNorm is pow, mean, add, rsqrt, mul, mul in eager PyTorch) or for none (the key
     # and value parts of a fused QKV projection ride on the query's call)
     launches: int = 1
+    # rows of a matrix product's weight as stored (a linear layer's output features; the input
+    # features of a weight stored [in, out], transformers' Conv1D); None: the output features
+    weight_rows: int | None = None

@@ -116,6 +116,9 @@ class Architecture:
     fused_qkv: bool = False  # query, key and value in one call (GPT-2's c_attn, Phi-3's qkv_proj)
     fused_gate_up: bool = False  # gate and up projections of the dense MLP in one call (Phi-3)
     fused_expert_gate_up: bool = False  # experts stored as 3-D tensors, gate and up in one call
+    # the layer weights are stored [in, out] and applied as x @ W (transformers' Conv1D, GPT-2):
+    # a matrix-vector product then runs over rows of out-features length
+    weights_in_out: bool = False
     # mixture of experts
     num_experts: int = 0
     experts_per_token: int = 0
@@ -626,7 +629,7 @@ def _decoder(cfg: Any, model_type: str, arch_name: str | None, layers_path: str 
         lm_head_bias=lm_head_bias, tie_word_embeddings=tie,
         max_position_embeddings=int(max_pos) if max_pos is not None else None,
         fused_qkv=mt in ("gpt2", "gpt_bigcode", "phi3"), fused_gate_up=mt == "phi3",
-        fused_expert_gate_up=mt in ("mixtral", "qwen2_moe", "qwen3_moe", "deepseek_v3"),
+        fused_expert_gate_up=mt in ("mixtral", "qwen2_moe", "qwen3_moe", "deepseek_v3"), weights_in_out=mt == "gpt2",
         layer_windows=_windows(cfg, layers), norms_per_layer=norms, norm_weights=mt != "olmo", qk_norm=qk_norm,
         norm_unit_offset=mt.startswith("gemma"), attn_logit_softcapping=_softcap(cfg, "attn_logit_softcapping"),
         final_logit_softcapping=_softcap(cfg, "final_logit_softcapping"),

@@ -69,21 +69,24 @@ class _Emitter:
                                  context_len=self.context_len, **kw))  # type: ignore[arg-type]
 
     def linear(self, path: str, batch: int, tokens: int, k: int, n: int, rows: int | None = None,
-               bias: bool = False, launches: int = 1) -> None:
-        """``[rows, k] @ [k, n]``; ``rows`` defaults to batch * tokens (an MoE expert gets its share)."""
+               bias: bool = False, launches: int = 1, in_out: bool = False) -> None:
+        """``[rows, k] @ [k, n]``; ``rows`` defaults to batch * tokens (an MoE expert gets its share).
+        ``in_out``: the weight is stored [k, n] (Conv1D), so its rows are the k input features,
+        shared by the parts of a fused call (counted on the part that makes the call)."""
         m = batch * tokens if rows is None else rows
         s = self.s
         w = int((k * n + (n if bias else 0)) * s)
         self._add(module_path=path, op="linear", category="matmul", module_type="Linear",
                   input_shapes=[(batch, tokens, k)], output_shape=(batch, tokens, n),
                   flops=2 * m * k * n, macs=m * k * n, weight_bytes=w,
-                  bytes_read=w + int(m * k * s), bytes_written=int(m * n * s), elements=m * n, launches=launches)
+                  bytes_read=w + int(m * k * s), bytes_written=int(m * n * s), elements=m * n, launches=launches,
+                  weight_rows=(k if launches else 0) if in_out else n)
 
     def apply(self, prefix: str, lin: Linear, batch: int, tokens: int, rows: int | None = None,
-              launches: int = 1) -> None:
+              launches: int = 1, in_out: bool = False) -> None:
         """``lin`` on the new positions; ``launches=0`` for a projection fused into the previous call."""
         self.linear(f"{prefix}.{lin.name}", batch, tokens, lin.in_features, lin.out_features, rows, lin.bias,
-                    launches)
+                    launches, in_out)
 
     def norm(self, path: str, batch: int, tokens: int, h: int, kind: str, offset: bool = False,
              groups: int = 1) -> None:
@@ -154,6 +157,12 @@ KV_CACHE_LAUNCHES = 2  # one concatenation for the keys, one for the values
 _ACTIVATION_LAUNCHES = {"gelu_new": 8, "gelu_accurate": 9, "gelu_python_tanh": 8, "quick_gelu": 3}
 # mixture of experts: the router's softmax, top-k and renormalisation
 MOE_ROUTER_LAUNCHES = 4
+# Kernel calls that sort, count, scan or scatter (sort, histc, cumsum, top-k, arange, index_put_,
+# a gather into a new tensor) allocate their outputs and run a kernel of their own: each costs
+# what an operation costs (``op_overhead_s``), not the cheaper further call of an elementwise
+# chain (``launch_overhead_s``), so the routing of a mixture of experts emits them as ops of
+# their own. The router: softmax, sum and division chained, top-k an op of its own.
+MOE_ROUTER_INDEX_CALLS = ("topk",)
 # DeepSeek-V3's group-limited routing: sigmoid, bias, per-group top-2 sums, group top-k, group
 # mask (zeros, scatter, expand, not, fill), top-k, gather of the weights, renormalise, scale
 MOE_ROUTER_LAUNCHES_BY_TYPE = {"deepseek_v3": 16}
@@ -165,6 +174,11 @@ MOE_ROUTER_LAUNCHES_BY_TYPE = {"deepseek_v3": 16}
 # top-k outputs of each token summed
 MOE_GROUPED_DISPATCH_LAUNCHES = 7
 MOE_GROUPED_COMBINE_LAUNCHES = 6
+# of which ops of their own (the rest, chained on the gather of the rows and on the final
+# gather: the token index perm // top_k and the cast for histc; the weighting, empty_like and
+# the sum over the top-k)
+MOE_GROUPED_DISPATCH_INDEX_CALLS = ("sort", "index_weights", "histc", "cumsum")
+MOE_GROUPED_COMBINE_INDEX_CALLS = ("arange", "index_put_")
 
 
 # Memory traffic of the ops written as several kernels, in full tensors (reads, writes): every
@@ -212,7 +226,7 @@ def _layer(e: _Emitter, m: Architecture, li: int, batch: int, tokens: int, past:
     e.norm(f"{p}.{n['attn_norm']}", batch, tokens, h, m.norm, off)
     *proj, out = m.attention_linears()
     for j, lin in enumerate(proj):
-        e.apply(p, lin, batch, tokens, launches=0 if m.fused_qkv and j else 1)
+        e.apply(p, lin, batch, tokens, launches=0 if m.fused_qkv and j else 1, in_out=m.weights_in_out)
     q_out, kv_out = m.num_heads * m.head_dim, m.num_kv_heads * m.head_dim
     if m.kv_lora_rank is not None:  # latent attention normalizes its compressed query and key-value
         if m.q_lora_rank:
@@ -251,7 +265,7 @@ def _layer(e: _Emitter, m: Architecture, li: int, batch: int, tokens: int, past:
     if m.attn_logit_softcapping:  # the eager path's elementwise steps over the scores
         e.pointwise(f"{attn}.softcap", "softcap_softmax", "elementwise", (batch, m.num_heads, tokens, keys),
                     inputs=1, launches=SOFTCAP_ATTENTION_LAUNCHES - 2, traffic=SOFTCAP_SCORE_TRAFFIC)
-    e.apply(p, out, batch, tokens)
+    e.apply(p, out, batch, tokens, in_out=m.weights_in_out)
     if "attn_out_norm" in n:
         e.norm(f"{p}.{n['attn_out_norm']}", batch, tokens, h, m.norm, off)
     e.pointwise(f"{p}.residual_attn", "add", "elementwise", (batch, tokens, h), inputs=2, launches=1 + dropouts)
@@ -259,12 +273,12 @@ def _layer(e: _Emitter, m: Architecture, li: int, batch: int, tokens: int, past:
         cross = f"{p}.{n['cross']}"
         (q, o), kv = m.cross_attention_linears()
         e.norm(f"{p}.{n['cross_norm']}", batch, tokens, h, m.norm)
-        e.apply(p, q, batch, tokens)
+        e.apply(p, q, batch, tokens, in_out=m.weights_in_out)
         if past == 0:  # keys and values of the encoder output, projected once and cached
             for lin in kv:
                 e.apply(p, lin, batch, encoder_tokens)
         e.attention(f"{cross}.attn", batch, tokens, encoder_tokens, m)
-        e.apply(p, o, batch, tokens)
+        e.apply(p, o, batch, tokens, in_out=m.weights_in_out)
         e.pointwise(f"{p}.residual_cross", "add", "elementwise", (batch, tokens, h), inputs=2)
     if m.norms_per_layer > 1 or m.model_type == "t5":  # one shared norm: attention and MLP in parallel (Phi)
         e.norm(f"{p}.{n['mlp_norm']}", batch, tokens, h, m.norm, off)
@@ -286,24 +300,27 @@ def _mlp(e: _Emitter, m: Architecture, p: str, lins: tuple[Linear, ...], batch: 
     act = m.hidden_act or "act"
     if m.gated_mlp:
         gate, up, down = lins
-        e.apply(p, gate, batch, tokens, rows)
-        e.apply(p, up, batch, tokens, rows, launches=0 if fused else 1)
+        e.apply(p, gate, batch, tokens, rows, in_out=m.weights_in_out)
+        e.apply(p, up, batch, tokens, rows, launches=0 if fused else 1, in_out=m.weights_in_out)
         e.pointwise(act_path, act, "activation", act_shape, inputs=1, elements=n * inter)
         e.pointwise(act_path.replace("act_fn", "gate_mul"), "mul", "elementwise", act_shape, inputs=2,
                     elements=n * inter)
-        e.apply(p, down, batch, tokens, rows)
+        e.apply(p, down, batch, tokens, rows, in_out=m.weights_in_out)
     else:
         up, down = lins
-        e.apply(p, up, batch, tokens, rows)
+        e.apply(p, up, batch, tokens, rows, in_out=m.weights_in_out)
         e.pointwise(act_path, act, "activation", act_shape, inputs=1, elements=n * inter)
-        e.apply(p, down, batch, tokens, rows)
+        e.apply(p, down, batch, tokens, rows, in_out=m.weights_in_out)
 
 
 def _moe(e: _Emitter, m: Architecture, p: str, batch: int, tokens: int) -> None:
     n_tok = batch * tokens
     e.apply(p, m.router(), batch, tokens)
+    launches = MOE_ROUTER_LAUNCHES_BY_TYPE.get(m.model_type, MOE_ROUTER_LAUNCHES)
+    calls = MOE_ROUTER_INDEX_CALLS if m.model_type not in MOE_ROUTER_LAUNCHES_BY_TYPE else ()
     e.pointwise(f"{p}.mlp.router_softmax", "softmax", "softmax", (batch, tokens, m.num_experts), inputs=1,
-                launches=MOE_ROUTER_LAUNCHES_BY_TYPE.get(m.model_type, MOE_ROUTER_LAUNCHES))
+                launches=launches - len(calls))
+    _index_calls(e, f"{p}.mlp.router", calls, (n_tok * m.experts_per_token,))
     active = expected_active_experts(m.num_experts, m.experts_per_token, n_tok)
     routed = n_tok * m.experts_per_token
     _grouped_experts(e, m, p, batch, tokens, active, routed)
@@ -327,7 +344,9 @@ def _grouped_experts(e: _Emitter, m: Architecture, p: str, batch: int, tokens: i
     share of it an op of its own, the call counted once), the outputs weighted, put back in
     order and summed over each token's top-k."""
     h = m.hidden_size
-    e.pointwise(f"{p}.mlp.dispatch", "index", "other", (routed, h), inputs=1, launches=MOE_GROUPED_DISPATCH_LAUNCHES)
+    e.pointwise(f"{p}.mlp.dispatch", "index", "other", (routed, h), inputs=1,
+                launches=MOE_GROUPED_DISPATCH_LAUNCHES - len(MOE_GROUPED_DISPATCH_INDEX_CALLS))
+    _index_calls(e, f"{p}.mlp.dispatch", MOE_GROUPED_DISPATCH_INDEX_CALLS, (routed,))
     inter = m.expert_intermediate_size
     for j, rows in enumerate(_expert_rows(routed, active)):
         first = 1 if j == 0 else 0
@@ -341,8 +360,16 @@ def _grouped_experts(e: _Emitter, m: Architecture, p: str, batch: int, tokens: i
                     elements=rows * inter, launches=first)
         e.apply(p, down, batch, tokens, rows, launches=first)
     # weighting, reordering (a gather) and the sum over each token's top-k: three passes over the rows
-    e.pointwise(f"{p}.mlp.combine", "index", "other", (routed, h), inputs=1, launches=MOE_GROUPED_COMBINE_LAUNCHES,
-                traffic=(3.0, 3.0))
+    e.pointwise(f"{p}.mlp.combine", "index", "other", (routed, h), inputs=1,
+                launches=MOE_GROUPED_COMBINE_LAUNCHES - len(MOE_GROUPED_COMBINE_INDEX_CALLS), traffic=(3.0, 3.0))
+    _index_calls(e, f"{p}.mlp.combine", MOE_GROUPED_COMBINE_INDEX_CALLS, (routed,))
+
+
+def _index_calls(e: _Emitter, path: str, names: tuple[str, ...], shape: tuple[int, ...]) -> None:
+    """Sorting, counting, scanning and scattering kernels over a small index tensor, one op each
+    (see :data:`MOE_ROUTER_INDEX_CALLS`)."""
+    for name in names:
+        e.pointwise(f"{path}.{name}", name, "other", shape, inputs=1, launches=1)
 
 
 def _embedding(e: _Emitter, path: str, batch: int, tokens: int, vocab: int, h: int) -> None:

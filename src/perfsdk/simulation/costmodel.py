@@ -5,7 +5,9 @@ For one operation on one device (profile ``P``)::
     compute_s  = flops / (P.peak[dtype] * P.compute_efficiency)
                  (softmax / activation / norm ops: elements * ns_per_element, when P gives it;
                   attention adds score elements * softmax ns_per_element; a matrix product with
-                  R output rows is slowed by (R + P.matmul_half_rows) / R, small-M inefficiency)
+                  R output rows is slowed by (R + P.matmul_half_rows) / R, small-M inefficiency,
+                  and one with weights adds P.matmul_ns_per_weight_row per weight row, the
+                  inefficiency of short reductions)
     memory_s   = (bytes_read + bytes_written) / (P.memory_bandwidth * P.memory_efficiency)
                  (with P.cache_mb: a forward pass touching R bytes of weights + KV cache has
                   min(1, cache / R) of its bytes served at P.cache_bandwidth instead)
@@ -87,6 +89,16 @@ def matmul_rows(op: OpRecord) -> float:
     return 1.0
 
 
+def weight_rows(op: OpRecord) -> int:
+    """Rows of a matrix product's weight as stored (0 for other ops): ``op.weight_rows`` where
+    the op states it, else its output features (a linear layer's weight is [out, in])."""
+    if op.category != "matmul" or not op.weight_bytes:
+        return 0
+    if op.weight_rows is not None:
+        return op.weight_rows
+    return int(op.output_shape[-1]) if op.output_shape else 0
+
+
 def _prod(xs: tuple[int, ...]) -> int:
     n = 1
     for x in xs:
@@ -117,6 +129,8 @@ def compute_time_s(op: OpRecord, profile: HardwareProfile, dtype: str | None = N
     if op.category == "matmul" and profile.matmul_half_rows and t:
         rows = matmul_rows(op)
         t *= (rows + profile.matmul_half_rows) / rows
+    if op.category == "matmul" and profile.matmul_ns_per_weight_row and op.flops:
+        t += weight_rows(op) * profile.matmul_ns_per_weight_row * 1e-9
     if op.category == "attention" and profile.softmax_ns_per_element is not None and op.elements:
         t += op.elements * profile.softmax_ns_per_element * 1e-9
     return t

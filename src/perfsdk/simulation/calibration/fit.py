@@ -4,14 +4,16 @@ Each observation is one phase of one measured ``generate`` call: the operations 
 (from capture or the analytic generator) and the measured time (TTFT for the prefill, the
 decode time for the decode steps). The model being fitted is the simulation's own::
 
-    time = sum_i [max(flops_i * x_f + row_i * x_h + scores_i * x_sm,
+    time = sum_i [max(flops_i * x_f + row_i * x_h + scores_i * x_sm + wrows_i * x_r,
                       bytes_i * ((1 - f_i) * x_b + f_i * x_c)) + pack_i * x_k]
            + ops * x_o + calls * x_l + forward_passes * x_s + [prefill] * x_p
 
 with ``row_i = flops_i / rows_i`` for a matrix product with ``rows_i`` output rows (0 for other
 ops): ``x_h = h * x_f`` is the small-M slowdown ``(rows + h) / rows`` of the cost model written
 as a linear term, so ``h`` is fitted like the rates, not picked on a grid; ``scores_i`` the
-softmax elements of attention (``x_sm`` per element); ``f_i = min(1, C / resident_i)`` the share
+softmax elements of attention (``x_sm`` per element); ``wrows_i`` the weight rows (output
+features) of a matrix product with weights, ``x_r`` each (a short reduction runs below the FLOP
+rate: matrix-vector kernels over narrow inputs); ``f_i = min(1, C / resident_i)`` the share
 of the op's bytes served from a cache of ``C`` bytes when its forward pass touches
 ``resident_i`` bytes of weights and KV cache; ``pack_i`` the weight bytes of a matrix product
 with at least ``P`` rows (the blocked BLAS path repacks its weights); ``x_f = 1 / FLOP/s``,
@@ -41,12 +43,12 @@ import structlog
 
 from perfsdk.hardware.profile import HardwareProfile
 from perfsdk.capture.ops import OpRecord
-from perfsdk.simulation.costmodel import matmul_rows, op_bytes
+from perfsdk.simulation.costmodel import matmul_rows, op_bytes, weight_rows
 
 log = structlog.get_logger("perfsdk.simulation.calibration")
 
 PARAMS = ("s_per_flop", "s_per_byte", "op_overhead_s", "step_overhead_s", "prefill_overhead_s", "s_per_cached_byte",
-          "s_per_packed_byte", "launch_overhead_s", "s_per_row_flop", "s_per_score")
+          "s_per_packed_byte", "launch_overhead_s", "s_per_row_flop", "s_per_score", "s_per_weight_row")
 
 
 @dataclass
@@ -66,6 +68,7 @@ class Observation:
     ops: float | None = None  # (weighted) ops that make a kernel call; None: every op counts
     extra_launches: float = 0.0  # (weighted) kernel calls beyond each op's first
     scores: np.ndarray | None = None  # softmax elements: attention scores, softmax outputs (0 for other ops)
+    weight_rows: np.ndarray | None = None  # weight rows (output features) of matrix products with weights
 
     @classmethod
     def from_ops(cls, label: str, phase: str, measured_s: float, ops: list[OpRecord],
@@ -90,7 +93,8 @@ class Observation:
                    weight_bytes=np.array([o.weight_bytes for o in ops], dtype=float), ops=calls,
                    extra_launches=extra,
                    scores=np.array([o.elements if o.category in ("attention", "softmax") else 0 for o in ops],
-                                   dtype=float))
+                                   dtype=float),
+                   weight_rows=np.array([weight_rows(o) if o.flops else 0 for o in ops], dtype=float))
 
     def cached_fraction(self, cache_bytes: float) -> np.ndarray:
         """Share of each op's bytes served from a cache of ``cache_bytes`` (see :func:`cached_fraction`)."""
@@ -105,11 +109,12 @@ class Observation:
         return np.where(mm, self.flops / np.where(mm, self.rows, 1.0), 0.0)
 
     def features(self, x_f: float, x_b: float, half_rows: float = 0.0, cache_bytes: float = 0.0,
-                 x_c: float = 0.0, pack_rows: float = 0.0, x_h: float = 0.0, x_s: float = 0.0) -> np.ndarray:
+                 x_c: float = 0.0, pack_rows: float = 0.0, x_h: float = 0.0, x_s: float = 0.0,
+                 x_r: float = 0.0) -> np.ndarray:
         """The linear features of :data:`PARAMS` at this estimate: [compute-bound FLOPs,
         memory-bound bytes from memory, op count, forward passes, prefill, memory-bound bytes
         from cache, weight bytes repacked, further kernel calls, compute-bound FLOPs per output
-        row, compute-bound softmax elements].
+        row, compute-bound softmax elements, compute-bound weight rows].
 
         The small-M slowdown of a matrix product, ``(rows + h) / rows`` on its FLOPs, is
         ``flops * x_f + (flops / rows) * x_h`` with ``x_h = h * x_f``: linear in a coefficient of
@@ -118,15 +123,18 @@ class Observation:
         are split between the cache and memory rates (:func:`cached_fraction`). Matrix products with at least
         ``pack_rows`` rows repack their weights (a pass over them on top of max(compute,
         memory)). Attention also computes a softmax over its score elements (``x_s`` seconds
-        each, the profile's ``softmax_ns_per_element``).
+        each, the profile's ``softmax_ns_per_element``), and a matrix product with weights
+        ``x_r`` per weight row (the profile's ``matmul_ns_per_weight_row``).
         """
         flops = self.flops
         per_row = self.row_flops()
         scores = self.scores if self.scores is not None else np.zeros_like(flops)
+        wrows = self.weight_rows if self.weight_rows is not None else np.zeros_like(flops)
         if half_rows:
             flops = flops + per_row * half_rows
         f = self.cached_fraction(cache_bytes) if cache_bytes else np.zeros_like(self.bytes_)
-        compute_bound = flops * x_f + per_row * x_h + scores * x_s >= self.bytes_ * (x_b * (1.0 - f) + x_c * f)
+        compute_bound = (flops * x_f + per_row * x_h + scores * x_s + wrows * x_r
+                         >= self.bytes_ * (x_b * (1.0 - f) + x_c * f))
         wc = self.weights * compute_bound
         mem = self.weights * self.bytes_ * ~compute_bound
         return np.array([
@@ -140,6 +148,7 @@ class Observation:
             self.extra_launches,
             float(np.sum(wc * per_row)),
             float(np.sum(wc * scores)),
+            float(np.sum(wc * wrows)),
         ])
 
     @property
@@ -156,7 +165,7 @@ class Observation:
     def predict(self, x: np.ndarray, half_rows: float = 0.0, cache_bytes: float = 0.0,
                 pack_rows: float = 0.0) -> float:
         x = np.concatenate([np.asarray(x, dtype=float), np.zeros(max(0, len(PARAMS) - len(x)))])
-        return float(self.features(x[0], x[1], half_rows, cache_bytes, x[5], pack_rows, x[8], x[9]) @ x)
+        return float(self.features(x[0], x[1], half_rows, cache_bytes, x[5], pack_rows, x[8], x[9], x[10]) @ x)
 
 
 @dataclass
@@ -259,7 +268,7 @@ def _fit_at(observations: list[Observation], h: float | None, c: float = 0.0, pr
     parameter is fitted (``h`` None) or fixed at ``h``."""
     if len(observations) < 3:
         raise ValueError(f"need at least 3 observations to calibrate, got {len(observations)}")
-    free = [0, 1, 2, 3, 4, 7, 9] if fit_step_overhead else [0, 1, 2, 4, 7, 9]
+    free = [0, 1, 2, 3, 4, 7, 9, 10] if fit_step_overhead else [0, 1, 2, 4, 7, 9, 10]
     if c:
         free.append(5)
     if pr:
@@ -273,7 +282,8 @@ def _fit_at(observations: list[Observation], h: float | None, c: float = 0.0, pr
                     o.op_count, o.forward_passes, 1.0 if o.phase == "prefill" else 0.0,
                     np.sum(o.weights * o.bytes_ * o.cached_fraction(c)), np.sum(o.weights * o.packed_bytes(pr)),
                     o.extra_launches, np.sum(o.weights * o.row_flops()) if h is None else 0.0,
-                    np.sum(o.weights * (o.scores if o.scores is not None else 0.0))]
+                    np.sum(o.weights * (o.scores if o.scores is not None else 0.0)),
+                    np.sum(o.weights * (o.weight_rows if o.weight_rows is not None else 0.0))]
                    for o in observations])
     b = np.array([o.measured_s for o in observations])
     scale = 1.0 / b
@@ -285,7 +295,7 @@ def _fit_at(observations: list[Observation], h: float | None, c: float = 0.0, pr
     for it in range(1, max_iter + 1):
         xf = x[0] if x[0] > 0 else 1e-18
         xb = x[1] if x[1] > 0 else 1e-18
-        a = np.array([o.features(xf, xb, hf, c, x[5], pr, x[8], x[9]) for o in observations])
+        a = np.array([o.features(xf, xb, hf, c, x[5], pr, x[8], x[9], x[10]) for o in observations])
         new_labels = [tuple(row[:2].tolist()) for row in a]
         col = np.maximum(np.abs(a).max(axis=0), 1e-30)
         x = _nnls(a * (scale * w)[:, None] / col, b * scale * w, free) / col
@@ -364,5 +374,6 @@ def profile_from_fit(result: FitResult, *, name: str = "host-calibrated", base: 
         cache_mb=result.cache_bytes / 1e6 if cached else None,
         cache_bandwidth_gbs=1e-9 / k["s_per_cached_byte"] if cached else None,
         softmax_ns_per_element=k.get("s_per_score", 0.0) * 1e9 or None,
+        matmul_ns_per_weight_row=k.get("s_per_weight_row", 0.0) * 1e9 or None,
     )
 
