@@ -161,3 +161,18 @@ def test_weight_rows_follow_the_stored_layout() -> None:
             for o in forward_ops(llama, 1, 1, 8, "float32", "decode", 1) if o.category == "matmul" and o.weight_bytes}
     assert rows == {"q_proj": 64, "k_proj": 32, "v_proj": 32, "o_proj": 64, "gate_proj": 176, "up_proj": 176,
                     "down_proj": 64, "lm_head": 256}
+
+
+def test_a_term_no_observation_exercises_stays_zero() -> None:
+    """Observations without matrix products with weights (stored runs of other ops, say) leave
+    the cost per weight row unidentified: it stays 0 and the other coefficients are recovered."""
+    obs, _ = _observations(np.random.default_rng(7))
+    truth = np.array([0.0 if p == "s_per_weight_row" else TRUTH[p] for p in PARAMS])
+    for o in obs:
+        o.weight_rows = None
+        o.measured_s = o.predict(truth)
+    res = fit(obs, cache_bytes=(0.0,), pack_rows=(0.0,))
+    assert res.coefficients["s_per_weight_row"] == 0.0
+    for name in ("s_per_flop", "s_per_byte", "op_overhead_s", "s_per_row_flop", "s_per_score"):
+        assert res.coefficients[name] == pytest.approx(TRUTH[name], rel=1e-6), name
+    assert profile_from_fit(res, name="fitted").matmul_ns_per_weight_row is None

@@ -93,10 +93,12 @@ def test_overhead_counts_further_calls() -> None:
     assert np.isfinite(feats).all()
 
 
-def test_random_model_width_and_depth_overrides() -> None:
+def test_random_model_width_depth_and_vocabulary_overrides() -> None:
     m = build_random_model("builtin:tiny-llama-medium@hidden=64@layers=2")
     assert (m.config.hidden_size, m.config.intermediate_size, m.config.num_hidden_layers) == (64, 176, 2)
-    with pytest.raises(ValueError, match="only @layers=N and @hidden=N"):
+    m = build_random_model("builtin:tiny-llama-medium@hidden=64@layers=1@vocab=1000")
+    assert (m.config.vocab_size, m.lm_head.weight.shape, m.config.num_hidden_layers) == (1000, (1000, 64), 1)
+    with pytest.raises(ValueError, match="only @layers=N, @hidden=N and @vocab=N"):
         build_random_model("builtin:tiny-llama-medium@width=64")
     with pytest.raises(ValueError, match="multiple of the 8 heads"):
         build_random_model("builtin:tiny-llama-medium@hidden=60")

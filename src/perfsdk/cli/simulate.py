@@ -14,6 +14,7 @@ from perfsdk.hardware.catalog import Catalog, get_profile, is_profile_path
 from perfsdk.hardware.profile import (HardwareProfile, HardwareProfileError, profile_to_yaml, profiles_to_yaml,
                                       read_profile_file)
 from perfsdk.plugins import hookimpl
+from perfsdk.simulation.calibration.measure import DEFAULT_CALIBRATION_MODELS
 from perfsdk.simulation.mapping import MappingError, mapping_from
 from perfsdk.simulation.predictor import SimulationResult, simulate_model
 
@@ -259,10 +260,8 @@ def hardware_convert(path: str, output: str | None) -> None:
 
 @click.command("calibrate")
 @click.option("--model", "models", multiple=True,
-              default=["builtin:tiny-llama-medium", "builtin:tiny-llama-medium@layers=4",
-                       "builtin:tiny-llama-medium@layers=2", "builtin:tiny-llama-medium@layers=1",
-                       "builtin:tiny-llama-medium@hidden=64@layers=8", "builtin:tiny-llama-medium@hidden=64@layers=2"],
-              show_default=True, help="Models to measure (random weights); spec@layers=N changes the depth")
+              default=DEFAULT_CALIBRATION_MODELS, show_default=True,
+              help="Models to measure (random weights); spec@layers=N changes the depth, spec@hidden=N the width")
 @click.option("--repeats", default=3, show_default=True, type=click.IntRange(min=1),
               help="Timed calls per configuration in each pass (after a warm-up call)")
 @click.option("--passes", default=3, show_default=True, type=click.IntRange(min=1),

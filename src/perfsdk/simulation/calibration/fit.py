@@ -195,7 +195,9 @@ class FitResult:
 def _nnls(a: np.ndarray, b: np.ndarray, free: list[int]) -> np.ndarray:
     """Least squares with the coefficients kept >= 0 by dropping negative ones and refitting."""
     x = np.zeros(a.shape[1])
-    active = list(free)
+    # a coefficient whose feature is zero in every observation is not identified: it stays 0
+    # (least squares would give it any value, and the column scaling a huge one)
+    active = [j for j in free if np.any(a[:, j] != 0)]
     while active:
         sol, *_ = np.linalg.lstsq(a[:, active], b, rcond=None)
         if np.all(sol >= 0):

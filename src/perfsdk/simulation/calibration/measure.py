@@ -129,8 +129,9 @@ def build_random_model(spec: str) -> Any:
     """A randomly initialised causal LM of ``spec``'s architecture (nothing read or downloaded).
 
     ``spec@layers=N`` overrides the number of layers (same widths, different depth);
-    ``spec@hidden=N`` the width (the MLP scaled in proportion, the same number of heads); both
-    can be given, ``spec@hidden=64@layers=2``.
+    ``spec@hidden=N`` the width (the MLP scaled in proportion, the same number of heads);
+    ``spec@vocab=N`` the vocabulary (the embedding and the output projection); any of them can be
+    combined, ``spec@hidden=64@layers=2``.
     """
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
@@ -144,10 +145,13 @@ def build_random_model(spec: str) -> Any:
         cfg = AutoConfig.from_pretrained(spec, local_files_only=True)
     for suffix in suffixes:
         key, _, value = suffix.partition("=")
-        if key not in ("layers", "hidden") or not value.isdigit() or int(value) < 1:
-            raise ValueError(f"{spec}@{suffix}: only @layers=N and @hidden=N are understood")
+        if key not in ("layers", "hidden", "vocab") or not value.isdigit() or int(value) < 1:
+            raise ValueError(f"{spec}@{suffix}: only @layers=N, @hidden=N and @vocab=N are understood")
         if key == "layers":
             cfg.num_hidden_layers = int(value)
+            continue
+        if key == "vocab":
+            cfg.vocab_size = int(value)
             continue
         hidden, heads = int(value), int(cfg.num_attention_heads)
         if hidden % heads:
