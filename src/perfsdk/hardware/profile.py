@@ -130,9 +130,9 @@ class HardwareProfile(_Strict):
                     "compute time is scaled by (rows + this) / rows. Unset: full rate at any size")
     matmul_ns_per_weight_row: float | None = Field(
         default=None, ge=0,
-        description="Fixed cost of each weight row (output feature) of a matrix product with weights, ns, "
-                    "added to its compute time: a product over short rows (a narrow input) runs below the "
-                    "FLOP rate (CPU matrix-vector kernels). Unset: none")
+        description="Fixed cost of each row of a matrix product's weight as stored (the output features of a "
+                    "linear layer, the input features of a Conv1D), ns, added to its compute time: a product "
+                    "over short rows runs below the FLOP rate (CPU matrix-vector kernels). Unset: none")
     matmul_pack_rows: float | None = Field(
         default=None, ge=1,
         description="Matrix products with at least this many rows take a blocked path that first "

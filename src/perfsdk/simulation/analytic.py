@@ -56,8 +56,9 @@ def expected_active_experts(num_experts: int, top_k: int, tokens: int) -> int:
 
 
 class _Emitter:
-    def __init__(self, dtype: str, phase: Phase, step: int, context_len: int) -> None:
+    def __init__(self, dtype: str, phase: Phase, step: int, context_len: int, weights_in_out: bool = False) -> None:
         self.dtype = dtype
+        self.weights_in_out = weights_in_out  # the model's layer weights are stored [in, out] (Conv1D)
         self.s = dtype_bytes(dtype)
         self.phase = phase
         self.step = step
@@ -83,10 +84,11 @@ class _Emitter:
                   weight_rows=(k if launches else 0) if in_out else n)
 
     def apply(self, prefix: str, lin: Linear, batch: int, tokens: int, rows: int | None = None,
-              launches: int = 1, in_out: bool = False) -> None:
-        """``lin`` on the new positions; ``launches=0`` for a projection fused into the previous call."""
+              launches: int = 1) -> None:
+        """The layer weight ``lin`` on the new positions, stored as the model stores its layer
+        weights; ``launches=0`` for a projection fused into the previous call."""
         self.linear(f"{prefix}.{lin.name}", batch, tokens, lin.in_features, lin.out_features, rows, lin.bias,
-                    launches, in_out)
+                    launches, self.weights_in_out)
 
     def norm(self, path: str, batch: int, tokens: int, h: int, kind: str, offset: bool = False,
              groups: int = 1) -> None:
@@ -226,7 +228,7 @@ def _layer(e: _Emitter, m: Architecture, li: int, batch: int, tokens: int, past:
     e.norm(f"{p}.{n['attn_norm']}", batch, tokens, h, m.norm, off)
     *proj, out = m.attention_linears()
     for j, lin in enumerate(proj):
-        e.apply(p, lin, batch, tokens, launches=0 if m.fused_qkv and j else 1, in_out=m.weights_in_out)
+        e.apply(p, lin, batch, tokens, launches=0 if m.fused_qkv and j else 1)
     q_out, kv_out = m.num_heads * m.head_dim, m.num_kv_heads * m.head_dim
     if m.kv_lora_rank is not None:  # latent attention normalizes its compressed query and key-value
         if m.q_lora_rank:
@@ -265,7 +267,7 @@ def _layer(e: _Emitter, m: Architecture, li: int, batch: int, tokens: int, past:
     if m.attn_logit_softcapping:  # the eager path's elementwise steps over the scores
         e.pointwise(f"{attn}.softcap", "softcap_softmax", "elementwise", (batch, m.num_heads, tokens, keys),
                     inputs=1, launches=SOFTCAP_ATTENTION_LAUNCHES - 2, traffic=SOFTCAP_SCORE_TRAFFIC)
-    e.apply(p, out, batch, tokens, in_out=m.weights_in_out)
+    e.apply(p, out, batch, tokens)
     if "attn_out_norm" in n:
         e.norm(f"{p}.{n['attn_out_norm']}", batch, tokens, h, m.norm, off)
     e.pointwise(f"{p}.residual_attn", "add", "elementwise", (batch, tokens, h), inputs=2, launches=1 + dropouts)
@@ -273,12 +275,12 @@ def _layer(e: _Emitter, m: Architecture, li: int, batch: int, tokens: int, past:
         cross = f"{p}.{n['cross']}"
         (q, o), kv = m.cross_attention_linears()
         e.norm(f"{p}.{n['cross_norm']}", batch, tokens, h, m.norm)
-        e.apply(p, q, batch, tokens, in_out=m.weights_in_out)
+        e.apply(p, q, batch, tokens)
         if past == 0:  # keys and values of the encoder output, projected once and cached
             for lin in kv:
                 e.apply(p, lin, batch, encoder_tokens)
         e.attention(f"{cross}.attn", batch, tokens, encoder_tokens, m)
-        e.apply(p, o, batch, tokens, in_out=m.weights_in_out)
+        e.apply(p, o, batch, tokens)
         e.pointwise(f"{p}.residual_cross", "add", "elementwise", (batch, tokens, h), inputs=2)
     if m.norms_per_layer > 1 or m.model_type == "t5":  # one shared norm: attention and MLP in parallel (Phi)
         e.norm(f"{p}.{n['mlp_norm']}", batch, tokens, h, m.norm, off)
@@ -300,17 +302,17 @@ def _mlp(e: _Emitter, m: Architecture, p: str, lins: tuple[Linear, ...], batch: 
     act = m.hidden_act or "act"
     if m.gated_mlp:
         gate, up, down = lins
-        e.apply(p, gate, batch, tokens, rows, in_out=m.weights_in_out)
-        e.apply(p, up, batch, tokens, rows, launches=0 if fused else 1, in_out=m.weights_in_out)
+        e.apply(p, gate, batch, tokens, rows)
+        e.apply(p, up, batch, tokens, rows, launches=0 if fused else 1)
         e.pointwise(act_path, act, "activation", act_shape, inputs=1, elements=n * inter)
         e.pointwise(act_path.replace("act_fn", "gate_mul"), "mul", "elementwise", act_shape, inputs=2,
                     elements=n * inter)
-        e.apply(p, down, batch, tokens, rows, in_out=m.weights_in_out)
+        e.apply(p, down, batch, tokens, rows)
     else:
         up, down = lins
-        e.apply(p, up, batch, tokens, rows, in_out=m.weights_in_out)
+        e.apply(p, up, batch, tokens, rows)
         e.pointwise(act_path, act, "activation", act_shape, inputs=1, elements=n * inter)
-        e.apply(p, down, batch, tokens, rows, in_out=m.weights_in_out)
+        e.apply(p, down, batch, tokens, rows)
 
 
 def _moe(e: _Emitter, m: Architecture, p: str, batch: int, tokens: int) -> None:
@@ -386,7 +388,7 @@ def forward_ops(m: Architecture, batch: int, tokens: int, past: int, dtype: str,
 
     ``encoder_tokens``: encoder positions an encoder-decoder's cross-attention attends.
     """
-    e = _Emitter(dtype, phase, step, past + tokens)
+    e = _Emitter(dtype, phase, step, past + tokens, m.weights_in_out)
     h = m.hidden_size
     _embedding(e, m.embed_path, batch, tokens, m.vocab_size, h)
     for li in range(m.num_layers):
@@ -406,7 +408,7 @@ def encode_ops(m: Architecture, batch: int, encoder_tokens: int, images: int, dt
     if enc is None:
         return []
     if enc.role == "encoder":
-        e = _Emitter(dtype, "encode", 0, encoder_tokens)
+        e = _Emitter(dtype, "encode", 0, encoder_tokens, enc.weights_in_out)
         _embedding(e, enc.embed_path, batch, encoder_tokens, enc.vocab_size, enc.hidden_size)
         for li in range(enc.num_layers):
             _layer(e, enc, li, batch, encoder_tokens, 0, 0)

@@ -11,8 +11,8 @@ decode time for the decode steps). The model being fitted is the simulation's ow
 with ``row_i = flops_i / rows_i`` for a matrix product with ``rows_i`` output rows (0 for other
 ops): ``x_h = h * x_f`` is the small-M slowdown ``(rows + h) / rows`` of the cost model written
 as a linear term, so ``h`` is fitted like the rates, not picked on a grid; ``scores_i`` the
-softmax elements of attention (``x_sm`` per element); ``wrows_i`` the weight rows (output
-features) of a matrix product with weights, ``x_r`` each (a short reduction runs below the FLOP
+softmax elements of attention (``x_sm`` per element); ``wrows_i`` the rows of a matrix
+product's weight as stored (:func:`~perfsdk.simulation.costmodel.weight_rows`), ``x_r`` each (a short reduction runs below the FLOP
 rate: matrix-vector kernels over narrow inputs); ``f_i = min(1, C / resident_i)`` the share
 of the op's bytes served from a cache of ``C`` bytes when its forward pass touches
 ``resident_i`` bytes of weights and KV cache; ``pack_i`` the weight bytes of a matrix product
@@ -68,7 +68,7 @@ class Observation:
     ops: float | None = None  # (weighted) ops that make a kernel call; None: every op counts
     extra_launches: float = 0.0  # (weighted) kernel calls beyond each op's first
     scores: np.ndarray | None = None  # softmax elements: attention scores, softmax outputs (0 for other ops)
-    weight_rows: np.ndarray | None = None  # weight rows (output features) of matrix products with weights
+    weight_rows: np.ndarray | None = None  # rows of each matrix product's weight as stored (0 for other ops)
 
     @classmethod
     def from_ops(cls, label: str, phase: str, measured_s: float, ops: list[OpRecord],
