@@ -4,9 +4,8 @@ for fitting and compare with measurement.
 Protocol
 --------
 1. Calibrate (``perfsdk.simulation.calibration``, as ``perfsdk calibrate`` does): the
-   ``builtin:tiny-llama-medium`` configuration (hidden 512) at 8, 4, 2 and 1 layers, narrowed
-   to width 64 at 8 and 2 layers, and at widths 256 and 384 with other vocabularies
-   (``DEFAULT_CALIBRATION_MODELS``), on a grid of batch sizes and prompt lengths in
+   ``builtin:tiny-llama-medium`` configuration (hidden 512) at 8, 4, 2 and 1 layers and narrowed
+   to width 64 at 8 and 2 layers, on a grid of batch sizes and prompt lengths in
    ``--calibration-passes`` round-robin passes, plus three micro-kernels (a 1024^3 matmul, a
    3 x 64 MiB add, a chain of tiny kernels).
 2. Predict, with the calibrated profile and the analytic op generator (no timing information),

@@ -231,15 +231,11 @@ def micro_observations(repeats: int = 7, clock: str = "wall") -> list[Observatio
 DEFAULT_CALIBRATION_GRID = [(1, 16, 16), (1, 128, 16), (4, 32, 16), (8, 128, 8), (2, 256, 8)]
 # one configuration at four depths (per-layer vs per-pass costs, 20 to 100 MB of weights per pass:
 # the cache term) and, narrowed to width 64, at two depths: there the framework's fixed costs
-# dominate, which pins the per-operation overhead apart from the bytes; and at widths 256 and 384
-# with 16384- and 8192-token vocabularies: narrower reductions and another output projection
-# size, so the cost per weight row and the per-pass overhead are told apart
+# dominate, which pins the per-operation overhead apart from the bytes
 DEFAULT_CALIBRATION_MODELS = ["builtin:tiny-llama-medium", "builtin:tiny-llama-medium@layers=4",
                               "builtin:tiny-llama-medium@layers=2", "builtin:tiny-llama-medium@layers=1",
                               "builtin:tiny-llama-medium@hidden=64@layers=8",
-                              "builtin:tiny-llama-medium@hidden=64@layers=2",
-                              "builtin:tiny-llama-medium@hidden=256@layers=4@vocab=16384",
-                              "builtin:tiny-llama-medium@hidden=384@layers=2@vocab=8192"]
+                              "builtin:tiny-llama-medium@hidden=64@layers=2"]
 
 
 def calibrate_here(models: list[str], grid: list[tuple[int, int, int]] | None = None, *, repeats: int = 3,
