@@ -179,7 +179,7 @@ def main(argv: list[str] | None = None) -> int:
         profiles.append(profile_from_fit(fit, name="host-calibrated", note="benchmarks/simulation_accuracy.py"))
         print(f"calibration {k + 1} in {time.time() - tc:.0f} s: {json.dumps(fit.coefficients)}, "
               f"matmul_half_rows {fit.matmul_half_rows:.2f}, pack_rows {fit.pack_rows}, "
-              f"cache {fit.cache_bytes / 1e6:g} MB", file=sys.stderr)
+              f"cache {fit.cache_bytes / 1e6:g} MB, passes {fit.drift_pct or 0:.1f} % apart", file=sys.stderr)
         print("in-sample errors %: " + ", ".join(f"{k}: {v:+.1f}" for k, v in fit.errors_pct.items()),
               file=sys.stderr)
 
@@ -245,6 +245,7 @@ def main(argv: list[str] | None = None) -> int:
                "family_calibration_spread_pct": max((r["calibration_spread_pct"] for r in fam_rows), default=None),
                "calibration_spread_pct": max(r["calibration_spread_pct"] for r in rows),
                "threads": args.threads, "repeats": args.repeats, "passes": args.passes, "clock": args.clock,
+               "calibration_drift_pct": [f.drift_pct for f in fits],
                "wall_s": time.time() - t0, "calibration": {**fit.coefficients,
                                                           "matmul_half_rows": fit.matmul_half_rows,
                                                           "pack_rows": fit.pack_rows, "cache_bytes": fit.cache_bytes}}
@@ -265,6 +266,8 @@ def main(argv: list[str] | None = None) -> int:
             for c in per_cal if c["family_median_abs_error_pct"] is not None) + ".")
         lines.append(f"Calibrations' predictions differ by at most {summary['calibration_spread_pct']:.1f}% "
                      f"(other families {summary['family_calibration_spread_pct'] or 0:.1f}%).")
+    lines.append("Each calibration's slowest pass over its fastest (median over configurations): " + ", ".join(
+        f"+{d:.1f}%" for d in summary["calibration_drift_pct"] if d is not None) + ".")
     table = "\n".join(lines)
     print(table)
     if args.markdown:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import numpy as np
@@ -124,6 +125,10 @@ def test_calibrate_command_writes_profile(tmp_path: Path, monkeypatch: pytest.Mo
     assert r2.exit_code == 0, r2.output
     d = json.loads(r2.output)
     assert d["kind"] == "cpu" and d["memory_bandwidth_gbs"] > 0 and "perfsdk calibrate" in d["source"]
+    # three passes by default: how far they were apart is said on stderr and kept in the profile's source
+    assert re.search(r"passes: the same configurations ran \d+\.\d % slower in the slowest pass than in the fastest",
+                     r.stderr)
+    assert re.search(r"ran \d+\.\d % slower in the calibration's slowest pass than in its fastest", d["source"])
 
 
 def test_simulate_kv_heads_and_sliding_window_overrides() -> None:

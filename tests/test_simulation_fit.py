@@ -8,7 +8,8 @@ import pytest
 
 from perfsdk.capture.ops import OpRecord
 from perfsdk.hardware.profile import HardwareProfile
-from perfsdk.simulation.calibration import PARAMS, Measurement, Observation, fit, measure_generate, profile_from_fit
+from perfsdk.simulation.calibration import (PARAMS, Measurement, Observation, fit, measure_generate, pass_drift_pct,
+                                            profile_from_fit)
 from perfsdk.simulation.costmodel import cost_op
 
 
@@ -176,3 +177,45 @@ def test_a_term_no_observation_exercises_stays_zero() -> None:
     for name in ("s_per_flop", "s_per_byte", "op_overhead_s", "s_per_row_flop", "s_per_score"):
         assert res.coefficients[name] == pytest.approx(TRUTH[name], rel=1e-6), name
     assert profile_from_fit(res, name="fitted").matmul_ns_per_weight_row is None
+
+
+def _m(total_s: float) -> Measurement:
+    return Measurement(model="m", batch_size=1, input_tokens=8, output_tokens=3, ttft_s=total_s / 2,
+                       decode_s=total_s / 2, repeats=1)
+
+
+def test_pass_drift_is_the_median_level_of_the_slowest_pass_over_the_fastest() -> None:
+    # each configuration's pass times over its fastest pass: A 1.0 1.1 1.0, B 1.0 1.1 1.2, C 1.0 1.0 1.5;
+    # pass levels (medians) 1.0, 1.1, 1.2: the slowest pass ran 20 % slower than the fastest
+    runs = [[_m(2.0), _m(2.2), _m(2.0)], [_m(4.0), _m(4.4), _m(4.8)], [_m(1.0), _m(1.0), _m(1.5)]]
+    assert pass_drift_pct(runs) == pytest.approx(20.0)
+    # one configuration meeting a busy moment in a pass does not move that pass's level
+    runs[2][1] = _m(10.0)
+    assert pass_drift_pct(runs) == pytest.approx(20.0)
+    # a machine steady throughout: 0; fewer than two passes: not measured
+    assert pass_drift_pct([[_m(1.0), _m(1.0)], [_m(3.0), _m(3.0)]]) == pytest.approx(0.0)
+    assert pass_drift_pct([[_m(1.0)], [_m(2.0)]]) is None
+    assert pass_drift_pct([]) is None
+
+
+def test_profile_source_states_the_drift_and_calibrate_warns_above_five_percent(capsys: pytest.CaptureFixture[str]) -> None:
+    from perfsdk.cli.simulate import _warn_drift
+
+    obs, _ = _observations(np.random.default_rng(5), 12)
+    res = fit(obs, cache_bytes=None, pack_rows=None)
+    assert res.drift_pct is None  # fitted from given observations: no passes to compare
+    res.drift_pct = 7.25
+    prof = profile_from_fit(res)
+    assert "ran 7.2 % slower in the calibration's slowest pass than in its fastest" in prof.source
+    _warn_drift(7.25)
+    err = capsys.readouterr().err
+    assert err.startswith("warning: this machine's speed moved while calibrating (passes: the same configurations "
+                          "ran 7.2 % slower in the slowest pass than in the fastest)")
+    assert err.endswith("Calibrate with nothing else running, or with --threads 1 --clock cpu on a shared machine\n")
+    _warn_drift(7.25, isolated=True)  # already one thread and the CPU clock: no advice to use them
+    assert capsys.readouterr().err.endswith("may differ by as much. Calibrate with nothing else running\n")
+    _warn_drift(3.0)
+    assert capsys.readouterr().err == ("passes: the same configurations ran 3.0 % slower in the slowest pass than "
+                                       "in the fastest\n")
+    _warn_drift(None)
+    assert capsys.readouterr().err == ""

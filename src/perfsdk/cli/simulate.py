@@ -258,6 +258,25 @@ def hardware_convert(path: str, output: str | None) -> None:
         click.echo(text, nl=False)
 
 
+#: above this pass-to-pass drift (percent) calibrate says the machine did not hold its speed
+CALIBRATION_DRIFT_WARN_PCT = 5.0
+
+
+def _warn_drift(drift_pct: float | None, *, isolated: bool = False) -> None:
+    """Say how steady the machine was while calibrating, and warn when it was not.
+
+    ``isolated``: the calibration already ran on one thread with the CPU clock, so the advice to
+    do that is left out."""
+    if drift_pct is None:
+        return
+    msg = f"passes: the same configurations ran {drift_pct:.1f} % slower in the slowest pass than in the fastest"
+    if drift_pct > CALIBRATION_DRIFT_WARN_PCT:
+        msg = (f"warning: this machine's speed moved while calibrating ({msg}); the fitted rates carry that, "
+               "and a calibration repeated now may differ by as much. Calibrate with nothing else running"
+               + ("" if isolated else ", or with --threads 1 --clock cpu on a shared machine"))
+    click.echo(msg, err=True)
+
+
 @click.command("calibrate")
 @click.option("--model", "models", multiple=True,
               default=DEFAULT_CALIBRATION_MODELS, show_default=True,
@@ -305,6 +324,7 @@ def calibrate_command(models: tuple[str, ...], repeats: int, passes: int, min_ti
             result, _ = calibrate_here(list(models), repeats=repeats, threads=threads, progress=progress, clock=clock,
                                        passes=passes, min_time_s=min_time)
             note = f"Models: {', '.join(models)}."
+            _warn_drift(result.drift_pct, isolated=threads == 1 and clock == "cpu")
         profile = profile_from_fit(result, name=name, note=note)
     except ValueError as exc:
         _fail(str(exc))
@@ -317,7 +337,7 @@ def calibrate_command(models: tuple[str, ...], repeats: int, passes: int, min_ti
     if as_json:
         click.echo(json.dumps({"coefficients": result.coefficients, "errors_pct": result.errors_pct,
                                "matmul_half_rows": result.matmul_half_rows, "matmul_pack_rows": result.pack_rows,
-                               "cache_bytes": result.cache_bytes,
+                               "cache_bytes": result.cache_bytes, "drift_pct": result.drift_pct,
                                "observations": result.observations}, indent=2))
     elif not output:
         click.echo(text, nl=False)

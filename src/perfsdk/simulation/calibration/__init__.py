@@ -38,11 +38,12 @@ from perfsdk.simulation.calibration.measure import (
     measure_generate,
     micro_observations,
     observations_for,
+    pass_drift_pct,
 )
 
 __all__ = [
     "CACHE_GRID", "DEFAULT_CALIBRATION_GRID", "DEFAULT_CALIBRATION_MODELS", "HALF_ROWS_GRID", "PACK_ROWS_GRID", "PARAMS", "FitResult", "Measurement",
     "Observation", "build_random_model", "cached_fraction", "calibrate_from_store", "calibrate_here", "fit",
     "measure_generate", "measurements_of_run", "micro_observations", "model_config_of_run", "observations_for",
-    "profile_from_fit",
+    "pass_drift_pct", "profile_from_fit",
 ]

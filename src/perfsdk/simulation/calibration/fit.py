@@ -180,6 +180,9 @@ class FitResult:
     matmul_half_rows: float = 0.0
     cache_bytes: float = 0.0
     pack_rows: float = 0.0
+    #: how far this machine's speed moved between the calibration's passes, in percent
+    #: (:func:`~perfsdk.simulation.calibration.measure.pass_drift_pct`); None when not measured
+    drift_pct: float | None = None
 
     @property
     def flops_per_s(self) -> float | None:
@@ -352,6 +355,9 @@ def profile_from_fit(result: FitResult, *, name: str = "host-calibrated", base: 
     when = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     source = (f"Fitted by perfsdk calibrate on {when} from {result.observations} measured phases "
               f"(least squares on the simulation's own cost model). {note}".strip())
+    if result.drift_pct is not None:
+        source += (f" The same configurations ran {result.drift_pct:.1f} % slower in the calibration's slowest "
+                   "pass than in its fastest (median over configurations).")
     if missing:
         source += f" Not identifiable from the data, kept from {base.name}: {', '.join(missing)}."
     source += f" Energy, static power and efficiency-free rates: energy figures copied from {base.name} (estimates)."

@@ -14,6 +14,7 @@ import numpy as np
 
 from perfsdk.capture.ops import OpRecord
 from perfsdk.simulation.calibration.fit import FitResult, Observation, fit
+from perfsdk.stats import percentile
 
 
 @dataclass
@@ -262,12 +263,14 @@ def calibrate_here(models: list[str], grid: list[tuple[int, int, int]] | None = 
     shapes = {spec: architecture_from_config(model.config) for spec, model in built.items()}
     configs = [(spec, b, i, o) for spec in models for b, i, o in (grid or DEFAULT_CALIBRATION_GRID)]
     best: dict[tuple[str, int, int, int], Measurement] = {}
+    by_pass: dict[tuple[str, int, int, int], list[Measurement]] = {}
     micro_runs = [micro_observations(clock=clock)] if micro else []
     for p in range(max(1, passes)):
         for key in configs:
             spec, b, i, o = key
             m = measure_generate(built[spec], b, i, o, repeats=repeats, label=spec, clock=clock, seed=p,
                                  min_time_s=min_time_s)
+            by_pass.setdefault(key, []).append(m)
             prev = best.get(key)
             best[key] = m if prev is None else prev.merged(m)
             if progress is not None and p == max(1, passes) - 1:
@@ -278,5 +281,27 @@ def calibrate_here(models: list[str], grid: list[tuple[int, int, int]] | None = 
     meas = [best[key] for key in configs]
     for key, m in zip(configs, meas):
         obs.extend(observations_for(shapes[key[0]], m))
-    return fit(obs, fit_step_overhead=fit_step_overhead), meas
+    result = fit(obs, fit_step_overhead=fit_step_overhead)
+    result.drift_pct = pass_drift_pct(list(by_pass.values()))
+    return result, meas
+
+
+def pass_drift_pct(runs: list[list[Measurement]]) -> float | None:
+    """How far the machine's speed moved between round-robin passes, in percent.
+
+    ``runs``: for each configuration, its measurement in each pass (in pass order). Each pass's
+    level is the median, over configurations, of its time (TTFT + decode) relative to the same
+    configuration's fastest pass; the result is the slowest pass level over the fastest, minus 1.
+    A pass that met a busy moment for one configuration barely moves a median; a machine that ran
+    slower for a whole pass does. None with fewer than two passes.
+    """
+    passes = min((len(r) for r in runs), default=0)
+    if passes < 2:
+        return None
+    levels = []
+    for p in range(passes):
+        ratios = sorted((r[p].ttft_s + r[p].decode_s) / min(m.ttft_s + m.decode_s for m in r[:passes])
+                        for r in runs)
+        levels.append(percentile(ratios, 50))
+    return 100.0 * (max(levels) / min(levels) - 1.0)
 
