@@ -298,10 +298,7 @@ def pass_drift_pct(runs: list[list[Measurement]]) -> float | None:
     passes = min((len(r) for r in runs), default=0)
     if passes < 2:
         return None
-    levels = []
-    for p in range(passes):
-        ratios = sorted((r[p].ttft_s + r[p].decode_s) / min(m.ttft_s + m.decode_s for m in r[:passes])
-                        for r in runs)
-        levels.append(percentile(ratios, 50))
+    totals = [[m.ttft_s + m.decode_s for m in r[:passes]] for r in runs]
+    levels = [percentile(sorted(t[p] / min(t) for t in totals), 50) for p in range(passes)]
     return 100.0 * (max(levels) / min(levels) - 1.0)
 
