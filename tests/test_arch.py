@@ -143,12 +143,19 @@ def test_local_folders_of_vlm_and_t5(tmp_path: Path) -> None:
         assert d["flops_total"] == d["flops_encode"] + d["flops_prefill"] + d["flops_decode"] == d["analytic_flops_total"]
 
 
-def test_cli_exit_2_for_an_unsupported_architecture(tmp_path: Path) -> None:
+def test_cli_exit_2_for_an_unknown_or_invalid_config(tmp_path: Path) -> None:
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "nosuchfamily", "hidden_size": 64}))
+    for cmd, args in ((flops_command, [str(tmp_path)]), (simulate_command, ["--model", str(tmp_path)])):
+        r = CliRunner().invoke(cmd, args)
+        assert r.exit_code == 2, r.output
+        assert "model_type 'nosuchfamily' is not a family that transformers" in r.output
+        assert "Traceback" not in r.output and len(r.output) < 400
+    # a family transformers knows, with values it rejects: its own message, exit 2
     (tmp_path / "config.json").write_text(json.dumps({"model_type": "bert", "hidden_size": 64, "vocab_size": 10}))
     for cmd, args in ((flops_command, [str(tmp_path)]), (simulate_command, ["--model", str(tmp_path)])):
         r = CliRunner().invoke(cmd, args)
         assert r.exit_code == 2, r.output
-        assert "architecture 'bert' is not supported" in r.output and "Traceback" not in r.output
+        assert "not a multiple of the number of attention heads" in r.output and "Traceback" not in r.output
     (tmp_path / "config.json").write_text(json.dumps({"model_type": "llama", **BASE, "vocab_size": None}))
     r = CliRunner().invoke(simulate_command, ["--model", str(tmp_path)])
     assert r.exit_code == 2 and "config field vocab_size is missing" in r.output
@@ -174,7 +181,10 @@ def test_memory_kv_cache_follows_the_architecture() -> None:
                    do_sample=False, pad_token_id=0)
     mem = s.result.collectors["memory"]
     assert s.result.model is not None and s.result.model.model_type == "gemma2"
-    # context 6 + 3 = 9; layer 0 slides (4 kept), layer 1 is full (9); 2 KV heads x (16 + 16); batch 2; fp32
-    assert mem["kv_cache_context_tokens"] == 9
-    assert mem["kv_cache_bytes"] == (4 + 9) * 2 * 32 * 2 * 4
+    # the cache the model built: 6 + 3 - 1 = 8 positions (the last token's keys are never computed)
+    assert mem["kv_cache_source"] == "cache tensors"
+    assert mem["kv_cache_context_tokens"] == 8
+    # layer 0 slides and keeps window - 1 = 3 positions, layer 1 (full) keeps 8;
+    # 2 KV heads x (16 + 16) x batch 2 x fp32
+    assert mem["kv_cache_bytes"] == (3 + 8) * 2 * 32 * 2 * 4
     assert mem["kv_cache_bytes_per_token"] == 2 * 2 * 32 * 4

@@ -226,8 +226,10 @@ def test_memory_collector_values(model):
     info = s.result.model
     assert mem["weights_bytes"] == info.weights_bytes == sum(p.numel() * 4 for p in model.parameters()) + sum(
         b.numel() * b.element_size() for b in model.buffers())
-    # 2 (K,V) x 2 layers x 2 KV heads x head_dim 16 x (7 padded + 4 generated) x batch 2 x 4 bytes
-    assert mem["kv_cache_bytes"] == 2 * 2 * 2 * 16 * 11 * 2 * 4
+    # the cache the model built: 2 (K,V) x 2 layers x 2 KV heads x head_dim 16 x (7 padded + 4 generated
+    # - 1: the last token's keys are never computed) x batch 2 x 4 bytes
+    assert mem["kv_cache_bytes"] == 2 * 2 * 2 * 16 * 10 * 2 * 4
+    assert mem["kv_cache_source"] == "cache tensors" and mem["kv_cache_context_tokens"] == 10
     assert mem["kv_cache_bytes_per_token"] == 2 * 2 * 2 * 16 * 4
     assert mem["rss_peak_bytes"] >= mem["rss_start_bytes"] > 0
     assert mem["cuda_status"].startswith("unavailable")

@@ -33,7 +33,7 @@ class ModelConfig(_Strict):
     id: str = "builtin:tiny-llama"
     dtype: Dtype = "float32"
     device: str = "auto"
-    attn_implementation: Literal["eager", "sdpa", "flash_attention_2", "auto"] = "sdpa"
+    attn_implementation: Literal["eager", "sdpa", "flash_attention_2", "auto"] = "auto"
     quantization: Quantization = "none"
     bnb_4bit_quant_type: Literal["nf4", "fp4"] = Field(
         default="nf4", description="bnb-4bit only: 4-bit data type, NormalFloat4 or FP4")

@@ -206,10 +206,11 @@ class OperationCapture:
     """Record every operation ``model`` executes inside the ``with`` block.
 
     ``phase``/``step``/``context_len`` are stamped on each record and can be changed while
-    capturing with :meth:`set_phase`. With ``auto_phase=True`` (for ``model.generate``) each call
-    of the top module is attributed by itself: a forward with an empty KV cache is ``prefill``
-    (``step`` 0), each later one is ``decode`` with ``step`` 1, 2, … and ``context_len`` = cached
-    plus new positions; operations inside the model's encode modules (an encoder-decoder's
+    capturing with :meth:`set_phase`. With ``auto_phase=True`` (one capture per ``model.generate``
+    call) the calls of the top module are attributed in order: the first is ``prefill``
+    (``step`` 0), each later one ``decode`` with ``step`` 1, 2, … and ``context_len`` = cached
+    plus new positions (read through :mod:`perfsdk.models.internals`; when the cache contradicts
+    the order, :attr:`phase_unavailable` says so); operations inside the model's encode modules (an encoder-decoder's
     encoder, a vision or audio tower and its projector, see :mod:`perfsdk.models.encode`) are
     ``encode`` (``step`` 0), whether they run before the first forward or inside it. Operations
     that run outside ``model``'s modules (e.g. sampling inside ``generate``) are not recorded
@@ -239,6 +240,14 @@ class OperationCapture:
         self._root_type = type(model).__name__ if model is not None else ""
         self._encode_depth = 0
         self._before_encode: tuple[Phase, int, int | None] = (phase, step, context_len)
+        from perfsdk.models.internals import PhaseTracker
+
+        self._phases = PhaseTracker()
+
+    @property
+    def phase_unavailable(self) -> str | None:
+        """Why the prefill/decode split of this capture cannot be trusted (None when it can)."""
+        return self._phases.unavailable if self.auto_phase else None
 
     # -- public ---------------------------------------------------------------------------
 
@@ -340,14 +349,8 @@ class OperationCapture:
 
     def _on_root_forward(self, args: Any, kwargs: dict[str, Any]) -> None:
         if self.auto_phase:
-            new = _new_positions(args, kwargs)
-            past = _cache_length(kwargs.get("past_key_values"))
-            if past == 0:
-                self.phase, self.step = "prefill", 0
-            else:
-                self.phase = "decode"
-                self.step = sum(1 for f in self.forwards if f["phase"] == "decode") + 1
-            self.context_len = past + new if new is not None else None
+            phase, self.step, self.context_len = self._phases.on_forward(args, kwargs)
+            self.phase = phase  # type: ignore[assignment]
         self.forwards.append({"phase": self.phase, "step": self.step, "context_len": self.context_len})
 
     # -- recording ------------------------------------------------------------------------
@@ -480,31 +483,6 @@ _ELEMENTWISE_HINTS = ("add", "sub", "mul", "div", "pow", "sqrt", "rsqrt", "exp",
 def _is_elementwise(name: str, outs: list[torch.Tensor]) -> bool:
     base = name.split("::", 1)[-1].lstrip("_").rstrip("_")
     return any(base == h or base.startswith(h + "_") or base.startswith(h) for h in _ELEMENTWISE_HINTS) and bool(outs)
-
-
-def _new_positions(args: Any, kwargs: dict[str, Any]) -> int | None:
-    for key in ("input_ids", "inputs_embeds"):
-        t = kwargs.get(key)
-        if isinstance(t, torch.Tensor) and t.dim() >= 2:
-            return int(t.shape[1])
-    if args and isinstance(args[0], torch.Tensor) and args[0].dim() >= 2:
-        return int(args[0].shape[1])
-    return None
-
-
-def _cache_length(cache: Any) -> int:
-    if cache is None:
-        return 0
-    fn = getattr(cache, "get_seq_length", None)
-    if callable(fn):
-        try:
-            return int(fn())
-        except Exception:
-            return 0
-    try:  # legacy tuple of (k, v) per layer: (B, H, L, D)
-        return int(cache[0][0].shape[-2])
-    except Exception:
-        return 0
 
 
 def capture_generate(model: torch.nn.Module, **generate_kwargs: Any) -> tuple[Any, OperationCapture]:

@@ -22,7 +22,8 @@ from perfsdk.fmt import fmt_count as _fmt
 @click.option("--images", default=None, type=click.IntRange(min=0),
               help="images per sequence of a vision-language model (their image tokens join the prompt) [default: 1]")
 @click.option("--backend", default="torch", show_default=True, help="torch | ptflops | fvcore | analytic")
-@click.option("--attn-implementation", default="sdpa", show_default=True, type=click.Choice(["sdpa", "eager"]))
+@click.option("--attn-implementation", default="auto", show_default=True, type=click.Choice(["auto", "sdpa", "eager"]),
+              help="auto: the one transformers picks for the family (sdpa where supported, else eager)")
 @click.option("--exact", is_flag=True, help="count every decode step instead of summing them in closed form")
 @click.option("--full-depth", is_flag=True,
               help="instantiate every decoder layer instead of replicating the count of identical layers")

@@ -79,8 +79,10 @@ def simulate_command(model_spec: str, hardware: str, hardware_files: tuple[str, 
     Encoder-decoder (T5) and vision-language (LLaVA) models get an encode phase: the encoder, or
     the vision tower and projector; TTFT spans encode and prefill.
     """
-    from perfsdk.models.arch import architecture_from_config
+    from perfsdk.collectors.flops import analytic_unavailable
+    from perfsdk.flops.meta import _architecture_or_none
     from perfsdk.models.resolve import resolve_config
+    from perfsdk.simulation.predictor import simulate_config
 
     dtype_why = ""
     try:
@@ -88,16 +90,24 @@ def simulate_command(model_spec: str, hardware: str, hardware_files: tuple[str, 
         profile = _profile(hardware, catalog)
         mapping = mapping_from(mapping_file)
         config = resolve_config(model_spec)[0]
-        base = architecture_from_config(config)
+        base = _architecture_or_none(config)
+        if base is None and (kv_heads is not None or sliding_window is not None):
+            raise ValueError(f"--kv-heads / --sliding-window: {analytic_unavailable(config)}, and these overrides "
+                             f"change the analytic description")
         if dtype == "auto":
             dtype, dtype_why = _auto_dtype(config, profile)
-        arch = apply_overrides(base, kv_heads, sliding_window)
         sim_profiles = [profile] + ([catalog.get(p) for p in mapping.devices.values()] if mapping else [])
         if not mapping or not mapping.default:
             sim_profiles[0].dtype_key(dtype)
-        res = simulate_model(arch, profile, batch_size=batch_size, input_tokens=input_tokens,
-                             output_tokens=output_tokens, dtype=dtype, mapping=mapping, top_n=top_n, catalog=catalog,
-                             images=images, name=model_spec)
+        if base is None:
+            res = simulate_config(config, profile, batch_size=batch_size, input_tokens=input_tokens,
+                                  output_tokens=output_tokens, dtype=dtype, mapping=mapping, top_n=top_n,
+                                  catalog=catalog, images=images, name=model_spec)
+        else:
+            arch = apply_overrides(base, kv_heads, sliding_window)
+            res = simulate_model(arch, profile, batch_size=batch_size, input_tokens=input_tokens,
+                                 output_tokens=output_tokens, dtype=dtype, mapping=mapping, top_n=top_n,
+                                 catalog=catalog, images=images, name=model_spec)
     except (HardwareProfileError, MappingError, ValueError) as exc:
         _fail(str(exc))
         return

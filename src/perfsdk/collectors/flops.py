@@ -168,6 +168,12 @@ def _text_tokens_and_images(arch: Any, step: Step) -> tuple[int, int]:
     return tokens - images * arch.image_tokens_per_image, images
 
 
+def analytic_unavailable(config: Any) -> str:
+    """The note for a model the architecture description does not cover."""
+    model_type = getattr(config, "model_type", None) or type(config).__name__
+    return f"analytic cross-check: not available for model type {model_type}"
+
+
 def _architecture_of(model: Any) -> Any:
     from perfsdk.models.arch import architecture_from_config
 
@@ -220,6 +226,8 @@ class FlopsCollector(Collector):
             rows.append(("vs analytic", f"{result.deviation_pct:+.1f} %{' (flagged)' if result.deviation_flagged else ''}"))
         if result.mfu_pct is not None:
             rows.append(("MFU", f"{result.mfu_pct:.2f} %"))
+        if result.reason:
+            rows.append(("FLOPs phases", result.reason))
         return rows
 
     @classmethod
@@ -288,6 +296,8 @@ class FlopsCollector(Collector):
             from perfsdk.flops.counter import count_from_records
 
             count = count_from_records(cap.records, "torch", "capture")
+            if cap.phase_unavailable and cap.phase_unavailable not in self._notes:
+                self._notes.append(cap.phase_unavailable)
             for f in count.forwards:
                 self._forward_rows.append({"step": step.index, **f})
         elif step.index in self._pending:
@@ -298,7 +308,12 @@ class FlopsCollector(Collector):
         if count is None:
             return
         positions = len(step.token_times_ns) if step.kind == "generate" else 0
-        self._counted.append((step, count, _analytic_for_step(step.model, step, positions), _step_shape(step)))
+        analytic = _analytic_for_step(step.model, step, positions)
+        if analytic is None:
+            why = analytic_unavailable(getattr(step.model, "config", None))
+            if why not in self._notes:
+                self._notes.append(why)
+        self._counted.append((step, count, analytic, _step_shape(step)))
 
     def _count_after(self, step: Step) -> FlopsCount | None:
         """Count a step that could not be captured inline (other backends, quantized models)."""
@@ -380,6 +395,9 @@ class FlopsCollector(Collector):
         fields["notes"] = list(fields["notes"]) + self._notes
         if self._forward_rows:
             session.add_series("flops_forwards", self._forward_rows)
+        split = next((n for n in self._notes if n.startswith("phase split unavailable")), None)
+        if split is not None:
+            fields["reason"] = split
         return FlopsResult(status="ok", steps_counted=len(self._counted), steps_measured=len(measured),
                            counted_steps=rows, **fields)
 

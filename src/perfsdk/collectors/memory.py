@@ -38,6 +38,9 @@ class MemoryResult(CollectorResult):
     kv_cache_bytes_per_token: int | None = None
     kv_cache_context_tokens: int | None = None
     kv_cache_batch_size: int | None = None
+    kv_cache_source: str | None = Field(
+        default=None, description="'cache tensors': the bytes of the KV cache the model built, read after its "
+                                  "last forward; 'architecture': computed from the described architecture")
     samples: int = 0
 
 
@@ -109,6 +112,10 @@ class MemoryCollector(Collector):
         self.max_kv: tuple[int, int, int] | None = None  # (batch, decoder context, encoder positions)
         self._arch: Any = None  # the generating model's Architecture (None: not a described architecture)
         self._arch_of: int | None = None
+        # the KV cache the model really builds: (bytes, batch, decoder context) of the largest one seen
+        self.measured_kv: tuple[int, int, int] | None = None
+        self._cache_seen: Any = None
+        self._cache_hook: Any = None
         self._statm = _StatmReader.open()
         self._children_cache: list[Any] = []
         self._children_at = -CHILDREN_REFRESH_NS
@@ -177,9 +184,39 @@ class MemoryCollector(Collector):
                 self.cuda_by_phase[window.kind] = max(peak, self.cuda_by_phase.get(window.kind, 0))
 
     @hookimpl
+    def perfsdk_before_generate(self, session: Any, step: Step) -> None:
+        """Watch the top module's forwards for the KV cache ``generate`` hands it (found by type)."""
+        if step.kind != "generate" or step.warmup or not hasattr(step.model, "register_forward_pre_hook"):
+            return
+        from perfsdk.models.internals import find_cache
+
+        def seen(_mod: Any, args: Any, kwargs: Any) -> None:
+            cache = find_cache(args, kwargs)
+            if cache is not None:
+                self._cache_seen = cache
+
+        self._cache_seen = None
+        self._cache_hook = step.model.register_forward_pre_hook(seen, with_kwargs=True)
+
+    def _take_cache(self, step: Step) -> None:
+        if self._cache_hook is None:
+            return
+        self._cache_hook.remove()
+        self._cache_hook = None
+        cache, self._cache_seen = self._cache_seen, None
+        if cache is None:
+            return
+        from perfsdk.models.internals import cache_bytes, cache_length
+
+        size = cache_bytes(cache)
+        if size and (self.measured_kv is None or size > self.measured_kv[0]):
+            self.measured_kv = (size, step.batch_size, cache_length(cache) or 0)
+
+    @hookimpl
     def perfsdk_after_generate(self, session: Any, step: Step) -> None:
         if step.kind != "generate" or step.warmup:
             return
+        self._take_cache(step)
         ids = step.inputs.get("input_ids")
         padded = int(ids.shape[1]) if ids is not None and hasattr(ids, "shape") else max(step.input_tokens or [0])
         arch = self._architecture(step.model)
@@ -214,7 +251,19 @@ class MemoryCollector(Collector):
         info = session.model_info
         cuda = self._cuda()
         kv = kv_tok = None
-        if self._arch is not None and self.max_kv is not None:
+        kv_source = None
+        kv_ctx = self.max_kv[1] if self.max_kv else None
+        kv_batch = self.max_kv[0] if self.max_kv else None
+        if self.measured_kv is not None:
+            kv, kv_batch, kv_ctx = self.measured_kv
+            kv_source = "cache tensors"
+            if self._arch is not None:  # per new position, from the description (windows, cross-attention)
+                elem = {"float32": 4, "float16": 2, "bfloat16": 2, "float64": 8}.get(
+                    (info.dtype if info else None) or "float32", 4)
+                kv_tok = self._arch.kv_cache_bytes(1, 1, elem)
+            elif kv_ctx and kv_batch:  # the average over the cached positions
+                kv_tok = kv // (kv_ctx * kv_batch)
+        elif self._arch is not None and self.max_kv is not None:
             # KV cache from the architecture: per-layer sliding windows, GQA/MQA heads, latent
             # attention, cross-attention; in the model's dtype
             elem = {"float32": 4, "float16": 2, "bfloat16": 2, "float64": 8}.get((info.dtype if info else None)
@@ -222,6 +271,7 @@ class MemoryCollector(Collector):
             b, ctx, enc = self.max_kv
             kv = self._arch.kv_cache_bytes(b, ctx, elem, encoder_tokens=enc)
             kv_tok = self._arch.kv_cache_bytes(1, 1, elem)
+            kv_source = "architecture"
         return MemoryResult(
             rss_peak_bytes=max(self.peak, self.end),
             rss_start_bytes=self.start,
@@ -234,8 +284,9 @@ class MemoryCollector(Collector):
             weights_bytes=info.weights_bytes if info else None,
             kv_cache_bytes=kv,
             kv_cache_bytes_per_token=kv_tok,
-            kv_cache_context_tokens=self.max_kv[1] if self.max_kv else None,
-            kv_cache_batch_size=self.max_kv[0] if self.max_kv else None,
+            kv_cache_context_tokens=kv_ctx,
+            kv_cache_batch_size=kv_batch,
+            kv_cache_source=kv_source,
             samples=self.samples,
         )
 

@@ -206,11 +206,10 @@ def _ptflops_macs(model: torch.nn.Module, ids: torch.Tensor) -> int:
 
     def inputs(_shape: Any) -> dict[str, Any]:
         # a fresh KV cache: without one, transformers inspects position ids by value (fails on meta)
-        from transformers import DynamicCache
+        from perfsdk.models.internals import cache_kwargs, new_cache
 
-        cfg = getattr(model, "config", None)
-        return {"input_ids": ids, "past_key_values": DynamicCache(config=cfg), "use_cache": True,
-                "logits_to_keep": 1}
+        cache = new_cache(getattr(model, "config", None))
+        return {"input_ids": ids, "use_cache": True, "logits_to_keep": 1, **cache_kwargs(model, cache)}
 
     with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
         macs, _params = get_model_complexity_info(

@@ -33,6 +33,7 @@ from perfsdk.capture import OperationCapture
 from perfsdk.flops.analytic import generate_shape
 from perfsdk.flops.counter import FlopsCount, count_analytic, count_from_records
 from perfsdk.models.arch import Architecture, GenerateShape, UnsupportedArchitecture, architecture_from_config
+from perfsdk.models.internals import cache_kwargs
 from perfsdk.models.resolve import UnknownModel, bundled_config, bundled_names, resolve_config
 
 log = structlog.get_logger("perfsdk.flops.meta")
@@ -45,26 +46,30 @@ def _architecture_or_none(config: Any) -> Architecture | None:
         return None
 
 
-def meta_model(config: Any, attn_implementation: str = "sdpa", dtype: torch.dtype | None = None) -> torch.nn.Module:
+def meta_model(config: Any, attn_implementation: str = "auto", dtype: torch.dtype | None = None) -> torch.nn.Module:
     """Instantiate the generating architecture of ``config`` on the meta device (no weights).
 
-    Causal LMs through ``AutoModelForCausalLM``; encoder-decoders through
-    ``AutoModelForSeq2SeqLM``; vision-language models through ``AutoModelForImageTextToText``.
-    Mixture-of-experts models are built in bfloat16 by default: PyTorch's meta kernel of the
-    grouped GEMM their experts run accepts only bfloat16 (FLOPs do not depend on the dtype).
+    Causal LMs through ``AutoModelForCausalLM``; encoder-decoders (``config.is_encoder_decoder``)
+    through ``AutoModelForSeq2SeqLM``; vision-language models (a ``vision_config``) through
+    ``AutoModelForImageTextToText``. ``attn_implementation="auto"`` takes the one
+    ``transformers`` picks for the family (sdpa where supported, else eager). Mixture-of-experts
+    models are built in bfloat16 by default: PyTorch's meta kernel of the grouped GEMM their
+    experts run accepts only bfloat16 (FLOPs do not depend on the dtype).
     """
     from transformers import AutoModelForCausalLM, AutoModelForImageTextToText, AutoModelForSeq2SeqLM
 
     arch = _architecture_or_none(config)
     if dtype is None and arch is not None and arch.is_moe:
         dtype = torch.bfloat16
-    kwargs: dict[str, Any] = {"attn_implementation": attn_implementation}
+    kwargs: dict[str, Any] = {}
+    if attn_implementation != "auto":
+        kwargs["attn_implementation"] = attn_implementation
     if dtype is not None:
         kwargs["dtype"] = dtype
     auto: Any = AutoModelForCausalLM
-    if arch is not None and arch.is_encoder_decoder:
+    if getattr(config, "is_encoder_decoder", False):
         auto = AutoModelForSeq2SeqLM
-    elif arch is not None and arch.is_multimodal:
+    elif getattr(config, "vision_config", None) is not None:
         auto = AutoModelForImageTextToText
     with _quiet(), torch.device("meta"):
         model = auto.from_config(config, **kwargs)
@@ -95,24 +100,17 @@ def meta_copy(model: torch.nn.Module) -> torch.nn.Module:
                 delattr(cfg, attr)
             except AttributeError:
                 pass
-    impl = getattr(cfg, "_attn_implementation", None) or "sdpa"
-    return meta_model(cfg, attn_implementation=impl if impl in ("eager", "sdpa") else "sdpa")
+    impl = getattr(cfg, "_attn_implementation", None) or "auto"
+    return meta_model(cfg, attn_implementation=impl if impl in ("eager", "sdpa") else "auto")
 
 
-def _new_cache(config: Any, encoder_decoder: bool = False) -> Any:
-    from transformers import DynamicCache
+def _flat_tensors(obj: Any) -> list[torch.Tensor]:
+    from torch.utils._pytree import tree_flatten
 
-    def one() -> Any:
-        try:
-            return DynamicCache(config=config)
-        except TypeError:
-            return DynamicCache()
-
-    if encoder_decoder:
-        from transformers import EncoderDecoderCache
-
-        return EncoderDecoderCache(one(), one())
-    return one()
+    if hasattr(obj, "to_tuple"):
+        obj = obj.to_tuple()
+    flat, _ = tree_flatten(obj)
+    return [x for x in flat if isinstance(x, torch.Tensor)]
 
 
 class _Replay:
@@ -122,58 +120,120 @@ class _Replay:
         self.model = model
         self.cfg = getattr(model, "config", None)
         self.arch = _architecture_or_none(self.cfg) if self.cfg is not None else None
+        self._encoder_decoder = bool(getattr(self.cfg, "is_encoder_decoder", False))
         self.batch_size = batch_size
         self.dev = torch.device("meta")
         self.shape: GenerateShape | None = None
+        self._pixels: torch.Tensor | None = None  # a family the description lacks: its images, by probe
         if self.arch is not None:
             self.shape = generate_shape(self.arch, batch_size, input_tokens, 0, images)
-            self.prompt = self.shape.prompt_tokens
         else:
-            if images:
-                raise ValueError("images: the model has no vision tower")
-            self.prompt = input_tokens
+            self.shape = self._probe_shape(batch_size, input_tokens, images)
+        self.prompt = self.shape.prompt_tokens
         self.input_tokens = input_tokens
         self.encoder_out: Any = None
+
+    def _probe_shape(self, batch_size: int, input_tokens: int, images: int | None) -> GenerateShape:
+        """What each phase processes, for a family read from its config alone: an encoder-decoder's
+        encoder takes the prompt; a vision-language model's image tokens are the rows its own
+        image-feature code returns for one blank image of the configured size."""
+        if self._encoder_decoder:
+            if images:
+                raise ValueError("images: the model has no vision tower")
+            return GenerateShape(batch_size, input_tokens, 0, 0, 0, input_tokens, 1)
+        vision = getattr(self.cfg, "vision_config", None)
+        features = getattr(self.model, "get_image_features", None)
+        if vision is None or not callable(features):
+            if images:
+                raise ValueError("images: the model has no vision tower")
+            return GenerateShape(batch_size, input_tokens, 0, 0, 0, 0, input_tokens)
+        n = 1 if images is None else images
+        if n == 0:
+            return GenerateShape(batch_size, input_tokens, 0, 0, 0, 0, input_tokens)
+        size = getattr(vision, "image_size", None)
+        size = size[0] if isinstance(size, (list, tuple)) else size
+        channels = int(getattr(vision, "num_channels", 3) or 3)
+        if not isinstance(size, int):
+            raise ValueError(f"images: the vision config of {getattr(self.cfg, 'model_type', '?')} states no image_size")
+        dtype = next(self.model.parameters()).dtype
+        px = torch.zeros((1, channels, size, size), device=self.dev, dtype=dtype)
+        with torch.inference_mode():
+            out = features(pixel_values=px)
+        feats = [t for t in _flat_tensors(out) if t.dim() >= 2]
+        if not feats:
+            raise ValueError("images: the model's image features could not be read")
+        per_image = int(feats[0].shape[-2]) if feats[0].dim() >= 3 else int(feats[0].shape[0])
+        self._pixels = px
+        return GenerateShape(batch_size, input_tokens, 0, n, n * per_image, 0, input_tokens + n * per_image)
 
     def _ids(self, n: int) -> torch.Tensor:
         return torch.zeros((self.batch_size, n), dtype=torch.long, device=self.dev)
 
     def encode(self, cap: OperationCapture | None) -> None:
         """The encoder (encoder-decoder) or the vision tower and projector (vision-language)."""
-        arch = self.arch
-        if arch is None or arch.encoder is None or self.shape is None:
+        shape = self.shape
+        if shape is None or not (self._encoder_decoder or shape.images):
             return
         if cap is not None:
-            cap.set_phase("encode", step=0, context_len=self.shape.encoder_tokens or None)
-        if arch.is_encoder_decoder:
+            cap.set_phase("encode", step=0, context_len=shape.encoder_tokens or None)
+        if self._encoder_decoder:
             self.encoder_out = self.model.get_encoder()(input_ids=self._ids(self.input_tokens))  # type: ignore[operator]
             return
-        n_img = self.batch_size * self.shape.images
-        if n_img:
-            vis = arch.encoder
-            px = torch.zeros((n_img, vis.num_channels, vis.image_size, vis.image_size), device=self.dev,
-                             dtype=next(self.model.parameters()).dtype)
-            self.model.get_image_features(pixel_values=px)  # type: ignore[operator]
+        n_img = self.batch_size * shape.images
+        dtype = next(self.model.parameters()).dtype
+        if self.arch is not None and self.arch.encoder is not None:
+            vis = self.arch.encoder
+            px = torch.zeros((n_img, vis.num_channels, vis.image_size, vis.image_size), device=self.dev, dtype=dtype)
+        else:
+            assert self._pixels is not None
+            px = self._pixels.expand(n_img, *self._pixels.shape[1:])
+        self.model.get_image_features(pixel_values=px)  # type: ignore[operator]
+
+    def _hidden_size(self) -> int:
+        if self.arch is not None:
+            return self.arch.hidden_size
+        emb = self.model.get_input_embeddings()  # type: ignore[operator]
+        return int(emb.weight.shape[-1])
 
     def forward(self, cap: OperationCapture | None, new: int, cache: Any, phase: str, step: int, context_len: int,
                 logits_to_keep: int = 1) -> None:
         if cap is not None:
             cap.set_phase(phase, step=step, context_len=context_len)  # type: ignore[arg-type]
-        if self.arch is not None and self.arch.is_encoder_decoder:
-            self.model(encoder_outputs=self.encoder_out, decoder_input_ids=self._ids(new), past_key_values=cache,
-                       use_cache=True)
-        elif self.arch is not None and self.arch.is_multimodal and phase != "decode":
+        if self._encoder_decoder:
+            self.model(encoder_outputs=self.encoder_out, decoder_input_ids=self._ids(new), use_cache=True,
+                       **cache_kwargs(self.model, cache))
+        elif self.shape is not None and self.shape.images and phase != "decode":
             # the text model's prompt: text and image tokens, entering as embeddings
-            embeds = torch.zeros((self.batch_size, new, self.arch.hidden_size), device=self.dev,
+            embeds = torch.zeros((self.batch_size, new, self._hidden_size()), device=self.dev,
                                  dtype=next(self.model.parameters()).dtype)
-            self.model(inputs_embeds=embeds, past_key_values=cache, use_cache=cache is not None,
-                       logits_to_keep=logits_to_keep)
+            self.model(inputs_embeds=embeds, use_cache=cache is not None, logits_to_keep=logits_to_keep,
+                       **cache_kwargs(self.model, cache))
         else:
-            self.model(input_ids=self._ids(new), past_key_values=cache, use_cache=cache is not None,
-                       logits_to_keep=logits_to_keep)
+            self.model(input_ids=self._ids(new), use_cache=cache is not None, logits_to_keep=logits_to_keep,
+                       **cache_kwargs(self.model, cache))
 
     def new_cache(self) -> Any:
-        return _new_cache(self.cfg, self.arch is not None and self.arch.is_encoder_decoder)
+        from perfsdk.models.internals import new_cache
+
+        return new_cache(self.cfg, self._encoder_decoder)
+
+
+def replay_shape(config: Any, batch_size: int, input_tokens: int, output_tokens: int,
+                 images: int | None = None) -> GenerateShape:
+    """What each phase of ``generate`` processes for ``config`` (any family ``transformers`` builds)."""
+    from dataclasses import replace
+
+    arch = _architecture_or_none(config)
+    if arch is not None:
+        return generate_shape(arch, batch_size, input_tokens, output_tokens, images)
+    rep = _Replay(meta_model(_one_layer(config)), batch_size, input_tokens, images)
+    assert rep.shape is not None
+    return replace(rep.shape, output_tokens=output_tokens)
+
+
+def _one_layer(config: Any) -> Any:
+    shallow = _shallow_config(config, 1)
+    return shallow if shallow is not None else config
 
 
 def count_meta_generate(model: torch.nn.Module, batch_size: int, input_tokens: int, output_tokens: int,
@@ -193,7 +253,7 @@ def count_meta_generate(model: torch.nn.Module, batch_size: int, input_tokens: i
         res = count_from_records(cap.records, "torch", "meta-device capture")
         return res
     n_dec = output_tokens - 1
-    windows = [w for w in (rep.arch.sliding_windows if rep.arch else ()) if w is not None]
+    windows = [w for w in (rep.arch.sliding_windows if rep.arch else _config_windows(rep.cfg)) if w is not None]
     bends = bool(windows) and p + n_dec > min(windows)
     run_all = exact or bends or n_dec <= 3
     counted = n_dec if run_all else 3
@@ -249,6 +309,18 @@ def count_meta_generate(model: torch.nn.Module, batch_size: int, input_tokens: i
     res.notes.append(f"decode steps 4..{n_dec} summed in closed form: per-module FLOPs are affine in the context "
                      f"length (checked on steps 1-3)")
     return res
+
+
+def _config_windows(config: Any) -> tuple[int | None, ...]:
+    """Attention windows a config states, for a family the description lacks (any field naming one)."""
+    out: list[int | None] = []
+    for name in ("sliding_window", "attention_window", "window_size", "local_attention"):
+        v = getattr(config, name, None)
+        if isinstance(v, int) and v > 0:
+            out.append(v)
+        elif isinstance(v, (list, tuple)):
+            out.extend(x for x in v if isinstance(x, int) and x > 0)
+    return tuple(out)
 
 
 _LAYER_RE = re.compile(r"^(?P<pre>.*?)\.(?P<idx>\d+)(?P<post>\..*)?$")
@@ -322,7 +394,7 @@ def _replicate_layers(one: FlopsCount, two: FlopsCount, full: int) -> FlopsCount
 
 
 def count_config(config: Any, batch_size: int, input_tokens: int, output_tokens: int, *,
-                 attn_implementation: str = "sdpa", exact: bool = False, full_depth: bool = False,
+                 attn_implementation: str = "auto", exact: bool = False, full_depth: bool = False,
                  images: int | None = None) -> FlopsCount:
     """Count a config on the meta device (falls back to the analytic model, labeled, on failure).
 
@@ -335,39 +407,58 @@ def count_config(config: Any, batch_size: int, input_tokens: int, output_tokens:
     grouped expert GEMM still has the routed shapes (tokens x top_k rows), so the count is exact.
     """
     arch = _architecture_or_none(config)
-    if arch is not None and arch.encoder is not None:
+    if (arch is not None and arch.encoder is not None) or getattr(config, "is_encoder_decoder", False) \
+            or getattr(config, "vision_config", None) is not None:
         full_depth = True
     try:
-        attr = _layers_attr(config)
-        full = int(getattr(config, attr)) if attr else 0
-        if not full_depth and full > 2:
-            c1, c2 = _shallow_config(config, 1), _shallow_config(config, 2)
-            if c1 is not None and c2 is not None:
-                one = count_meta_generate(meta_model(c1, attn_implementation=attn_implementation), batch_size,
-                                          input_tokens, output_tokens, exact=exact)
-                two = count_meta_generate(meta_model(c2, attn_implementation=attn_implementation), batch_size,
-                                          input_tokens, output_tokens, exact=exact)
-                rep = _replicate_layers(one, two, full)
-                if rep is not None:
-                    firsts = {(f["phase"], f["step"]): f for f in one.forwards}
-                    rep.forwards = [
-                        dict(f, flops=firsts[k]["flops"] + (full - 1) * (f["flops"] - firsts[k]["flops"]),
-                             macs=firsts[k]["macs"] + (full - 1) * (f["macs"] - firsts[k]["macs"]))
-                        for f in two.forwards if (k := (f["phase"], f["step"])) in firsts]
-                    return rep
-                log.info("layers differ; counting the full-depth model")
-        model = meta_model(config, attn_implementation=attn_implementation)
-        return count_meta_generate(model, batch_size, input_tokens, output_tokens, exact=exact, images=images)
+        try:
+            return _count_config(config, batch_size, input_tokens, output_tokens, attn_implementation, exact,
+                                 full_depth, images)
+        except Exception as first:
+            if attn_implementation == "eager":
+                raise
+            # some families' sdpa mask code reads values (impossible on the meta device); the
+            # eager path runs the same products, so the count does not change
+            log.info("meta-device count failed; retrying with eager attention", error=repr(first))
+            c = _count_config(config, batch_size, input_tokens, output_tokens, "eager", exact, full_depth, images)
+            c.notes.append("counted with eager attention: the family's default attention code cannot run on the "
+                           "meta device (same matrix products)")
+            return c
     except Exception as exc:  # an architecture whose forward needs real values
         if arch is None:
-            architecture_from_config(config)  # names the unsupported architecture
-            raise
+            model_type = getattr(config, "model_type", None) or type(config).__name__
+            raise ValueError(f"model type {model_type}: its code could not run on the meta device "
+                             f"({type(exc).__name__}: {exc}), and no analytic description covers it") from exc
         log.warning("meta-device count failed; using the analytic model", error=repr(exc))
         c = count_analytic(arch, batch_size, input_tokens, output_tokens, images=images)
         c.backend = "torch"
         c.method = "analytic (the meta-device forward failed)"
         c.notes.append(f"meta-device forward failed ({type(exc).__name__}: {exc}); counted analytically")
         return c
+
+
+def _count_config(config: Any, batch_size: int, input_tokens: int, output_tokens: int, attn_implementation: str,
+                  exact: bool, full_depth: bool, images: int | None) -> FlopsCount:
+    attr = _layers_attr(config)
+    full = int(getattr(config, attr)) if attr else 0
+    if not full_depth and full > 2:
+        c1, c2 = _shallow_config(config, 1), _shallow_config(config, 2)
+        if c1 is not None and c2 is not None:
+            one = count_meta_generate(meta_model(c1, attn_implementation=attn_implementation), batch_size,
+                                      input_tokens, output_tokens, exact=exact)
+            two = count_meta_generate(meta_model(c2, attn_implementation=attn_implementation), batch_size,
+                                      input_tokens, output_tokens, exact=exact)
+            rep = _replicate_layers(one, two, full)
+            if rep is not None:
+                firsts = {(f["phase"], f["step"]): f for f in one.forwards}
+                rep.forwards = [
+                    dict(f, flops=firsts[k]["flops"] + (full - 1) * (f["flops"] - firsts[k]["flops"]),
+                         macs=firsts[k]["macs"] + (full - 1) * (f["macs"] - firsts[k]["macs"]))
+                    for f in two.forwards if (k := (f["phase"], f["step"])) in firsts]
+                return rep
+            log.info("layers differ; counting the full-depth model")
+    model = meta_model(config, attn_implementation=attn_implementation)
+    return count_meta_generate(model, batch_size, input_tokens, output_tokens, exact=exact, images=images)
 
 
 __all__ = [
@@ -380,3 +471,125 @@ __all__ = [
     "meta_model",
     "resolve_config",
 ]
+
+
+class CapturedGeneration:
+    """The operations of ``generate`` for a config, captured from the model's own code on the
+    meta device (what the simulator costs for a family the analytic description lacks)."""
+
+    def __init__(self, ops: list[Any], shape: GenerateShape, kv_cache_bytes: int | None, param_count: int,
+                 notes: list[str], element_bytes: int = 4) -> None:
+        self.element_bytes = element_bytes  # of the floating-point tensors the capture ran with
+        self.ops = ops
+        self.shape = shape
+        self.kv_cache_bytes = kv_cache_bytes
+        self.param_count = param_count
+        self.notes = notes
+
+
+def capture_generation_ops(config: Any, batch_size: int, input_tokens: int, output_tokens: int,
+                           decode_steps: list[int], *, images: int | None = None,
+                           attn_implementation: str = "auto") -> CapturedGeneration:
+    """Capture prefill and the given decode steps of ``generate`` on the meta device.
+
+    Decode step ``k`` attends ``prompt + k`` positions: for each step a fresh cache is filled
+    (uncaptured) to ``prompt + k - 1`` positions and one forward of one position is captured.
+    A model whose decoder layers are structurally identical (the same operations on the same
+    shapes, read from the capture of a two-layer copy) is captured at two layers and layer 1's
+    operations are repeated for the rest; otherwise every layer runs. The KV cache size is the
+    bytes of the cache the model built for the last position.
+    """
+    from perfsdk.models.internals import cache_bytes
+
+    notes: list[str] = []
+    full_model = meta_model(config, attn_implementation=attn_implementation)
+    param_count = sum(int(p.numel()) for p in full_model.parameters())
+    element_bytes = next((int(p.element_size()) for p in full_model.parameters() if p.is_floating_point()), 4)
+    attr = _layers_attr(config)
+    full = int(getattr(config, attr)) if attr else 0
+    two = _shallow_config(config, 2) if full > 2 and not getattr(config, "is_encoder_decoder", False) \
+        and getattr(config, "vision_config", None) is None else None
+
+    def run(model: torch.nn.Module) -> tuple[list[Any], int | None, GenerateShape]:
+        rep = _Replay(model, batch_size, input_tokens, images)
+        p = rep.prompt
+        with torch.inference_mode(), OperationCapture(model) as cap:
+            rep.encode(cap)
+            cache = rep.new_cache()
+            rep.forward(cap, p, cache, "prefill", 0, p)
+        ops = list(cap.records)
+        kv = cache_bytes(cache)
+        for k in decode_steps:
+            cache = rep.new_cache()
+            with torch.inference_mode():
+                rep.forward(None, p + k - 1, cache, "prefill", 0, p + k - 1)
+            with torch.inference_mode(), OperationCapture(model) as cap:
+                rep.forward(cap, 1, cache, "decode", k, p + k)
+            ops.extend(cap.records)
+            kv = cache_bytes(cache)
+        assert rep.shape is not None
+        return ops, kv, rep.shape
+
+    def go(attn: str) -> tuple[list[Any], int | None, GenerateShape, bool]:
+        if two is not None:
+            ops, kv, shape = run(meta_model(two, attn_implementation=attn))
+            grown = _repeat_layer_ops(ops, full)
+            if grown is not None:
+                return grown, (kv * full // 2 if kv else kv), shape, True
+        model = full_model if attn == attn_implementation else meta_model(config, attn_implementation=attn)
+        ops, kv, shape = run(model)
+        return ops, kv, shape, False
+
+    try:
+        ops, kv, shape, repeated = go(attn_implementation)
+    except Exception:
+        if attn_implementation == "eager":
+            raise
+        ops, kv, shape, repeated = go("eager")
+        notes.append("captured with eager attention: the family's default attention code cannot run on the meta "
+                     "device (same operations' work)")
+    if repeated:
+        notes.append(f"decoder layers are identical: a 2-layer copy captured on the meta device and layer 1's "
+                     f"operations repeated over all {full} layers")
+    from dataclasses import replace
+
+    return CapturedGeneration(ops, replace(shape, output_tokens=output_tokens), kv, param_count, notes, element_bytes)
+
+
+def _repeat_layer_ops(ops: list[Any], full: int) -> list[Any] | None:
+    """Ops of a 2-layer capture extended to ``full`` layers, when layers 0 and 1 ran the same
+    operations on the same shapes (None otherwise)."""
+    from dataclasses import replace
+
+    def key(r: Any) -> tuple[Any, ...]:
+        return (r.phase, r.step, r.op, tuple(map(tuple, r.input_shapes)), r.flops, r.bytes_read, r.bytes_written)
+
+    per_layer: dict[int, list[Any]] = {0: [], 1: []}
+    for r in ops:
+        m = _LAYER_RE.match(r.module_path)
+        if m is not None and int(m["idx"]) in per_layer:
+            per_layer[int(m["idx"])].append(r)
+    if not per_layer[1] or [key(r) for r in per_layer[0]] != [key(r) for r in per_layer[1]]:
+        return None
+    out: list[Any] = []
+    for i, r in enumerate(ops):
+        out.append(r)
+        m = _LAYER_RE.match(r.module_path)
+        if m is None or int(m["idx"]) != 1:
+            continue
+        nxt = ops[i + 1] if i + 1 < len(ops) else None
+        nm = _LAYER_RE.match(nxt.module_path) if nxt is not None else None
+        if nm is not None and int(nm["idx"]) == 1 and (nxt.phase, nxt.step) == (r.phase, r.step):
+            continue  # not yet the end of this layer-1 block
+        # end of a block of layer-1 ops: repeat the block for layers 2..full-1
+        j = i
+        while j - 1 >= 0 and (pm := _LAYER_RE.match(ops[j - 1].module_path)) is not None \
+                and int(pm["idx"]) == 1 and (ops[j - 1].phase, ops[j - 1].step) == (r.phase, r.step):
+            j -= 1
+        block = ops[j:i + 1]
+        for layer in range(2, full):
+            for b in block:
+                bm = _LAYER_RE.match(b.module_path)
+                assert bm is not None
+                out.append(replace(b, module_path=f"{bm['pre']}.{layer}{bm['post'] or ''}"))
+    return out

@@ -455,7 +455,7 @@ def check_required_fields(data: dict[str, Any], where: str = "") -> None:
             check_required_fields(sub, f"{at}{key}")
         return
     if model_type not in _LLAMA_LIKE | _PLAIN_MLP | {"t5"} | _VISION_TYPES:
-        raise _unsupported(model_type, where)
+        return  # a family the description lacks: transformers checks its config, capture counts it
     for names in _REQUIRED.get(model_type, _DEFAULT_REQUIRED):
         if all(data.get(n) is None for n in names):
             alt = f" (or {', '.join(names[1:])})" if len(names) > 1 else ""
@@ -478,6 +478,13 @@ def config_from_dict(data: dict[str, Any]) -> Any:
     stated_dtype = data.get("dtype") or data.get("torch_dtype")
     for k in ("_name_or_path", "transformers_version", "torch_dtype", "dtype"):
         data.pop(k, None)
+    from transformers import CONFIG_MAPPING
+
+    if model_type not in CONFIG_MAPPING:
+        from perfsdk.models.internals import transformers_version
+
+        raise InvalidConfig(f"model_type {model_type!r} is not a family that transformers "
+                            f"{transformers_version() or ''} builds (a newer release may; see perfsdk doctor)")
     try:
         cfg = AutoConfig.for_model(model_type, **data)
     except Exception as exc:  # transformers validates values per family (strict dataclasses)

@@ -363,9 +363,33 @@ def _quantize_dynamic_int8(model: Any) -> Any:
         return quantize_dynamic(model, {nn.Linear}, dtype=torch.qint8, inplace=False)
 
 
+#: Files any of which makes a checkpoint folder's tokenizer loadable.
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json", "tokenizer.model", "spiece.model",
+                   "vocab.txt", "sentencepiece.bpe.model")
+
+
+def tokenizer_missing(location: str) -> str | None:
+    """Why the checkpoint folder ``location`` has no tokenizer (None when it has one).
+
+    ``transformers`` would otherwise build an empty tokenizer from nothing, whose every prompt
+    encodes to zero tokens.
+    """
+    folder = Path(location)
+    if not folder.is_dir() or any((folder / f).is_file() for f in TOKENIZER_FILES):
+        return None
+    return f"{folder} has no tokenizer files (none of {', '.join(TOKENIZER_FILES)})"
+
+
 def _load_tokenizer(kind: str, location: str, cfg: ModelConfig, hf_config: Any = None, local_only: bool = False) -> Any:
-    """The tokenizer, or for a vision-language model its processor (tokenizer + image processor)."""
+    """The tokenizer, or for a vision-language model its processor (tokenizer + image processor);
+    None for a checkpoint folder without tokenizer files."""
     from perfsdk.models.tiny import quiet_transformers
+
+    if kind == "local":
+        why = tokenizer_missing(location)
+        if why is not None:
+            log.warning("no tokenizer", model=cfg.id, reason=why)
+            return None
 
     if hf_config is not None and takes_images(hf_config):
         try:
@@ -532,7 +556,12 @@ def load_prepared(prep: PreparedLoad) -> tuple[Any, Any]:
     except (ValueError, ImportError, TypeError, RuntimeError) as err:
         text = str(err).lower()
         if "attn" in text or "attention" in text or "flash" in text:
-            raise ConfigError(f"model.attn_implementation: {cfg.attn_implementation}: {err}") from None
+            from perfsdk.models.internals import concrete_model_class, supported_attn_implementations
+
+            real = concrete_model_class(cls, hf_config)
+            alts = [a for a in supported_attn_implementations(real) if a != cfg.attn_implementation]
+            raise ConfigError(f"model.attn_implementation: {cfg.attn_implementation} is not available for "
+                              f"{getattr(real, '__name__', real)} (use auto, or one of: {', '.join(alts)})") from None
         if cfg.config_overrides:
             shown = ", ".join(f"{k}={v!r}" for k, v in cfg.config_overrides.items())
             raise ConfigError(f"model.config_overrides: the model cannot be built with {shown}: {err}") from None

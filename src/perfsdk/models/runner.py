@@ -29,6 +29,7 @@ import random
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import structlog
@@ -321,7 +322,11 @@ def run_workload(
     else:
         model, tokenizer = session.load()
     if tokenizer is None:
-        raise ConfigError(f"model.id: {session.config.model.id} has no tokenizer; the workload runner needs one")
+        from perfsdk.models.loader import tokenizer_missing
+
+        why = tokenizer_missing(str(Path(session.config.model.id).expanduser()))
+        raise ConfigError(f"model.id: {why or f'{session.config.model.id} has no tokenizer'}; the workload runner "
+                          f"needs one: save the model's tokenizer into the folder (tokenizer.save_pretrained)")
     if workload.task == "generate" and not is_causal_lm(model):
         raise ConfigError(f"workload.task: generate needs a model that can generate text; {type(model).__name__} "
                           "cannot (use task: forward)")

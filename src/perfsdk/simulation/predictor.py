@@ -406,3 +406,36 @@ def simulate_model(arch: Any, hardware: HardwareProfile, *, batch_size: int = 1,
     return sim.predict(ops, batch_size=batch_size, input_tokens=input_tokens, step_weights=weights, dtype=dtype,
                        top_n=top_n, model=name or arch.architecture or arch.model_type, op_source="analytic",
                        kv_cache_bytes=kv)
+
+
+def simulate_config(config: Any, hardware: HardwareProfile, *, batch_size: int = 1, input_tokens: int = 128,
+                    output_tokens: int = 128, dtype: str = "bfloat16", mapping: Mapping | None = None,
+                    top_n: int = 10, max_decode_steps: int = 64, catalog: Catalog | None = None,
+                    images: int | None = None, name: str | None = None) -> SimulationResult:
+    """Predict ``generate`` of any family ``transformers`` builds from ``config``.
+
+    A family the architecture description covers takes the analytic fast path
+    (:func:`simulate_model`); any other is captured from its own code on the meta device
+    (:func:`perfsdk.flops.meta.capture_generation_ops`), costed the same way, with the KV cache
+    the model builds. Decode steps are sampled as in the fast path.
+    """
+    from perfsdk.flops.meta import _architecture_or_none, capture_generation_ops
+    from perfsdk.simulation.analytic import dtype_bytes, sampled_decode_steps
+
+    arch = _architecture_or_none(config)
+    if arch is not None:
+        return simulate_model(arch, hardware, batch_size=batch_size, input_tokens=input_tokens,
+                              output_tokens=output_tokens, dtype=dtype, mapping=mapping, top_n=top_n,
+                              max_decode_steps=max_decode_steps, catalog=catalog, images=images, name=name)
+    steps, weights = sampled_decode_steps(output_tokens, max_decode_steps)
+    cap = capture_generation_ops(config, batch_size, input_tokens, output_tokens, steps, images=images)
+    ops = rescale_ops(cap.ops, dtype)
+    scale = dtype_bytes(dtype) / cap.element_bytes
+    kv = int(cap.kv_cache_bytes * scale) if cap.kv_cache_bytes else None
+    sim = Simulator(hardware, mapping, catalog)
+    model_type = getattr(config, "model_type", None) or type(config).__name__
+    res = sim.predict(ops, batch_size=batch_size, input_tokens=input_tokens, step_weights={0: 1.0, **weights},
+                      dtype=dtype, top_n=top_n, model=name or model_type, op_source="meta-device capture",
+                      kv_cache_bytes=kv, weight_bytes=int(cap.param_count * dtype_bytes(dtype)))
+    notes = [*res.notes, *cap.notes, f"analytic cross-check: not available for model type {model_type}"]
+    return res.model_copy(update={"notes": notes})

@@ -153,22 +153,9 @@ def tensor_shapes(args: tuple[Any, ...], kwargs: dict[str, Any] | None) -> list[
 
 def context_len(args: tuple[Any, ...], kwargs: dict[str, Any]) -> int | None:
     """Cached positions + new positions of a top-module call, when they can be read."""
-    x = kwargs.get("input_ids")
-    if x is None:
-        x = kwargs.get("inputs_embeds")
-    if x is None and args and hasattr(args[0], "shape"):
-        x = args[0]
-    if x is None or not hasattr(x, "shape") or len(x.shape) < 2:
-        return None
-    new = int(x.shape[1])
-    cache = kwargs.get("past_key_values")
-    past = 0
-    if cache is not None and hasattr(cache, "get_seq_length"):
-        try:
-            past = int(cache.get_seq_length())
-        except Exception:  # an exotic cache: the shape alone is still informative
-            past = 0
-    return past + new
+    from perfsdk.models.internals import context_length
+
+    return context_length(args, kwargs)
 
 
 def phase_of(kind: str, forward_index: int) -> LayerPhase:

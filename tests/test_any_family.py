@@ -1,0 +1,171 @@
+"""Families the architecture description does not cover are counted, simulated and measured by
+capturing their own code: ``perfsdk flops`` on a config equals the capture of a real ``generate``
+on random weights of the same config."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from perfsdk.flops.counter import count_generate
+from perfsdk.models.arch import config_from_dict
+
+# small configs of widespread families that the hand-written description does not describe
+FAMILIES: dict[str, dict] = {
+    "opt": dict(model_type="opt", hidden_size=64, num_hidden_layers=3, num_attention_heads=4, ffn_dim=128,
+                vocab_size=256, max_position_embeddings=128, word_embed_proj_dim=64),
+    "falcon": dict(model_type="falcon", hidden_size=64, num_hidden_layers=3, num_attention_heads=4, vocab_size=256,
+                   new_decoder_architecture=False, multi_query=True, parallel_attn=True, alibi=False),
+    "bloom": dict(model_type="bloom", hidden_size=64, n_layer=3, n_head=4, vocab_size=256),
+    "gptj": dict(model_type="gptj", n_embd=64, n_layer=3, n_head=4, vocab_size=256, rotary_dim=8, n_positions=128),
+    "stablelm": dict(model_type="stablelm", hidden_size=64, num_hidden_layers=3, num_attention_heads=4,
+                     num_key_value_heads=2, intermediate_size=128, vocab_size=256, max_position_embeddings=128),
+    "bart": dict(model_type="bart", d_model=64, encoder_layers=2, decoder_layers=2, encoder_attention_heads=4,
+                 decoder_attention_heads=4, encoder_ffn_dim=128, decoder_ffn_dim=128, vocab_size=256,
+                 max_position_embeddings=128),
+}
+BATCH, INPUT, OUTPUT = 2, 8, 6
+
+
+def write_config(tmp_path, name: str) -> str:
+    folder = tmp_path / name
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps(FAMILIES[name]))
+    return str(folder)
+
+
+def real_generate_count(name: str):
+    """Capture a real generate on random weights: every forward's phase from the call order."""
+    from transformers import AutoModelForCausalLM, AutoModelForSeq2SeqLM
+
+    cfg = config_from_dict(FAMILIES[name])
+    torch.manual_seed(0)
+    auto = AutoModelForSeq2SeqLM if cfg.is_encoder_decoder else AutoModelForCausalLM
+    model = auto.from_config(cfg).eval()
+    ids = torch.randint(3, 200, (BATCH, INPUT))
+    _, count = count_generate(model, input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=OUTPUT,
+                              min_new_tokens=OUTPUT, do_sample=False, pad_token_id=0)
+    return count
+
+
+@pytest.mark.parametrize("name", sorted(FAMILIES))
+def test_flops_cli_equals_capture_of_real_generate(perfsdk_cli, tmp_path, name):
+    folder = write_config(tmp_path, name)
+    res = perfsdk_cli(["flops", folder, "-b", str(BATCH), "-t", str(INPUT), "-g", str(OUTPUT), "--json"])
+    assert res.exit_code == 0, res.output
+    got = json.loads(res.output[res.output.index("{"):])
+    real = real_generate_count(name)
+    assert got["flops_decode"] > 0
+    assert (got["flops_encode"], got["flops_prefill"], got["flops_decode"]) == (
+        real.flops_encode, real.flops_prefill, real.flops_decode)
+    assert got["decode_forwards"] == OUTPUT - 1 == real.decode_forwards
+    assert got["analytic_flops_total"] is None and got["deviation_pct"] is None
+    assert f"analytic cross-check: not available for model type {name}" in got["notes"]
+
+
+def test_flops_cli_table_says_cross_check_unavailable(perfsdk_cli, tmp_path):
+    folder = write_config(tmp_path, "opt")
+    res = perfsdk_cli(["flops", folder, "-t", "8", "-g", "4"])
+    assert res.exit_code == 0, res.output
+    assert "note: analytic cross-check: not available for model type opt" in res.output
+    assert "not supported" not in res.output
+
+
+def test_analytic_backend_on_undescribed_family_is_a_clear_error(perfsdk_cli, tmp_path):
+    folder = write_config(tmp_path, "bloom")
+    res = perfsdk_cli(["flops", folder, "--backend", "analytic"])
+    assert res.exit_code == 2
+    assert "analytic cross-check: not available for model type bloom" in res.output
+
+
+# -- a real `perfsdk run` on random-weight checkpoints -----------------------------------------
+
+# per layer: KV heads x head_dim (keys + values each)
+KV_SHAPE = {"opt": (4, 16), "falcon": (1, 16), "bloom": (4, 16), "gptj": (4, 16), "stablelm": (2, 16)}
+
+
+def save_checkpoint(tmp_path, name: str, with_tokenizer: bool = True) -> str:
+    from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast
+
+    from perfsdk.models.tiny import ensure_tiny_llama
+
+    tok = PreTrainedTokenizerFast.from_pretrained(str(ensure_tiny_llama("tiny-llama")))
+    cfg = config_from_dict({**FAMILIES[name], "vocab_size": len(tok)})
+    torch.manual_seed(0)
+    folder = tmp_path / f"ckpt-{name}"
+    AutoModelForCausalLM.from_config(cfg).save_pretrained(folder)
+    if with_tokenizer:
+        tok.save_pretrained(folder)
+    return str(folder)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", sorted(KV_SHAPE))
+def test_real_run_of_an_undescribed_family(perfsdk_cli, tmp_path, name):
+    from perfsdk.store import Store
+
+    folder = save_checkpoint(tmp_path, name)
+    store = tmp_path / "store"
+    r = perfsdk_cli(["run", "--set", f"model.id={folder}", "--set", "workload.num_prompts=4",
+                     "--set", "workload.max_input_tokens=48", "--set", "workload.warmup_runs=1",
+                     "--set", "workload.min_iterations=1", "--set", "workload.generate.max_new_tokens=8",
+                     "--set", "workload.generate.min_new_tokens=8", "--set", "collectors.flops={}",
+                     "--set", "collectors.simulation={}", "--set", "collectors.utilization=false",
+                     "--set", "collectors.energy=false", "--store", str(store)])
+    assert r.exit_code == 0, r.output
+    st = Store(store)
+    run = st.get(st.resolve_run_id("latest"))
+    flops = run.collectors["flops"]
+    assert flops["flops_decode"] > 0 and flops["flops_prefill"] > 0
+    assert f"analytic cross-check: not available for model type {name}" in flops["notes"]
+    assert run.model.attn_implementation in ("sdpa", "eager")
+    mem = run.collectors["memory"]
+    heads, head_dim = KV_SHAPE[name]
+    assert mem["kv_cache_source"] == "cache tensors"
+    # keys and values of 3 layers for every cached position of the largest batch, float32
+    assert mem["kv_cache_bytes"] == (2 * 3 * heads * head_dim * 4 * mem["kv_cache_batch_size"]
+                                     * mem["kv_cache_context_tokens"])
+    sim = run.collectors["simulation"]
+    assert sim["status"] == "ok", sim
+    assert "KV cache (largest batch)" in r.output and "FLOPs prefill / decode" in r.output
+
+
+def test_checkpoint_without_tokenizer_is_an_exit_2_error(perfsdk_cli, tmp_path):
+    folder = save_checkpoint(tmp_path, "opt", with_tokenizer=False)
+    store = tmp_path / "store"
+    r = perfsdk_cli(["run", "--set", f"model.id={folder}", "--store", str(store)])
+    assert r.exit_code == 2
+    assert f"model.id: {folder} has no tokenizer files (none of tokenizer.json" in r.output
+    assert "IndexError" not in r.output
+    assert not (store / "runs").exists() or not any((store / "runs").iterdir())
+
+
+def test_explicit_sdpa_on_a_family_without_it_names_the_alternatives(perfsdk_cli, tmp_path):
+    folder = save_checkpoint(tmp_path, "bloom")
+    r = perfsdk_cli(["run", "--set", f"model.id={folder}", "--set", "model.attn_implementation=sdpa",
+                     "--store", str(tmp_path / "store")])
+    assert r.exit_code == 2
+    assert "model.attn_implementation: sdpa is not available for BloomForCausalLM (use auto, or one of: eager)" \
+        in r.output
+
+
+def test_simulate_an_undescribed_family(perfsdk_cli, tmp_path):
+    folder = write_config(tmp_path, "opt")
+    r = perfsdk_cli(["simulate", "--model", folder, "--hardware", "h100-sxm", "--input-tokens", "32",
+                     "--output-tokens", "100", "--dtype", "bfloat16", "--json"])
+    assert r.exit_code == 0, r.output
+    res = json.loads(r.output[r.output.index("{"):])
+    assert res["ttft_s"] > 0 and res["tpot_s"] > 0
+    assert "analytic cross-check: not available for model type opt" in res["notes"]
+    # the KV cache the model builds for 32 + 99 positions: 3 layers x (K + V) x 4 heads x 16 x bf16
+    assert res["devices"][0]["kv_cache_bytes"] == 3 * 2 * 4 * 16 * 2 * (32 + 99)
+    # the layer repeat gives the same prediction as capturing every layer
+    from perfsdk.flops.meta import capture_generation_ops
+    from perfsdk.models.resolve import resolve_config
+
+    cfg = resolve_config(folder)[0]
+    two = capture_generation_ops(cfg, 1, 32, 100, [1, 50, 99])
+    assert any("layer 1's operations repeated over all 3 layers" in n for n in two.notes)
+    layers = {op.module_path.split(".")[3] for op in two.ops if op.module_path.startswith("model.decoder.layers.")}
+    assert layers == {"0", "1", "2"}
