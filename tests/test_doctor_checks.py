@@ -13,8 +13,8 @@ from perfsdk.energy.fake import make_powercap_tree
 
 def test_checks_cover_every_source(tmp_path: Path) -> None:
     checks = doctor.run_checks(rapl_root=str(tmp_path / "absent"))
-    assert [c.name for c in checks] == ["cuda", "nvml", "rapl", "codecarbon", "bitsandbytes", "float8"]
-    rapl = checks[2]
+    assert [c.name for c in checks] == ["transformers", "cuda", "nvml", "rapl", "codecarbon", "bitsandbytes", "float8"]
+    rapl = checks[3]
     assert not rapl.available and "does not exist" in rapl.reason and "rapl_root" in (rapl.fix or "")
     for c in checks:
         assert c.reason
@@ -64,7 +64,7 @@ def test_doctor_command_prints_every_check() -> None:
     res = CliRunner().invoke(cli, ["doctor", "--json"])
     assert res.exit_code == 0, res.output
     rows = json.loads(res.output)
-    assert [r["name"] for r in rows] == ["cuda", "nvml", "rapl", "codecarbon", "bitsandbytes", "float8"]
+    assert [r["name"] for r in rows] == ["transformers", "cuda", "nvml", "rapl", "codecarbon", "bitsandbytes", "float8"]
     assert all(set(r) == {"name", "available", "reason", "fix"} for r in rows)
 
 
@@ -87,3 +87,21 @@ def test_float8_check_says_where_it_runs(monkeypatch: pytest.MonkeyPatch) -> Non
     assert (check.available, check.reason) == (False, "unavailable: no float8 on cpu")
     monkeypatch.setattr(f8, "float8_status", lambda device: (True, f"runs on {device}"))
     assert doctor.float8_check().reason == "runs on cpu"
+
+
+def test_doctor_shows_the_transformers_release_and_the_tested_range(perfsdk_cli):
+    from perfsdk.doctor import transformers_check
+    from perfsdk.models.internals import TESTED_TRANSFORMERS, tested_range_text, transformers_version
+
+    low, high = TESTED_TRANSFORMERS
+    assert transformers_check(low).reason == f"transformers {low} (tested: {low} – {high})"
+    out = transformers_check("4.30.0")
+    assert out.available and "outside the tested range" in out.reason and out.fix
+    r = perfsdk_cli(["doctor", "--json"])
+    assert r.exit_code == 0, r.output
+    import json
+
+    checks = {c["name"]: c for c in json.loads(r.output)["checks"]} if isinstance(json.loads(r.output), dict) \
+        else {c["name"]: c for c in json.loads(r.output)}
+    assert checks["transformers"]["reason"].startswith(f"transformers {transformers_version()}")
+    assert tested_range_text() in checks["transformers"]["reason"]

@@ -1,6 +1,7 @@
 """What can be measured on this machine, and what to do about what cannot.
 
-``run_checks()`` returns one :class:`Check` per source — CUDA, NVML, RAPL, CodeCarbon — and per
+``run_checks()`` returns the installed ``transformers`` release against the tested range, and one
+:class:`Check` per source — CUDA, NVML, RAPL, CodeCarbon — and per
 quantization backend — bitsandbytes, float8 — each with whether it is available, why (not), and
 the fix. ``perfsdk doctor`` prints them as a
 table; ``perfsdk.env`` records ``nvml_status()`` and ``rapl_status()`` with every run.
@@ -145,9 +146,27 @@ def float8_check() -> Check:
     return Check(name="float8", available=ok, reason=why if ok else f"unavailable: {why}", fix=fix)
 
 
+def transformers_check(installed: str | None = None) -> Check:
+    """The installed ``transformers`` release against the range the test suite runs on."""
+    from perfsdk.models.internals import tested_range_text, transformers_version, within_tested_range
+
+    installed = installed if installed is not None else transformers_version()
+    tested = tested_range_text()
+    if installed is None:
+        return Check(name="transformers", available=False, reason=f"unavailable: not installed (tested: {tested})",
+                     fix="pip install transformers")
+    inside = within_tested_range(installed)
+    if inside is False:
+        return Check(name="transformers", available=True,
+                     reason=f"transformers {installed}, outside the tested range {tested}: measurements read what "
+                            f"runs, but a rename in this release may not have been seen",
+                     fix=f"install a release in {tested}, or report what differs")
+    return Check(name="transformers", available=True, reason=f"transformers {installed} (tested: {tested})")
+
+
 def run_checks(rapl_root: str = DEFAULT_ROOT) -> list[Check]:
-    """Check every source: CUDA, NVML, RAPL, CodeCarbon, bitsandbytes, float8."""
-    checks = []
+    """Check every source: transformers, CUDA, NVML, RAPL, CodeCarbon, bitsandbytes, float8."""
+    checks = [transformers_check()]
     ok, why = cuda_status()
     checks.append(Check(name="cuda", available=ok, reason=why,
                         fix=None if ok else "install a CUDA build of torch and run on an NVIDIA GPU"))
