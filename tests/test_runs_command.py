@@ -106,12 +106,15 @@ def test_table_shows_id_name_status_model_start_and_metrics(store, perfsdk_cli, 
 
 def test_chosen_metric_columns(store, perfsdk_cli, monkeypatch):
     monkeypatch.setenv("COLUMNS", "200")
-    r = perfsdk_cli(["runs", "--store", str(store), "--name", "fast", "--metric", "collectors.latency.steps",
-                     "--metric", "workload.batch_size"])
+    r = perfsdk_cli(["runs", "--store", str(store), "--name", "fast", "--metric", "latency.steps",
+                     "--metric", "batching.batch_size"])
     assert r.exit_code == 0, r.output
     assert [h.strip() for h in r.output.splitlines()[1].split("  ") if h.strip()][-2:] == [
-        "steps", "workload.batch size"]
-    assert r.output.splitlines()[2].split()[-2:] == ["3", "-"]  # three timed steps; no workload runner
+        "steps", "config.workload.batching.batch size"]
+    assert r.output.splitlines()[2].split()[-2:] == ["3", "4"]  # three timed steps; the config's batch size
+    # a field no run has is an error, not a column of dashes
+    r = perfsdk_cli(["runs", "--store", str(store), "--metric", "workload.batch_size"])
+    assert r.exit_code == 2 and "unknown metric 'workload.batch_size'" in r.output
 
 
 def test_resolve_prefix_latest_and_ambiguity(store):

@@ -216,7 +216,7 @@ def sweep_cmd(sweep_file: str, store_dir: str | None, executor: str, resume: boo
     except KeyboardInterrupt:
         echo_error(f"sweep {sweep.sweep_id} interrupted; run the same command again to resume")
         sys.exit(130)
-    except StrategyUnavailable as err:
+    except (StrategyUnavailable, SweepError) as err:
         _usage(str(err))
         return
     finally:
@@ -234,22 +234,61 @@ def sweep_cmd(sweep_file: str, store_dir: str | None, executor: str, resume: boo
     sys.exit(EXIT_FAILED if failed else EXIT_OK)
 
 
+def _pairs(store: Any, results: list[Any]) -> list[tuple[str, str, list[Any]]]:
+    """(baseline, candidate, differences) of each pair of runs compared."""
+    from perfsdk.experiments.likeness import differences
+
+    pairs = dict.fromkeys((c.baseline, c.candidate) for c in results)
+    return [(a, b, differences(store.get(a), store.get(b))) for a, b in pairs]
+
+
+def _differences(store: Any, results: list[Any]) -> dict[str, list[str]]:
+    """Each difference between compared runs, once, with the candidates that show it."""
+    out: dict[str, list[str]] = {}
+    for _, cand, diffs in _pairs(store, results):
+        for d in diffs:
+            out.setdefault(str(d), []).append(cand)
+    return out
+
+
+def _differences_json(store: Any, results: list[Any]) -> list[dict[str, Any]]:
+    return [{"baseline_run": a, "candidate_run": b, **d.to_dict()} for a, b, diffs in _pairs(store, results)
+            for d in diffs]
+
+
+def _why_unjudgeable(c: Any) -> str:
+    if c.baseline_value is None or c.candidate_value is None:
+        missing = [rid for rid, v in ((c.baseline, c.baseline_value), (c.candidate, c.candidate_value)) if v is None]
+        return f"no value in {', '.join(missing)}"
+    if c.samples is None:
+        return "the field has no per-step samples, so no confidence interval"
+    return c.note or "no confidence interval"
+
+
 @click.command("compare")
 @click.argument("ids", nargs=-1, required=True)
 @click.option("--store", "store_dir", default="perfsdk-results", show_default=True, help="Result store folder.")
 @click.option("--metric", "metrics", multiple=True,
-              help="Metric to compare (repeatable): ttft_s, tpot_s, e2e_s, output_tokens_per_s, or any flattened "
-                   "result field. Default: the first four.")
+              help="Metric to compare (repeatable): ttft_s, tpot_s, e2e_s, output_tokens_per_s, or any result "
+                   "field, whole (collectors.gencount.output_tokens), by its collector's name (gencount.output_tokens) "
+                   "or by an unambiguous suffix. Default: the first four.")
 @click.option("--stat", default="mean", show_default=True, help="Statistic compared: mean, p50, p90, p95, p99.")
 @click.option("--fail-if-slower", "fail_if_slower", default=None, metavar="PCT",
               help="Exit 1 when a candidate is significantly worse than the baseline by more than PCT (e.g. 5%); "
-                   "exit 3 when nothing was worse but a run involved is invalid (not judged).")
+                   "exit 3 when nothing was worse but a run involved is invalid (not judged); exit 2 when a metric "
+                   "has no samples to judge.")
+@click.option("--allow-different", "allow_different", is_flag=True,
+              help="Compare runs whose workloads, models or hardware differ without listing the differences "
+                   "(and let --fail-if-slower judge them).")
 @click.option("--bootstrap", "n_boot", default=2000, show_default=True, help="Bootstrap resamples.")
 @click.option("--seed", default=0, show_default=True, help="Seed of the bootstrap.")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 def compare_cmd(ids: tuple[str, ...], store_dir: str, metrics: tuple[str, ...], stat: str, fail_if_slower: str | None,
-                n_boot: int, seed: int, as_json: bool) -> None:
+                allow_different: bool, n_boot: int, seed: int, as_json: bool) -> None:
     """Compare runs or sweeps with the first one: relative change and significance.
+
+    Differences in workload, model or hardware between the runs compared are listed before the
+    table; with --fail-if-slower they are an error unless --allow-different is given.
 
     IDS are run ids, unique prefixes of run ids, 'latest', or sweep ids.
     """
@@ -259,6 +298,7 @@ def compare_cmd(ids: tuple[str, ...], store_dir: str, metrics: tuple[str, ...], 
         compare,
         parse_threshold,
         slower_than,
+        unjudgeable,
         validity_notes,
     )
     from perfsdk.store import Store
@@ -274,6 +314,21 @@ def compare_cmd(ids: tuple[str, ...], store_dir: str, metrics: tuple[str, ...], 
     except CompareError as err:
         _usage(str(err))
         return
+    unlike = _differences(store, results)
+    if unlike and not allow_different and not as_json:
+        click.echo("the runs compared did not measure the same thing (--allow-different: compare anyway, quietly):")
+        for text, cands in unlike.items():
+            click.echo(f"  {cands[0] if len(cands) == 1 else f'{len(cands)} candidates'}: {text}")
+    if unlike and threshold is not None and not allow_different:
+        _usage("--fail-if-slower judges like with like; these runs differ as listed (pass --allow-different "
+               "when the difference is what you compare)")
+    if threshold is not None:
+        blind = unjudgeable(results)
+        if blind:
+            for c in blind:
+                echo_error(f"--fail-if-slower cannot judge {c.metric} of {c.candidate} against {c.baseline}: "
+                           + _why_unjudgeable(c))
+            _usage("a gate on a metric it cannot judge never passes; compare other metrics or drop --fail-if-slower")
     failing = slower_than(results, threshold) if threshold is not None else []
     not_judged = sorted({rid for c in results for rid, v in ((c.baseline, c.baseline_verdict),
                                                               (c.candidate, c.candidate_verdict)) if v == "invalid"})
@@ -283,7 +338,8 @@ def compare_cmd(ids: tuple[str, ...], store_dir: str, metrics: tuple[str, ...], 
     if as_json:
         click.echo(json.dumps({"baseline": ids[0], "stat": stat, "comparisons": [c.to_dict() for c in results],
                                "fail_if_slower": threshold, "failed": bool(failing), "validity": notes,
-                               "not_judged": not_judged}, indent=2))
+                               "not_judged": not_judged, "differences": _differences_json(store, results)},
+                              indent=2, default=str))
     else:
         t = Table(title=f"{stat}: candidates vs baseline {ids[0]}", show_edge=False)
         has_point = any(c.point for c in results)

@@ -196,8 +196,9 @@ def list_stored_runs(store: Any, *, name: str | None = None, status: str | None 
               help="Only runs started since WHEN: a duration back from now (30m, 2h, 7d, 1w) or a date "
                    "(2026-11-03, 2026-11-03T10:15, UTC).")
 @click.option("--metric", "metrics", multiple=True, metavar="COLUMN",
-              help="Metric column to show (repeatable; a flattened result field). Default: the first "
-                   f"{TABLE_METRICS} headline metrics.")
+              help="Metric column to show (repeatable): a result field, whole (collectors.latency.ttft_s.p50), "
+                   "by its collector's name (latency.ttft_s.p50) or by an unambiguous suffix (ttft_s.p50). "
+                   f"Default: the first {TABLE_METRICS} headline metrics.")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON: every run with all its headline metrics.")
 def runs_cmd(store_dir: str, name: str | None, status: str | None, tag_items: tuple[str, ...], since: str | None,
              metrics: tuple[str, ...], as_json: bool) -> None:
@@ -214,11 +215,18 @@ def runs_cmd(store_dir: str, name: str | None, status: str | None, tag_items: tu
     entries = list_stored_runs(store, name=name, status=status, tags=tags, since=when)
     if metrics:
         from perfsdk.exporters.flatten import run_row
+        from perfsdk.metric_names import MetricNameError, resolve_metric
 
+        rows = {e["run_id"]: run_row(store.get(e["run_id"])) for e in entries if e["status"] != "damaged"}
+        columns = list(dict.fromkeys(c for row in rows.values() for c in row))
+        if rows:  # with no runs there is nothing to resolve against (and nothing to show)
+            try:
+                metrics = tuple(dict.fromkeys(resolve_metric(m, columns) for m in metrics))
+            except MetricNameError as err:
+                fail(f"--metric: {err}")
         for e in entries:
-            if e["status"] != "damaged":
-                row = run_row(store.get(e["run_id"]))
-                e["metrics"] = {m: row.get(m) for m in metrics}
+            if e["run_id"] in rows:
+                e["metrics"] = {m: rows[e["run_id"]].get(m) for m in metrics}
     if as_json:
         click.echo(json.dumps([{k: v for k, v in e.items() if not k.startswith("_")} for e in entries], indent=2))
         return

@@ -292,13 +292,19 @@ def resolve(store: Store, ident: str) -> tuple[str, list[RunResult]]:
 def compare(store: Store, ids: Sequence[str], metrics: Sequence[str] = DEFAULT_METRICS, *, stat: str = "mean",
             n_boot: int = 2000, seed: int = 0) -> list[MetricComparison]:
     """Compare every id after the first with the first. Runs compare directly; sweeps compare
-    point by point (points matched by their axis values)."""
+    point by point (points matched by their axis values).
+
+    ``metrics`` are resolved against what the runs contain (see :mod:`perfsdk.metric_names`):
+    ``gencount.output_tokens`` is ``collectors.gencount.output_tokens``; an unknown or
+    ambiguous name raises :class:`CompareError`.
+    """
     if len(ids) < 2:
         raise CompareError("compare needs at least two ids")
     resolved = [resolve(store, i) for i in ids]
     kinds = {k for k, _ in resolved}
     if len(kinds) > 1:
         raise CompareError("compare either runs or sweeps, not a mix")
+    metrics = resolve_metric_names(metrics, [r for _, runs in resolved for r in runs])
     out: list[MetricComparison] = []
     base_kind, base_runs = resolved[0]
     if base_kind == "run":
@@ -314,6 +320,22 @@ def compare(store: Store, ids: Sequence[str], metrics: Sequence[str] = DEFAULT_M
     if not out:
         raise CompareError("the sweeps have no points in common (same axis values)")
     return out
+
+
+def resolve_metric_names(metrics: Sequence[str], runs: Sequence[RunResult]) -> list[str]:
+    """``metrics`` as sampled metric names or full result columns of ``runs``."""
+    from perfsdk.metric_names import MetricNameError, resolve_metrics
+
+    try:
+        return resolve_metrics(metrics, runs)
+    except MetricNameError as err:
+        raise CompareError(str(err)) from None
+
+
+def unjudgeable(results: Sequence[MetricComparison]) -> list[MetricComparison]:
+    """Comparisons a ``--fail-if-slower`` gate cannot judge although both runs may be judged:
+    no value, no samples or too few steps, so no interval. A gate over them must not pass."""
+    return [c for c in results if c.judged and c.significant is None]
 
 
 def _latest_by_point(runs: list[RunResult]) -> dict[str, RunResult]:

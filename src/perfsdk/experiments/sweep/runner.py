@@ -56,6 +56,7 @@ class SweepRunner:
         self.started = time.time()
         self._total = 0
         self._hashes: dict[str, str] = {}
+        self._resolved = False
 
     # manifest --------------------------------------------------------------------------------
 
@@ -158,6 +159,9 @@ class SweepRunner:
         except Exception as exc:
             log.warning("could not read point run", run_id=st.run_id, error=repr(exc))
             return
+        if not self._resolved:  # names as the user typed them -> the columns the runs have
+            self.sweep.spec = self.sweep.spec.resolved(list(row))
+            self._resolved = True
         spec = self.sweep.spec
         st.objectives = {f: _num(row.get(f)) for f in spec.fields()}
         if spec.objective is not None:

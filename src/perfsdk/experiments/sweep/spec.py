@@ -233,6 +233,34 @@ class SweepSpec(BaseModel):
         out += [c.field for c in self.constraints]
         return list(dict.fromkeys(out))
 
+    def resolved(self, columns: list[str]) -> SweepSpec:
+        """This spec with every objective, weighted and constraint field resolved against
+        ``columns`` (a point run's flattened result; see :mod:`perfsdk.metric_names`):
+        ``ttft_s.p95`` becomes ``collectors.latency.ttft_s.p95``. An unknown or ambiguous field
+        raises :class:`SweepError` naming where it was used."""
+        from perfsdk.metric_names import MetricNameError, resolve_metric
+
+        def res(name: str, where: str) -> str:
+            if name == SCORE and self.objective is not None:
+                return name
+            try:
+                return resolve_metric(name, columns)
+            except MetricNameError as err:
+                raise SweepError(f"{where}: {err}") from None
+
+        objectives = [o.model_copy(update={"field": res(o.field, f"objectives[{i}]")})
+                      for i, o in enumerate(self.objectives)]
+        objective = self.objective
+        if objective is not None:
+            names = {f: res(f, f"objective.weights.{f}") for f in objective.weights}
+            objective = objective.model_copy(update={
+                "weights": {names[f]: w for f, w in objective.weights.items()},
+                "scale": {names[f]: v for f, v in objective.scale.items()}})
+        constraints = [c.model_copy(update={"field": res(c.field, f"constraints[{i}] ({c})")})
+                       for i, c in enumerate(self.constraints)]
+        return self.model_copy(update={"objectives": objectives, "objective": objective,
+                                       "constraints": constraints})
+
     @field_validator("axes")
     @classmethod
     def _axes(cls, v: dict[str, list[Any]]) -> dict[str, list[Any]]:
