@@ -296,6 +296,7 @@ def compare_cmd(ids: tuple[str, ...], store_dir: str, metrics: tuple[str, ...], 
         DEFAULT_METRICS,
         CompareError,
         compare,
+        estimator_notes,
         parse_threshold,
         slower_than,
         unjudgeable,
@@ -359,6 +360,8 @@ def compare_cmd(ids: tuple[str, ...], store_dir: str, metrics: tuple[str, ...], 
                                                             _fmt(c.candidate_value), change, ci, verdict]
             t.add_row(*row)
         make_console().print(t)
+        for line in estimator_notes(results, stat):
+            click.echo(line)
         for note in notes:
             click.echo(f"validity: {note}", err=True)
         if failing:

@@ -8,6 +8,11 @@ than two steps gets no significance. Any other metric is a flattened result fiel
 without an interval. The change of a statistic (mean by default) from A to B is bootstrapped: both sample sets
 are resampled with replacement, the relative change computed each time, and the 2.5/97.5
 percentiles give a 95 % interval. A change is significant when the interval excludes zero.
+
+Each figure has one estimator: the values shown, the change and its interval all come from the
+same samples and statistic (``MetricComparison.estimator`` says which), so the change is always
+``candidate / baseline - 1``. Throughput compared this way is the mean of per-step rates, not
+the run's tokens over its wall time that the run summary shows; the output says so.
 """
 
 from __future__ import annotations
@@ -139,6 +144,10 @@ class MetricComparison:
     note: str | None = None
     baseline_verdict: str | None = None  # the runs' validity verdicts (None: stored before verdicts)
     candidate_verdict: str | None = None
+    #: Where the values, the change and the interval all come from: ``per-request samples``,
+    #: ``per-step samples`` (the statistic of the samples, bootstrapped) or ``run totals``
+    #: (each run's stored figure, no interval).
+    estimator: str | None = None
 
     @property
     def judged(self) -> bool:
@@ -248,31 +257,56 @@ def _compare_runs(store: Store, baseline: RunResult, candidate: RunResult, metri
         ga, gb = grouped_samples_for(store, baseline, m), grouped_samples_for(store, candidate, m)
         lib = _lower_is_better(m)
         if ga and gb:
+            # values, change and interval: one estimator, the statistic of these samples (a
+            # collector's headline figure, e.g. throughput as tokens / wall time, is another one)
             sa, sb = [v for g in ga for v in g], [v for g in gb for v in g]
             f = _stat_fn(stat)
             va, vb = float(f(np.asarray(sa))), float(f(np.asarray(sb)))
-            # the collector's headline value where it has one (throughput: tokens / wall time)
-            va = _scalar(baseline, ra, m, stat) or va
-            vb = _scalar(candidate, rb, m, stat) or vb
+            est = _estimator(ga, gb)
             try:
                 change, lo, hi = bootstrap_change(ga, gb, stat=stat, n_boot=n_boot, seed=seed)
             except TooFewSamples:
                 out.append(MetricComparison(m, baseline.run_id, candidate.run_id, va, vb,
                                             vb / va - 1.0 if va else None, None, None, None, lib, (len(sa), len(sb)),
-                                            point, note="too few steps"))
+                                            point, note="too few steps", estimator=est))
                 continue
             except CompareError:
                 out.append(MetricComparison(m, baseline.run_id, candidate.run_id, va, vb, None, None, None, None, lib,
-                                            (len(sa), len(sb)), point))
+                                            (len(sa), len(sb)), point, estimator=est))
                 continue
             out.append(MetricComparison(m, baseline.run_id, candidate.run_id, va, vb, change, lo, hi,
-                                        not (lo <= 0 <= hi), lib, (len(sa), len(sb)), point))
+                                        not (lo <= 0 <= hi), lib, (len(sa), len(sb)), point, estimator=est))
         else:
             va, vb = _scalar(baseline, ra, m, stat), _scalar(candidate, rb, m, stat)
             change = (vb / va - 1.0) if va not in (None, 0) and vb is not None else None
             out.append(MetricComparison(m, baseline.run_id, candidate.run_id, va, vb, change, None, None, None, lib,
-                                        None, point))
+                                        None, point, estimator=RUN_TOTAL))
     return out
+
+
+#: How a compared figure is estimated (``MetricComparison.estimator``).
+PER_REQUEST = "per-request samples"
+PER_STEP = "per-step samples"
+RUN_TOTAL = "run totals"
+
+
+def _estimator(ga: list[list[float]], gb: list[list[float]]) -> str:
+    """Samples of one value per step (throughput: the step's tokens over its duration) or several
+    (one per request of the step)."""
+    return PER_STEP if all(len(g) == 1 for g in ga + gb) else PER_REQUEST
+
+
+def estimator_notes(results: Sequence[MetricComparison], stat: str = "mean") -> list[str]:
+    """One line per estimator used: which metrics it gives, and how the values were formed."""
+    by: dict[str, list[str]] = defaultdict(list)
+    for c in results:
+        if c.estimator and c.metric not in by[c.estimator]:
+            by[c.estimator].append(c.metric)
+    how = {PER_REQUEST: f"{stat} of the per-request samples, steps resampled whole",
+           PER_STEP: f"{stat} of one sample per step (a rate is each step's own, not the run's total over "
+                     "its wall time)",
+           RUN_TOTAL: "the figure stored with each run; no samples, no interval"}
+    return [f"{est}: {', '.join(ms)}: {how[est]}" for est, ms in by.items()]
 
 
 def resolve(store: Store, ident: str) -> tuple[str, list[RunResult]]:
