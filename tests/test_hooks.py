@@ -134,6 +134,48 @@ def test_hook_perfsdk_register_exporters():
     assert {"csv", "json", "jsonl", "markdown", "parquet"} <= set(reg.exporters)
 
 
+def test_hook_perfsdk_register_backends(tmp_path):
+    """A third-party backend, registered through the hook, runs the workload of a config that
+    names it, and every collector sees its requests."""
+    from perfsdk.backends import Backend
+    from perfsdk.models.runner import run_workload
+
+    class Echo(Backend):
+        name = "echo"
+        description = "answers every request with 3 tokens, 1 ms apart"
+        in_process = False
+
+        def load(self, session):
+            return None, None
+
+        def run_workload(self, session, progress=None):
+            with session.measured_load():
+                for n_in in (4, 6):
+                    step = session.begin_request(input_tokens=n_in, scheduled_ns=session.clock.now_ns())
+                    step.token_times_ns = [step.start_ns + k * 1_000_000 for k in (1, 2, 3)]
+                    step.output_tokens = [3]
+                    step.end_ns = step.token_times_ns[-1]
+                    session.end_request(step)
+
+    class EchoPlugin:
+        @perfsdk.hookimpl
+        def perfsdk_register_backends(self, register):
+            register(Echo)
+
+    reg = collect_registry(get_plugin_manager(extra_plugins=[EchoPlugin()]))
+    assert reg.backends["echo"] is Echo and {"transformers", "openai"} <= set(reg.backends)
+    cfg = {"model": {"backend": "echo"}, "collectors": {"utilization": False, "energy": False}}
+    with perfsdk.session(cfg, store=None, plugins=[EchoPlugin()]) as s:
+        run_workload(s)
+    lat = s.result.collectors["latency"]
+    assert lat["requests"] == 2 and lat["input_tokens"] == 10 and lat["output_tokens"] == 6
+    assert lat["ttft_s"]["p50"] == 0.001 and lat["itl_s"]["count"] == 4
+    with pytest.raises(perfsdk.ConfigError, match="model.backend: unknown backend 'ecko'"):
+        from perfsdk.backends import backend_for
+
+        backend_for(perfsdk.Config(model={"backend": "ecko"}), reg)
+
+
 def test_hook_perfsdk_register_hardware():
     hw = collect_hardware(get_plugin_manager(extra_plugins=[_Plugin()]))
     assert any(isinstance(p, dict) and p.get("name") == "my-accel" for _, p in hw)

@@ -28,6 +28,7 @@ from perfsdk.collector import (  # noqa: E402
     ReportSection,
 )
 from perfsdk.config import Config, ConfigError, load_config  # noqa: E402
+from perfsdk.backends.base import Backend  # noqa: E402
 from perfsdk.events import LoadEvent, Step, TokenizeEvent, Window  # noqa: E402
 from perfsdk.plugins import DEFAULT_PLUGINS, hookimpl, register_plugin, unregister_plugin  # noqa: E402
 from perfsdk.hookspecs import hookspec  # noqa: E402
@@ -45,6 +46,7 @@ def load_runs(store: str = "perfsdk-results", **filters: object) -> "object":
 
 
 __all__ = [
+    "Backend",
     "Collector",
     "CollectorConfig",
     "CollectorResult",

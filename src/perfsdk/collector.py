@@ -136,6 +136,28 @@ def rich_table_html(table: Any) -> str:
     return title + html_table(headers, rows)
 
 
+#: Why a collector that needs the model object has nothing for a served model.
+MODEL_ELSEWHERE = "the model runs in another process"
+
+
+def model_elsewhere(session: Any) -> str | None:
+    """``"the model runs in another process"`` when the session's model is served (so a
+    collector that needs the model object has nothing to measure), else None."""
+    return None if getattr(session, "in_process", True) else MODEL_ELSEWHERE
+
+
+def host_elsewhere(session: Any) -> str | None:
+    """``"endpoint on another host"`` when the session's model is served from another machine
+    (this host's counters do not see it), else None."""
+    if getattr(session, "in_process", True):
+        return None
+    backend = session.backend
+    is_local = getattr(backend, "is_local", None)
+    if callable(is_local) and is_local():
+        return None
+    return "endpoint on another host"
+
+
 class Collector:
     """A measurement plugin that owns its result end to end.
 

@@ -45,6 +45,32 @@ class ModelConfig(_Strict):
         description="fields set on the model's configuration before it is built, e.g. {num_hidden_layers: 2}")
     trust_remote_code: bool = False
     revision: str | None = None
+    backend: str | None = Field(
+        default=None, description="what runs the workload: transformers (in this process), openai (a served model) "
+                                  "or a plugin's backend; default: openai when endpoint is set, else transformers")
+    endpoint: str | None = Field(
+        default=None,
+        description="base URL of an OpenAI-compatible server (http://HOST:PORT/v1): set, the workload runs "
+                    "against it through the openai backend, and model.id is the served model's name")
+    api: Literal["completions", "chat"] = Field(
+        default="completions", description="served models: /v1/completions or /v1/chat/completions")
+    api_key_env: str | None = Field(
+        default=None, description="served models: the environment variable holding the API key (never stored)")
+    tokenizer: str | None = Field(
+        default=None,
+        description="served models: a local folder or cached id of the model's tokenizer, to count prompt tokens "
+                    "and the tokens of a stream without usage (default: model.id when it is a local folder)")
+    request_timeout_s: float = Field(default=120.0, gt=0, description="served models: a request's time limit")
+
+    @field_validator("endpoint")
+    @classmethod
+    def _endpoint(cls, v: str | None) -> str | None:
+        if v is None:
+            return v
+        v = v.strip().rstrip("/")
+        if not v.startswith(("http://", "https://")):
+            raise ValueError("must be an http:// or https:// URL (http://HOST:PORT/v1)")
+        return v
 
     @field_validator("device")
     @classmethod
@@ -96,6 +122,44 @@ class ArrivalConfig(_Strict):
         return self
 
 
+class LoadConfig(_Strict):
+    """How requests are offered to a served model (and, in-process, the pacing of batches).
+
+    ``concurrency``: a closed loop of N users, each sending its next request when the last one
+    finished. ``rate``: an open loop sending at ``rate_per_s`` on a schedule (``constant``,
+    ``poisson`` or ``gamma`` inter-arrival times) whether or not earlier requests finished.
+    """
+
+    mode: Literal["concurrency", "rate", "sweep", "replay"] = "concurrency"
+    concurrency: int = Field(default=1, ge=1)
+    rate_per_s: float | None = Field(default=None, gt=0)
+    arrival: Literal["constant", "poisson", "gamma"] = "poisson"
+    gamma_cv: float = Field(default=2.0, gt=0, description="gamma arrivals: coefficient of variation of the gaps")
+    max_concurrency: int | None = Field(
+        default=None, ge=1, description="rate mode: requests in flight at most (later ones wait, and that wait is "
+                                        "shown as client queueing)")
+    duration_s: float | None = Field(default=None, gt=0, description="stop sending after this long (with num_prompts)")
+    trace: str | None = None
+    time_scale: float = Field(default=1.0, gt=0)
+    client_processes: int | Literal["auto"] = "auto"
+
+    @model_validator(mode="after")
+    def _needs(self) -> LoadConfig:
+        if self.mode == "rate" and self.rate_per_s is None:
+            raise ValueError("mode rate needs rate_per_s")
+        if self.mode == "replay" and not self.trace:
+            raise ValueError("mode replay needs trace (a JSONL or CSV file)")
+        return self
+
+
+class SloConfig(_Strict):
+    """Service-level objectives a request must meet to count towards goodput (seconds)."""
+
+    ttft_s: float | None = Field(default=None, gt=0)
+    tpot_s: float | None = Field(default=None, gt=0)
+    e2e_s: float | None = Field(default=None, gt=0)
+
+
 class DatasetConfig(_Strict):
     """Prompts (and labels) from a Hugging Face ``datasets`` dataset."""
 
@@ -133,6 +197,10 @@ class WorkloadConfig(_Strict):
     min_iterations: int = Field(default=5, ge=1)
     min_duration_s: float = Field(default=0.0, ge=0)
     arrival: ArrivalConfig = Field(default_factory=ArrivalConfig)
+    load: LoadConfig | None = Field(
+        default=None, description="how requests are offered: closed loop (concurrency) or open loop (rate); "
+                                  "in-process runs take mode rate as the pacing of batches")
+    slo: SloConfig | None = Field(default=None, description="objectives a request must meet to count in goodput")
     seed: int = 42
     threads: int | None = Field(default=None, ge=1)
     images: str | None = Field(
@@ -180,6 +248,14 @@ class WorkloadConfig(_Strict):
         return v
 
     @model_validator(mode="after")
+    def _load_and_arrival(self) -> WorkloadConfig:
+        if self.load is not None and self.arrival.pattern != "none":
+            raise ValueError("set load or arrival, not both: arrival is the older spelling of load "
+                             "(arrival: {pattern: poisson, rate_per_s: R} is load: {mode: rate, rate_per_s: R, "
+                             "arrival: poisson})")
+        return self
+
+    @model_validator(mode="after")
     def _one_source(self) -> WorkloadConfig:
         # compared with the default, not with the fields set, so that a dumped config re-validates
         if self.dataset is not None and self.prompts != "builtin:mixed":
@@ -225,6 +301,10 @@ class ValidityConfig(_Strict):
         "and the last third of the timed steps")
     sample_interval_s: float = Field(
         default=0.5, gt=0, le=60, description="how often clocks, throttling and GPU processes are read")
+    max_client_lag_s: float = Field(
+        default=0.01, gt=0,
+        description="served models: noisy (client-bound) when the client's sends lag their schedule, or its event "
+                    "loop is late, by more than this at p99")
 
 
 class Config(_Strict):

@@ -20,7 +20,7 @@ class LoadEvent:
     model: Any
     tokenizer: Any
     load_s: float
-    source: Literal["config", "adopted"]
+    source: Literal["config", "adopted", "served"]
     model_id: str | None = None
     import_s: float = 0.0
 
@@ -40,6 +40,45 @@ class TokenizeEvent:
 
 
 @dataclass
+class ServedRequest:
+    """What a request to a served model adds to its :class:`Step` (the step is one request).
+
+    ``scheduled_ns`` is when the load meant to send it (the step's ``start_ns`` is when it was
+    sent): latency from the scheduled time includes the client's own queueing. ``chunks`` counts
+    the stream's events that carried tokens, ``multi_token_chunks`` those that carried several
+    (their tokens are spread over the gap before them). ``token_source`` says where the output
+    token count came from: ``usage`` (the server's), ``tokenizer`` (the model's tokenizer over
+    the streamed text) or ``chunks`` (one token per chunk). ``error`` is the first error text of
+    a failed request (the step's ``error`` holds the exception).
+    """
+
+    scheduled_ns: int
+    backend: str = "openai"
+    chunks: int = 0
+    multi_token_chunks: int = 0
+    token_source: str | None = None
+    usage_mismatch: bool = False
+    error: str | None = None
+    in_flight: int = 0  # requests in flight when this one was sent (itself included)
+
+
+#: The window over the measured requests of a served run (they overlap: no per-step windows).
+SERVED_WINDOW = "stage:requests"
+
+
+@dataclass
+class ClientStats:
+    """How the load-generating client of a served run kept up: each send's lag behind its
+    schedule, the event loop's delay (sampled every 5 ms), and the requests in flight at most."""
+
+    send_lag_ns: list[int] = field(default_factory=list)
+    loop_lag_ns: list[int] = field(default_factory=list)
+    max_in_flight: int = 0
+    sent: int = 0
+    warmup: int = 0
+
+
+@dataclass
 class Step:
     """One ``s.generate()`` or ``s.forward()`` call.
 
@@ -53,6 +92,9 @@ class Step:
     model's vision or audio tower and projector), ``encode_end_ns`` is when that ``encode``
     phase ended and ``prefill`` began; ``vision_tokens[i]`` is the real number of vision (or
     audio) tokens request ``i`` got, read from the features the tower produced.
+
+    ``served`` is set when the step is one request to a served model
+    (:class:`ServedRequest`); such steps may overlap in time.
 
     ``instrumented_by`` names the collectors that add instrumentation to this step (FLOPs
     counting, forward hooks, a profiler): such a step is not a measured step, and latency,
@@ -81,6 +123,7 @@ class Step:
     vision_tokens: list[int] | None = None
     instrumented_by: list[str] = field(default_factory=list)
     replay_of: int | None = None
+    served: ServedRequest | None = None
 
     @property
     def instrumented(self) -> bool:

@@ -6,6 +6,7 @@ Discovery (once per plugin manager, i.e. once per session and once per CLI invoc
 
     perfsdk_register_collectors(register)
     perfsdk_register_exporters(register)
+    perfsdk_register_backends(register)
     perfsdk_register_hardware(register)
     perfsdk_register_commands(cli)            # CLI only
 
@@ -72,6 +73,13 @@ def perfsdk_register_exporters(register: Callable[[type], None]) -> None:
     """Called at plugin-manager set-up. Call ``register(ExporterClass)`` for each exporter: a
     stream exporter implements ``export(runs, stream)``, a destination exporter (``destination =
     True``: a tracking server, a database) ``export_to(runs, destination, store)``."""
+
+
+@hookspec
+def perfsdk_register_backends(register: Callable[[type], None]) -> None:
+    """Called at plugin-manager set-up. Call ``register(BackendClass)`` for each backend: a
+    :class:`perfsdk.Backend` subclass that runs a config's workload (in this process, or against
+    a server) and turns each request into steps on the session's clock."""
 
 
 @hookspec

@@ -48,6 +48,9 @@ DEFAULT_PLUGINS: list[str] = [
     "perfsdk.collectors.simulation",
     # exporters
     "perfsdk.exporters.builtin",
+    # backends: what runs a step (in-process transformers, an OpenAI-compatible endpoint)
+    "perfsdk.backends.transformers",
+    "perfsdk.backends.openai",
     # session-wide: multi-process runs (torchrun, Accelerate, MPI) gathered into one
     "perfsdk.distributed",
     # commands beyond the core ones of perfsdk.cli.main
@@ -69,6 +72,7 @@ class PluginRegistry:
 
     collectors: dict[str, type[Collector]] = field(default_factory=dict)
     exporters: dict[str, type[Exporter]] = field(default_factory=dict)
+    backends: dict[str, type[Any]] = field(default_factory=dict)
     origins: dict[str, str] = field(default_factory=dict)  # "collector:name" -> plugin name
     distributions: dict[str, str] = field(default_factory=dict)  # plugin name -> "dist version"
     load_errors: list[tuple[str, str]] = field(default_factory=list)
@@ -186,40 +190,37 @@ def collect_registry(pm: pluggy.PluginManager, strict: bool = True) -> PluginReg
     reg.distributions = dict(getattr(pm, "_perfsdk_dists", {}))
     reg.load_errors = list(getattr(pm, "_perfsdk_load_errors", []))
 
-    for impl in reversed(pm.hook.perfsdk_register_collectors.get_hookimpls()):
-        owner = impl.plugin_name
+    from perfsdk.backends.base import Backend
 
-        def register_collector(cls: type, _owner: str = owner) -> None:
-            if not (isinstance(cls, type) and issubclass(cls, Collector)):
-                raise PluginError(f"plugin {_owner}: register() expects a perfsdk.Collector subclass, got {cls!r}")
-            if not cls.name:
-                raise PluginError(f"plugin {_owner}: collector {cls.__name__} has no name")
-            prev = reg.collectors.get(cls.name)
-            if prev is not None and prev is not cls:
-                raise PluginError(
-                    f"plugin {_owner}: collector name {cls.name!r} already registered by {reg.origins['collector:' + cls.name]}"
-                )
-            reg.collectors[cls.name] = cls
-            reg.origins["collector:" + cls.name] = _owner
-
-        _call_discovery(impl, reg, strict, register=register_collector)
-
-    for impl in reversed(pm.hook.perfsdk_register_exporters.get_hookimpls()):
-        owner = impl.plugin_name
-
-        def register_exporter(cls: type, _owner: str = owner) -> None:
-            if not (isinstance(cls, type) and issubclass(cls, Exporter)):
-                raise PluginError(f"plugin {_owner}: register() expects a perfsdk.Exporter subclass, got {cls!r}")
-            if not cls.name:
-                raise PluginError(f"plugin {_owner}: exporter {cls.__name__} has no name")
-            prev = reg.exporters.get(cls.name)
-            if prev is not None and prev is not cls:
-                raise PluginError(f"plugin {_owner}: exporter name {cls.name!r} already registered")
-            reg.exporters[cls.name] = cls
-            reg.origins["exporter:" + cls.name] = _owner
-
-        _call_discovery(impl, reg, strict, register=register_exporter)
+    kinds: list[tuple[str, str, type, dict[str, Any]]] = [
+        ("collector", "perfsdk_register_collectors", Collector, reg.collectors),
+        ("exporter", "perfsdk_register_exporters", Exporter, reg.exporters),
+        ("backend", "perfsdk_register_backends", Backend, reg.backends),
+    ]
+    for kind, hook, base, into in kinds:
+        for impl in reversed(getattr(pm.hook, hook).get_hookimpls()):
+            register = _registrar(kind, base, into, reg, impl.plugin_name)
+            _call_discovery(impl, reg, strict, register=register)
     return reg
+
+
+def _registrar(kind: str, base: type, into: dict[str, Any], reg: PluginRegistry, owner: str) -> Any:
+    """The ``register`` callback a discovery hook gets: checks the class, keeps names unique."""
+
+    def register(cls: type) -> None:
+        if not (isinstance(cls, type) and issubclass(cls, base)):
+            raise PluginError(f"plugin {owner}: register() expects a perfsdk.{base.__name__} subclass, got {cls!r}")
+        if not cls.name:  # type: ignore[attr-defined]
+            raise PluginError(f"plugin {owner}: {kind} {cls.__name__} has no name")
+        name = cls.name  # type: ignore[attr-defined]
+        prev = into.get(name)
+        if prev is not None and prev is not cls:
+            raise PluginError(f"plugin {owner}: {kind} name {name!r} already registered by "
+                              f"{reg.origins.get(kind + ':' + name)}")
+        into[name] = cls
+        reg.origins[f"{kind}:{name}"] = owner
+
+    return register
 
 
 def _call_discovery(impl: Any, reg: PluginRegistry, strict: bool, **kwargs: Any) -> None:
@@ -259,6 +260,7 @@ def plugin_inventory(pm: pluggy.PluginManager, include_builtin: bool = False) ->
                 "distribution": "perfsdk (built-in)" if builtin else reg.distributions.get(name),
                 "collectors": sorted(k.split(":", 1)[1] for k, v in reg.origins.items() if v == name and k.startswith("collector:")),
                 "exporters": sorted(k.split(":", 1)[1] for k, v in reg.origins.items() if v == name and k.startswith("exporter:")),
+                "backends": sorted(k.split(":", 1)[1] for k, v in reg.origins.items() if v == name and k.startswith("backend:")),
                 "hardware": sorted(_hw_name(p) for o, p in hardware if o == name),
                 "hooks": hooks,
             }

@@ -195,7 +195,7 @@ class Validity(_Frozen):
     """Whether the run's numbers can be trusted: ``valid``, ``noisy`` or ``invalid``.
 
     Each reason starts with its kind (``contention``, ``unstable``, ``drift``, ``few-samples``,
-    ``instrumented``, ``throttled``); the figures behind them and the thresholds applied are
+    ``instrumented``, ``throttled``, ``client-bound``); the figures behind them and the thresholds applied are
     kept beside them.
     """
 

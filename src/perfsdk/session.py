@@ -175,6 +175,8 @@ class Session:
         self.sampler = Sampler(self.clock.now_ns)
         self.pm: pluggy.PluginManager = get_plugin_manager(extra_plugins=plugins)
         self.registry: PluginRegistry = collect_registry(self.pm, strict=False)
+        self._backend: Any = None
+        self.client_stats: Any = None  # a served run's ClientStats (perfsdk.events)
         self.collectors: dict[str, Collector] = {}
         self._init_collectors(collectors or [])
         if store is True:
@@ -360,11 +362,31 @@ class Session:
 
     # -- model work -----------------------------------------------------------------------
 
+    @property
+    def backend(self) -> Any:
+        """What runs the config's workload (:mod:`perfsdk.backends`): ``transformers`` in this
+        process, ``openai`` for a served model (``model.endpoint``), or a plugin's."""
+        if self._backend is None:
+            from perfsdk.backends import backend_for
+
+            self._backend = backend_for(self.config, self.registry)
+        return self._backend
+
+    @property
+    def in_process(self) -> bool:
+        """Whether the model runs in this process (False for a served model)."""
+        return bool(self.backend.in_process)
+
     def load(self, model: Any = None, tokenizer: Any = None) -> tuple[Any, Any]:
-        """Load ``config.model`` (timed), or adopt the given model/tokenizer objects."""
+        """Load ``config.model`` (timed), or adopt the given model/tokenizer objects.
+
+        For a model served by another process (``model.endpoint``) nothing is loaded: the
+        backend gives the tokenizer it can find (or None) and what is known of the model."""
         from perfsdk.models.info import describe_model, model_device
 
         self._ensure_started()
+        if model is None and not self.in_process:
+            return self._load_served(tokenizer)
         prev, self.phase = self.phase, "load"
         t0 = self.clock.now_ns()
         import_s = 0.0
@@ -401,6 +423,55 @@ class Session:
                                     import_s=import_s)
         self._dispatch("perfsdk_load", session=self, event=self.load_event)
         return model, tokenizer
+
+    def _load_served(self, tokenizer: Any) -> tuple[Any, Any]:
+        t0 = self.clock.now_ns()
+        model, found = self.backend.load(self)
+        tokenizer = tokenizer if tokenizer is not None else found
+        self.model, self.tokenizer = model, tokenizer
+        self.model_info = self.backend.model_info()
+        self.load_event = LoadEvent(model=model, tokenizer=tokenizer, load_s=(self.clock.now_ns() - t0) / 1e9,
+                                    source="served", model_id=self.config.model.id)  # type: ignore[arg-type]
+        self._dispatch("perfsdk_load", session=self, event=self.load_event)
+        return model, tokenizer
+
+    # -- requests to a served model ---------------------------------------------------------
+
+    def begin_request(self, *, input_tokens: int, scheduled_ns: int, inputs: dict[str, Any] | None = None,
+                      gen_kwargs: dict[str, Any] | None = None, in_flight: int = 1) -> Step:
+        """A request to a served model starts: its step (batch 1) gets the before-hooks, then
+        the send time is stamped. Steps of concurrent requests overlap; each is its own."""
+        from perfsdk.events import ServedRequest
+
+        self._ensure_started()
+        step = Step(kind="generate", index=self._step_counter, batch_size=1, input_tokens=[input_tokens],
+                    inputs=dict(inputs or {}), warmup=self.in_warmup,
+                    served=ServedRequest(scheduled_ns=scheduled_ns, backend=self.backend.name, in_flight=in_flight))
+        step.gen_kwargs = dict(gen_kwargs or {})
+        self._step_counter += 1
+        self._dispatch("perfsdk_before_generate", session=self, step=step)
+        step.start_ns = self.clock.now_ns()
+        return step
+
+    def end_request(self, step: Step) -> None:
+        """A request to a served model ended (or failed): the after-hooks run with its tokens."""
+        if step.end_ns is None:
+            step.end_ns = self.clock.now_ns()
+        self.steps.append(step)
+        self._dispatch("perfsdk_after_generate", session=self, step=step)
+
+    @contextlib.contextmanager
+    def measured_load(self) -> Iterator[None]:
+        """The measured part of a served run, as one window: the validity monitor reads the
+        machine's contention over it (requests overlap, so not per step)."""
+        from perfsdk.events import SERVED_WINDOW
+
+        self.validity_monitor.step_begin()
+        try:
+            with self.stage(SERVED_WINDOW.split(":", 1)[1]):
+                yield
+        finally:
+            self.validity_monitor.step_end()
 
     def tokenize(self, tokenizer: Any, prompts: list[str] | str, *, labels: list[Any] | Any = None,
                  **kwargs: Any) -> Any:

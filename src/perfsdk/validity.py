@@ -204,12 +204,18 @@ class _TreeCpu:
 
         self.proc = psutil.Process()
         self.children: list[Any] = []
+        self.measured: list[Any] = []  # a local server's processes: part of what is measured
 
     def refresh_children(self) -> None:
         try:
             self.children = self.proc.children(recursive=True)
         except Exception:  # the process table changed under us: keep the previous list
             pass
+        for p in list(self.measured):
+            try:
+                self.children += [p, *p.children(recursive=True)]
+            except Exception:
+                continue
 
     def pids(self) -> set[int]:
         return {self.proc.pid, *(c.pid for c in self.children)}
@@ -324,6 +330,26 @@ def instrumented_figures(steps: Sequence[Step]) -> InstrumentedFigures:
                                by_collector=dict(sorted(by.items())), time_s=spent)
 
 
+def client_bound(cfg: ValidityConfig, stats: Any) -> str | None:
+    """``client-bound: …`` when the load-generating client fell behind its own schedule: the
+    p99 of its sends' lag behind schedule, or of its event loop's delay, above
+    ``validity.max_client_lag_s``. None when it kept up (or was not measured)."""
+    if stats is None:
+        return None
+    from perfsdk.stats import summarize
+
+    worst = []
+    for what, values in (("sends lagged their schedule", stats.send_lag_ns),
+                         ("the event loop was late", stats.loop_lag_ns)):
+        st = summarize(v / 1e9 for v in values)
+        if st.p99 is not None and st.p99 > cfg.max_client_lag_s:
+            worst.append(f"{what} by {st.p99 * 1e3:.1f} ms at p99")
+    if not worst:
+        return None
+    return (f"client-bound: {'; '.join(worst)} (limit {cfg.max_client_lag_s * 1e3:g} ms): the client, not the "
+            f"server, may set these latencies")
+
+
 def judge(cfg: ValidityConfig, *, contention: ContentionFigures, stab: StabilityFigures, samples: SampleFigures,
           instr: InstrumentedFigures, throttle: ThrottleFigures) -> tuple[str, list[str]]:
     """The verdict and its reasons from the figures and the thresholds."""
@@ -417,6 +443,22 @@ class ValidityMonitor:
         self.gpu_pids: set[int] = set()
         self.notes: list[str] = []
         self._children_ns = 0
+
+    def include_processes(self, pids: list[int], why: str) -> None:
+        """Count these processes (and their children) as part of what is measured, not as
+        contention: the local server of a served model."""
+        if self._tree is None:
+            return
+        import psutil
+
+        for pid in pids:
+            try:
+                self._tree.measured.append(psutil.Process(pid))
+            except Exception:
+                continue
+        self._tree.refresh_children()
+        self.notes.append(f"{why} (pid {', '.join(map(str, pids))}): its CPU time counts as measured work, not "
+                          f"as contention")
 
     def attach(self, session: Session) -> None:
         """Set up the readers and the sampler probe (at session start)."""
@@ -582,9 +624,17 @@ class ValidityMonitor:
         if instr.copies:
             notes.append(f"{instr.copies} instrumented cop{'y' if instr.copies == 1 else 'ies'} of timed steps "
                          f"({', '.join(f'{k}: {v}' for k, v in instr.by_collector.items())}) left out of the statistics")
-        stab = stability(measured)
+        served = [st for st in measured if st.served is not None]
+        stab = stability([st for st in measured if st.served is None])
+        if served:
+            notes.append("stability not judged on requests to a served model: their latency follows the load")
         verdict, reasons = judge(self.cfg, contention=contention, stab=stab, samples=samples, instr=instr,
                                  throttle=throttle)
+        lag = client_bound(self.cfg, getattr(session, "client_stats", None))
+        if lag is not None:
+            reasons.append(lag)
+            if verdict == "valid":
+                verdict = "noisy"
         if self.gpu is not None and self._owns_gpu:
             self.gpu.close()
         return Validity(verdict=verdict, reasons=reasons, notes=notes, contention=contention,  # type: ignore[arg-type]

@@ -333,11 +333,12 @@ def plugins_cmd(show_all: bool, as_json: bool) -> None:
         click.echo("no third-party plugins installed (use --all to list built-ins)")
         return
     t = Table(show_edge=False)
-    for col in ("plugin", "distribution", "collectors", "exporters", "hardware", "hooks"):
+    for col in ("plugin", "distribution", "collectors", "exporters", "backends", "hardware", "hooks"):
         t.add_column(col, no_wrap=col == "plugin")
     for r in rows:
         t.add_row(r["name"], r["distribution"] or "-", ", ".join(r["collectors"]), ", ".join(r["exporters"]),
-                  ", ".join(r["hardware"]), ", ".join(h.replace("perfsdk_", "") for h in r["hooks"]))
+                  ", ".join(r["backends"]), ", ".join(r["hardware"]),
+                  ", ".join(h.replace("perfsdk_", "") for h in r["hooks"]))
     make_console().print(t)
 
 

@@ -373,8 +373,11 @@ def _entry(w: WindowEnergy) -> EnergyWindow:
 
 
 def _phase_of(name: str) -> list[str]:
-    """The per-phase buckets a window counts in."""
-    if name.startswith("step:"):
+    """The per-phase buckets a window counts in (a served run's requests window stands for its
+    overlapping steps)."""
+    from perfsdk.events import SERVED_WINDOW
+
+    if name.startswith("step:") or name == SERVED_WINDOW:
         return ["steps", name]
     return [name]
 
@@ -385,6 +388,13 @@ def _tokens(steps: list[Any], attr: str) -> int:
 
 def build_result(col: EnergyCollector, session: Session) -> EnergyResult:
     """Turn the meter's closed windows (and CodeCarbon's reading) into an :class:`EnergyResult`."""
+    from perfsdk.collector import host_elsewhere
+    from perfsdk.events import SERVED_WINDOW
+
+    away = host_elsewhere(session)
+    if away is not None:
+        return EnergyResult(status="unavailable", reasons=[f"served model: {away}"], sources=col.statuses,
+                            notes=[f"unavailable: {away}: this host's counters do not see the server"])
     notes = list(col.notes)
     meter = col.meter
     closed = meter.closed if meter is not None else []
@@ -411,7 +421,7 @@ def build_result(col: EnergyCollector, session: Session) -> EnergyResult:
         notes.append(f"{skipped_err} window readings of failed steps left out of the summaries")
 
     def tokens_for(phase: str) -> tuple[int | None, int | None]:
-        if phase in ("session", "steps", "encode", "prefill", "decode"):
+        if phase in ("session", "steps", "encode", "prefill", "decode", SERVED_WINDOW):
             return out_tokens, in_tokens
         if phase.startswith("step:"):
             s = measured.get(int(phase.split(":", 1)[1]))

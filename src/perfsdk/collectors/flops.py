@@ -200,6 +200,10 @@ def _analytic_for_step(model: Any, step: Step, positions: int) -> int | None:
         return None
 
 
+#: Distinct (prompt, output) token counts of a served run counted on the meta device.
+MAX_SERVED_SHAPES = 64
+
+
 class FlopsCollector(Collector):
     """FLOPs and MACs of the real run: encode/prefill/decode split, per module, analytic deviation, MFU."""
 
@@ -259,6 +263,7 @@ class FlopsCollector(Collector):
         self._counted: list[tuple[Step, FlopsCount, int | None, tuple[Any, ...]]] = []
         self._notes: list[str] = []
         self._forward_rows: list[dict[str, Any]] = []
+        self._served_reason: str | None = None
 
     def wants_to_instrument(self, session: Any, step: Step) -> bool:
         """The first measured step of each shape (``steps: first``), or every one (``all``)."""
@@ -315,6 +320,44 @@ class FlopsCollector(Collector):
                 self._notes.append(why)
         self._counted.append((step, count, analytic, _step_shape(step)))
 
+    def _count_served(self, session: Any, measured: list[Step]) -> None:
+        """A served model: each measured request counted from the model's config on the meta
+        device, for its real prompt and output token counts (requests of equal counts share one
+        count; at most ``MAX_SERVED_SHAPES`` distinct ones, the rest scaled from the nearest)."""
+        from perfsdk.flops.meta import count_config
+
+        config = session.backend.served_config() if hasattr(session.backend, "served_config") else None
+        if config is None:
+            self._served_reason = ("the served model's config is not here: set model.tokenizer (or model.id) to a "
+                                   "local folder holding its config.json")
+            return
+        cache: dict[tuple[int, int], FlopsCount] = {}
+        for step in measured:
+            if step.kind != "generate" or not step.output_tokens:
+                continue
+            key = (max(1, step.input_tokens[0] if step.input_tokens else 1), int(step.output_tokens[0]))
+            if key not in cache:
+                if len(cache) >= MAX_SERVED_SHAPES:
+                    continue
+                try:
+                    cache[key] = count_config(config, 1, key[0], key[1])
+                except Exception as exc:
+                    self._served_reason = f"the served model's config could not be counted: {exc}"
+                    return
+            count = cache[key]
+            self._counted.append((step, count, None, ("served", *key)))
+        skipped = sum(1 for st in measured if st.kind == "generate" and st.output_tokens
+                      and (max(1, st.input_tokens[0] if st.input_tokens else 1), int(st.output_tokens[0])) not in cache)
+        self._notes.append("served model: FLOPs counted from its config on the meta device for each request's "
+                           "prompt and output token counts (batch 1 each: how the server batched requests is not "
+                           "visible from the client)")
+        if skipped:
+            self._notes.append(f"{skipped} requests of further distinct shapes left out of the count "
+                               f"(at most {MAX_SERVED_SHAPES} shapes are counted)")
+        arch = _architecture_of(type("M", (), {"config": config})())
+        if arch is None:
+            self._notes.append(analytic_unavailable(config))
+
     def _count_after(self, step: Step) -> FlopsCount | None:
         """Count a step that could not be captured inline (other backends, quantized models)."""
         from perfsdk.flops.counter import count_analytic, count_third_party, is_quantized
@@ -359,9 +402,12 @@ class FlopsCollector(Collector):
             self._cap.__exit__(None, None, None)
             self._cap = None
         measured = session.measured_steps
+        if not getattr(session, "in_process", True):
+            self._count_served(session, measured)
         if not self._counted:
-            return FlopsResult(status="unavailable", reason="no measured step was counted",
-                               steps_measured=len(measured), backend=self.cfg.backend)
+            reason = self._served_reason or "no measured step was counted"
+            return FlopsResult(status="unavailable", reason=reason, steps_measured=len(measured),
+                               backend=self.cfg.backend)
         total = FlopsCount(backend=self._counted[0][1].backend, method=self._counted[0][1].method)
         analytic_total: int | None = 0
         output_tokens = 0
@@ -387,6 +433,10 @@ class FlopsCollector(Collector):
             rows.append(CountedStep(step=step.index, replay_of=step.replay_of, kind=step.kind, batch_size=step.batch_size,
                                     input_tokens=_padded_len(step), forwards=len(count.forwards) or 1,
                                     flops=count.flops_total, analytic_flops=analytic, duration_s=step.duration_s))
+        served = [s for s, _, _, _ in self._counted if s.served is not None]
+        if served:  # requests overlap: achieved FLOP/s over the wall time they spanned
+            time_s = (max(s.end_ns or s.start_ns for s in served) - min(s.start_ns for s in served)) / 1e9
+            slowed = False
         if slowed:
             total.notes.append("achieved FLOP/s uses a counted step's own duration, which includes the counter's "
                                "overhead (no uncounted step of the same shape was measured)")

@@ -71,6 +71,30 @@ class LatencyResult(CollectorResult):
     eos_stopped_requests: int = 0
     wall_s: float | None = None
     busy_s: float | None = None
+    # -- requests to a served model (zero / empty for in-process runs) --
+    ttft_from_scheduled_s: Stats = Field(
+        default_factory=Stats, description="served: scheduled send -> first token (client queueing included)")
+    e2e_from_scheduled_s: Stats = Field(default_factory=Stats, description="served: scheduled send -> last token")
+    queue_s: Stats = Field(default_factory=Stats, description="served: scheduled send -> actual send, per request")
+    errors: int = Field(default=0, description="served: measured requests that failed (timeouts, HTTP errors, "
+                                               "malformed events, dropped connections)")
+    error_rate: float | None = Field(default=None, description="served: failed / sent measured requests")
+    first_error: str | None = None
+    goodput: float | None = Field(
+        default=None, description="requests per second that met every objective of workload.slo (over the same "
+                                  "wall time as requests_per_s)")
+    goodput_share: float | None = Field(default=None, description="share of measured requests that met every SLO")
+    slo: dict[str, float] = Field(default_factory=dict)
+    concurrency_max: int | None = Field(default=None, description="served: requests in flight at most")
+    concurrency_mean: float | None = Field(
+        default=None, description="served: requests in flight on average (request time over wall time)")
+    client_send_lag_s: Stats = Field(default_factory=Stats, description="served: each send's lag behind its schedule")
+    client_loop_lag_s: Stats = Field(default_factory=Stats, description="served: the client's event-loop delay")
+    token_source: str | None = Field(
+        default=None, description="served: where output token counts came from: usage, tokenizer, chunks or mixed")
+    multi_token_chunks: int = Field(default=0, description="served: stream events that carried several tokens")
+    usage_mismatches: int = Field(
+        default=0, description="served: requests whose usage count differs from the tokens counted in the stream")
 
 
 def request_latencies(step: Step) -> list[dict[str, Any]]:
@@ -102,6 +126,61 @@ def request_latencies(step: Step) -> list[dict[str, Any]]:
                 "itl_s": itls,
             }
         )
+    return out
+
+
+def _meets(r: dict[str, Any], slo: Any) -> bool:
+    for key in ("ttft_s", "tpot_s", "e2e_s"):
+        limit = getattr(slo, key, None)
+        if limit is None:
+            continue
+        value = r.get(key)
+        if value is None and key == "tpot_s":
+            continue  # a one-token answer has no TPOT to miss
+        if value is None or value > limit:
+            return False
+    return True
+
+
+def served_figures(session: Any, steps: list[Step], wall: float | None) -> dict[str, Any]:
+    """The served-model fields of a latency result (goodput also for in-process runs)."""
+    from perfsdk.stats import summarize
+
+    out: dict[str, Any] = {}
+    slo = getattr(session.config.workload, "slo", None)
+    reqs = [r for st in steps if st.kind == "generate" for r in request_latencies(st)]
+    if slo is not None and reqs:
+        met = sum(1 for r in reqs if _meets(r, slo))
+        out["goodput"] = met / wall if wall else None
+        out["goodput_share"] = met / len(reqs)
+        out["slo"] = {k: v for k, v in slo.model_dump().items() if v is not None}
+    served = [st for st in steps if st.served is not None]
+    failed = [st for st in session.steps if st.served is not None and st.error is not None and not st.warmup]
+    if not served and not failed:
+        return out
+    ttft_s, e2e_s, queue = [], [], []
+    for st in served:
+        sched = st.served.scheduled_ns  # type: ignore[union-attr]
+        queue.append((st.start_ns - sched) / 1e9)
+        if st.token_times_ns and st.output_tokens:
+            ttft_s.append((st.token_times_ns[0] - sched) / 1e9)
+            last = st.token_times_ns[min(st.output_tokens[0], len(st.token_times_ns)) - 1]
+            e2e_s.append((last - sched) / 1e9)
+    sources = {st.served.token_source for st in served if st.served and st.served.token_source}  # type: ignore[union-attr]
+    busy = sum(st.duration_s or 0.0 for st in served)
+    stats = getattr(session, "client_stats", None)
+    out.update(
+        ttft_from_scheduled_s=summarize(ttft_s), e2e_from_scheduled_s=summarize(e2e_s), queue_s=summarize(queue),
+        errors=len(failed), error_rate=len(failed) / (len(failed) + len(served)),
+        first_error=failed[0].served.error if failed and failed[0].served else None,
+        concurrency_max=stats.max_in_flight if stats is not None else None,
+        concurrency_mean=busy / wall if wall else None,
+        client_send_lag_s=summarize(v / 1e9 for v in stats.send_lag_ns) if stats is not None else summarize([]),
+        client_loop_lag_s=summarize(v / 1e9 for v in stats.loop_lag_ns) if stats is not None else summarize([]),
+        token_source=(sources.pop() if len(sources) == 1 else "mixed") if sources else None,
+        multi_token_chunks=sum(st.served.multi_token_chunks for st in served if st.served),
+        usage_mismatches=sum(1 for st in served if st.served and st.served.usage_mismatch),
+    )
     return out
 
 
@@ -186,7 +265,9 @@ class LatencyCollector(Collector):
         if req_rows:  # per-request samples, for bootstrap comparisons between runs
             session.add_series("requests", req_rows)
         load_s = session.load_event.load_s if session.load_event and session.load_event.source == "config" else None
+        served = served_figures(session, steps, wall)
         return LatencyResult(
+            **served,
             ttft_s=summarize(ttft),
             tpot_s=summarize(tpot),
             itl_s=summarize(itl),
@@ -248,7 +329,21 @@ class LatencyCollector(Collector):
         from perfsdk.fmt import fmt_num, fmt_s
 
         r = result
-        return [
+        served: list[tuple[str, str]] = []
+        if r.goodput is not None:
+            limits = ", ".join(f"{k.removesuffix('_s')} <= {fmt_s(v)}" for k, v in r.slo.items())
+            served.append(("goodput", f"{fmt_num(r.goodput)} req/s ({(r.goodput_share or 0) * 100:.1f} % met {limits})"))
+        if r.error_rate is not None:
+            err = f"{r.errors} ({r.error_rate * 100:.1f} %)"
+            served.append(("errors", err + (f": {r.first_error}" if r.first_error else "")))
+        if r.concurrency_max is not None:
+            served.append(("concurrency reached", f"max {r.concurrency_max}, mean {fmt_num(r.concurrency_mean, 2)}"))
+        if r.client_send_lag_s.count:
+            served.append(("client lag p99", f"send {fmt_s(r.client_send_lag_s.p99)}, loop {fmt_s(r.client_loop_lag_s.p99)}"))
+        if r.token_source is not None:
+            served.append(("token counts from", r.token_source + (
+                f" ({r.multi_token_chunks} multi-token chunks)" if r.multi_token_chunks else "")))
+        return served + [
             ("output tokens/s", fmt_num(r.output_tokens_per_s)),
             ("total tokens/s", fmt_num(r.total_tokens_per_s)),
             ("requests/s", fmt_num(r.requests_per_s)),
@@ -494,7 +589,8 @@ class StepTiming:
 
 #: Latency distributions shown in tables, in order: (result field, label).
 STAT_FIELDS = (("ttft_s", "TTFT"), ("tpot_s", "TPOT"), ("itl_s", "ITL"), ("e2e_s", "e2e"), ("encode_s", "encode"),
-               ("prefill_s", "prefill"), ("decode_s", "decode"), ("forward_s", "forward"))
+               ("prefill_s", "prefill"), ("decode_s", "decode"), ("forward_s", "forward"),
+               ("ttft_from_scheduled_s", "TTFT from schedule"), ("queue_s", "client queue"))
 #: Raw samples each rank ships for pooling.
 POOLED_SAMPLES = ("ttft_s", "tpot_s", "itl_s", "e2e_s", "encode_s", "prefill_s", "decode_s", "forward_s",
                   "vision_tokens")

@@ -257,6 +257,24 @@ def apply_overrides(arch: Any, kv_heads: int | None = None, sliding_window: int 
     return replace(arch, **changes) if changes else arch
 
 
+def _served_ops(session: Any, step: Any) -> tuple[list[Any], int] | str:
+    """The operations of a served request, captured from the model's config on the meta device
+    (its real prompt and output token counts, batch 1), and its weight bytes; or why not."""
+    from perfsdk.flops.meta import capture_generation_ops
+
+    config = session.backend.served_config() if hasattr(session.backend, "served_config") else None
+    if config is None:
+        return ("the served model's config is not here: set model.tokenizer (or model.id) to a local folder "
+                "holding its config.json")
+    n_in = max(1, step.input_tokens[0] if step.input_tokens else 1)
+    n_out = len(step.token_times_ns)
+    try:
+        cap = capture_generation_ops(config, 1, n_in, n_out, list(range(1, n_out)))
+    except Exception as exc:
+        return f"the served model's config could not be captured: {exc!r}"
+    return cap.ops, cap.param_count * cap.element_bytes
+
+
 class SimulationCollector(Collector):
     """Predicts the measured workload on other hardware, and checks the prediction on this one.
 
@@ -340,12 +358,19 @@ class SimulationCollector(Collector):
             return SimulationCollectorResult(status="unavailable",
                                              reason="no measured generate or forward step to simulate")
         forward = step.kind == "forward"
-        if not callable(step.model):
+        served_weights: int | None = None
+        if step.served is not None:
+            got = _served_ops(session, step)
+            if isinstance(got, str):
+                return SimulationCollectorResult(status="unavailable", reason=got)
+            ops, served_weights = got
+        elif not callable(step.model):
             return SimulationCollectorResult(status="unavailable", reason="the step's model is not callable")
-        try:
-            ops = self._replay(step)
-        except Exception as exc:
-            return SimulationCollectorResult(status="unavailable", reason=f"operation capture failed: {exc!r}")
+        else:
+            try:
+                ops = self._replay(step)
+            except Exception as exc:
+                return SimulationCollectorResult(status="unavailable", reason=f"operation capture failed: {exc!r}")
         if not ops:
             return SimulationCollectorResult(status="unavailable", step_kind=step.kind, captured_step=step.index,
                                              reason="the step executed no tensor operation inside the model")
@@ -358,11 +383,12 @@ class SimulationCollector(Collector):
             host = _resolve_target(measured_name, catalog, catalog.get("host-cpu")).profile
         except (HardwareProfileError, MappingError) as exc:
             return SimulationCollectorResult(status="unavailable", reason=str(exc))
-        weight_bytes = None
+        weight_bytes = served_weights
         try:
             from perfsdk.models.info import weight_bytes as _wb
 
-            weight_bytes = int(_wb(step.model))
+            if step.model is not None:
+                weight_bytes = int(_wb(step.model))
         except Exception:
             pass
         b = step.batch_size

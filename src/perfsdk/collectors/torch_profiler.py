@@ -212,6 +212,10 @@ class TorchProfilerCollector(InstrumentsSelectedSteps, Collector):
 
     @hookimpl
     def perfsdk_finalize(self, session: Session) -> TorchProfilerResult:
+        from perfsdk.collector import model_elsewhere
+
+        if (why := model_elsewhere(session)) is not None:
+            return TorchProfilerResult(status="unavailable", reason=why, steps_selection=self.cfg.steps.describe())
         # Normally stopped in after_generate; never leave a profiler running past the run.
         if self._prof is not None:
             self._stop()

@@ -129,6 +129,8 @@ class UtilizationCollector(Collector):
     def summary_rows(cls, result: UtilizationResult) -> list[tuple[str, str]]:
         from perfsdk.fmt import fmt_pct
 
+        if result.status != "ok" and result.samples == 0:
+            return [("utilization", result.gpu_reason or "unavailable")]
         rows = [("CPU (process) mean", f"{fmt_pct(result.cpu_process_pct.mean)} %"),
                 ("CPU (system) mean", f"{fmt_pct(result.cpu_system_pct.mean)} %"),
                 ("samples", str(result.samples))]
@@ -226,6 +228,17 @@ class UtilizationCollector(Collector):
     def perfsdk_finalize(self, session: Session) -> UtilizationResult:
         if self._owns_nvml and self._nvml is not None:
             self._nvml.close()
+        from perfsdk.collector import host_elsewhere
+
+        away = host_elsewhere(session)
+        if away is not None:
+            from perfsdk.stats import summarize as _empty
+
+            return UtilizationResult(status="unavailable", interval_s=self.cfg.interval_s, samples=0,
+                                     cpu_process_pct=_empty([]), cpu_system_pct=_empty([]), rss_bytes=_empty([]),
+                                     gpu_reason=f"unavailable: {away}", sampler_cpu_time_s=0.0,
+                                     sampler_cpu_s_per_s=None, sampler_run_s=None,
+                                     notes=[f"unavailable: {away}: this host's CPUs and GPUs do not run the model"])
         with self._lock:
             rows = list(self.rows)
             if rows:

@@ -127,6 +127,29 @@ def arrival_delays(arrival: ArrivalConfig, seed: int) -> Iterator[float]:
             yield 0.0
 
 
+def in_process_arrival(workload: WorkloadConfig) -> ArrivalConfig:
+    """The pacing of batches of an in-process run: ``workload.arrival``, or ``workload.load``
+    (``mode: rate`` with ``constant`` or ``poisson`` arrivals; a closed loop of one user is the
+    default back-to-back pacing). Raises :class:`ConfigError` for a load only a served model takes."""
+    load = workload.load
+    if load is None:
+        return workload.arrival
+    if load.mode == "concurrency":
+        if load.concurrency > 1:
+            raise ConfigError(f"workload.load.concurrency: {load.concurrency} concurrent users need a served model "
+                              f"(model.endpoint); an in-process run sends one batch at a time")
+        return ArrivalConfig()
+    if load.mode == "rate":
+        assert load.rate_per_s is not None
+        if load.arrival == "constant":
+            return ArrivalConfig(pattern="constant", delay_s=1.0 / load.rate_per_s)
+        if load.arrival == "poisson":
+            return ArrivalConfig(pattern="poisson", rate_per_s=load.rate_per_s)
+        raise ConfigError("workload.load.arrival: gamma arrivals need a served model (model.endpoint); in-process "
+                          "runs take constant or poisson")
+    raise ConfigError(f"workload.load.mode: {load.mode} needs a served model (model.endpoint)")
+
+
 def generate_kwargs(gen: GenerateConfig) -> dict[str, Any]:
     """``model.generate`` keyword arguments from ``workload.generate`` (greedy or sampling)."""
     kw: dict[str, Any] = {"max_new_tokens": gen.max_new_tokens, "do_sample": gen.do_sample}
@@ -219,14 +242,14 @@ def check_workload(config: Config) -> None:
     prompts or dataset (present, every line valid, labels within ``workload.label_map``).
     Raises :class:`~perfsdk.config.ConfigError`.
     """
-    from perfsdk.models.loader import check_model_config
+    from perfsdk.backends import backend_for
+    from perfsdk.models.images import check_images
     from perfsdk.models.prompts import load_workload_examples
 
-    from perfsdk.models.images import check_images
-
-    check_model_config(config.model)
+    backend_for(config).check()
     load_workload_examples(config.workload)
-    check_images(config.workload)
+    if config.model.endpoint is None:
+        check_images(config.workload)
 
 
 def model_label_map(model: Any) -> list[str] | None:
@@ -294,20 +317,30 @@ def _workload_info(workload: WorkloadConfig, plan: WorkloadPlan, warmup: int, ti
         max_input_tokens=workload.max_input_tokens,
         input_tokens_mean=sum(plan.lengths) / len(plan.lengths),
         input_tokens_max=max(plan.lengths),
-        arrival_pattern=workload.arrival.pattern,
+        arrival_pattern=in_process_arrival(workload).pattern,
         labelled_prompts=sum(1 for label in plan.labels if label is not None),
         label_map=plan.label_map,
     )
 
 
-def run_workload(
+def run_workload(session: Any, progress: ProgressFn | None = None, **kwargs: Any) -> WorkloadInfo | None:
+    """Run ``session.config.workload`` through the session's backend (in this process, or
+    against a served model); return its ``WorkloadInfo``."""
+    backend = session.backend
+    if backend.in_process:
+        return run_in_process(session, progress, **kwargs)
+    backend.run_workload(session, progress=progress)
+    return session.workload_info
+
+
+def run_in_process(
     session: Any,
     progress: ProgressFn | None = None,
     *,
     sleep: SleepFn = time.sleep,
     clock: Callable[[], float] = time.perf_counter,
 ) -> WorkloadInfo:
-    """Run ``session.config.workload`` through ``session``; return (and set) its ``WorkloadInfo``.
+    """Run ``session.config.workload`` in this process; return (and set) its ``WorkloadInfo``.
 
     ``progress(done_batches, total_batches_estimate)`` is called after every batch, warm-up
     included. ``sleep`` and ``clock`` are injectable for tests; waiting always sleeps, never spins.
@@ -372,7 +405,7 @@ def run_workload(
                 tick()
 
         torch.manual_seed(workload.seed)
-        delays = arrival_delays(workload.arrival, workload.seed)
+        delays = arrival_delays(in_process_arrival(workload), workload.seed)
         start = clock()
         while iterations < workload.min_iterations or clock() - start < workload.min_duration_s:
             for b in range(n_batches):

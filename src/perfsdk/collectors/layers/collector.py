@@ -113,6 +113,10 @@ class LayersCollector(InstrumentsSelectedSteps, Collector):
 
     @hookimpl
     def perfsdk_finalize(self, session: Session) -> LayersResult:
+        from perfsdk.collector import model_elsewhere
+
+        if (why := model_elsewhere(session)) is not None:
+            return LayersResult(status="unavailable", reason=why, steps_selection=self.cfg.steps.describe())
         # Normally nothing is attached here; a step interrupted between hooks must not leave any.
         try:
             if self._capture is not None:

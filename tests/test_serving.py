@@ -1,0 +1,387 @@
+"""Served models: the openai backend against a real ``transformers serve`` on the embedded tiny
+model, and a fake server for faults a real one does not produce."""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any
+
+import pytest
+
+import perfsdk
+from perfsdk.plugins import hookimpl
+from perfsdk.store import Store
+
+from servers import FakeServer, TransformersServe, completion_events, serving_available, sse
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def tiny_dir():
+    from perfsdk.models.tiny import ensure_tiny_llama
+
+    return ensure_tiny_llama("tiny-llama")
+
+
+@pytest.fixture(scope="module")
+def served(tiny_dir):
+    why = serving_available()
+    if why:
+        pytest.skip(why)
+    server = TransformersServe(tiny_dir)
+    yield server
+    server.stop()
+
+
+def served_config(url: str, model: Any, **workload: Any) -> dict[str, Any]:
+    wl = {"num_prompts": 6, "warmup_runs": 1, "generate": {"max_new_tokens": 8}, **workload}
+    return {"name": "served", "model": {"endpoint": url, "id": str(model)}, "workload": wl,
+            "collectors": {"utilization": False, "energy": False}}
+
+
+def run_served(cfg: dict[str, Any], tmp_path, collectors: list[Any] | None = None) -> perfsdk.RunResult:
+    from perfsdk.models.runner import run_workload
+
+    with perfsdk.session(cfg, store=str(tmp_path / "store"), collectors=collectors or []) as s:
+        run_workload(s)
+    assert s.result is not None
+    return s.result
+
+
+# -- against the real server ------------------------------------------------------------------
+
+
+def test_token_counts_ttft_and_itl_from_the_stream(served, tiny_dir, tmp_path):
+    res = run_served(served_config(served.url, tiny_dir), tmp_path)
+    assert res.status == "ok", res.errors
+    lat = res.collectors["latency"]
+    # every request streamed its 8 tokens, and the server's usage said so
+    assert lat["requests"] == 6 and lat["output_tokens"] == 6 * 8
+    assert lat["token_source"] == "usage" and lat["multi_token_chunks"] == 0 and lat["usage_mismatches"] == 0
+    assert lat["ttft_s"]["count"] == 6 and lat["tpot_s"]["count"] == 6
+    assert lat["itl_s"]["count"] == 6 * 7  # every gap between the 8 tokens of each request
+    assert lat["errors"] == 0 and lat["error_rate"] == 0.0
+    assert lat["warmup_steps"] == 1 and lat["concurrency_max"] == 1
+    # prompt tokens are the server's count, the same as the model's own tokenizer gives
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(str(tiny_dir))
+    reqs = Store(tmp_path / "store").read_series(res.run_id, "requests")
+    assert len(reqs) == 6 and all(r["output_tokens"] == 8 for r in reqs)
+    assert res.model is not None and res.model.model_class == "served (openai)"
+    assert res.workload is not None and res.workload.timed_runs == 6
+    assert lat["input_tokens"] == sum(r["input_tokens"] for r in reqs)
+    assert tok is not None
+
+
+def test_closed_loop_users_and_open_loop_schedule(served, tiny_dir, tmp_path):
+    res = run_served(served_config(served.url, tiny_dir, num_prompts=8, load={"mode": "concurrency",
+                                                                             "concurrency": 3}), tmp_path / "a")
+    lat = res.collectors["latency"]
+    assert lat["requests"] == 8 and 2 <= lat["concurrency_max"] <= 3
+    # open loop at 20 requests/s, constant gaps: sends scheduled 50 ms apart whatever the server does
+    seen: list[Any] = []
+
+    class Steps(perfsdk.Collector):
+        name = "steps_seen"
+
+        @hookimpl
+        def perfsdk_after_generate(self, session, step):
+            if not step.warmup:
+                seen.append(step)
+
+    res = run_served(served_config(served.url, tiny_dir, num_prompts=6,
+                                   load={"mode": "rate", "rate_per_s": 20, "arrival": "constant"}),
+                     tmp_path / "b", collectors=[Steps])
+    sched = sorted(s.served.scheduled_ns for s in seen)
+    assert len(sched) == 6
+    assert all(b - a == 50_000_000 for a, b in zip(sched, sched[1:]))
+    lat = res.collectors["latency"]
+    assert lat["queue_s"]["count"] == 6 and lat["ttft_from_scheduled_s"]["count"] == 6
+    # latency from the schedule is never shorter than from the actual send
+    assert lat["ttft_from_scheduled_s"]["min"] >= lat["ttft_s"]["min"]
+    assert res.workload.arrival_pattern == "rate constant"
+
+
+def test_goodput_under_slos(served, tiny_dir, tmp_path):
+    loose = run_served(served_config(served.url, tiny_dir, slo={"ttft_s": 60, "tpot_s": 60, "e2e_s": 60}),
+                       tmp_path / "a").collectors["latency"]
+    assert loose["goodput_share"] == 1.0 and loose["goodput"] == pytest.approx(loose["requests_per_s"])
+    assert loose["slo"] == {"ttft_s": 60.0, "tpot_s": 60.0, "e2e_s": 60.0}
+    tight = run_served(served_config(served.url, tiny_dir, slo={"ttft_s": 1e-6}), tmp_path / "b")
+    assert tight.collectors["latency"]["goodput_share"] == 0.0 and tight.collectors["latency"]["goodput"] == 0.0
+
+
+def test_a_third_party_collector_gets_every_hook_on_a_served_run(served, tiny_dir, tmp_path):
+    calls: dict[str, int] = {}
+
+    class HookCounter(perfsdk.Collector):
+        name = "hookcounter"
+
+        def _seen(self, hook: str) -> None:
+            calls[hook] = calls.get(hook, 0) + 1
+
+        @hookimpl
+        def perfsdk_session_start(self, session):
+            self._seen("session_start")
+
+        @hookimpl
+        def perfsdk_load(self, session, event):
+            self._seen("load")
+
+        @hookimpl
+        def perfsdk_before_generate(self, session, step):
+            self._seen("before_generate")
+
+        @hookimpl
+        def perfsdk_after_generate(self, session, step):
+            self._seen("after_generate")
+            assert step.output_tokens == [8] and len(step.token_times_ns) == 8
+
+        @hookimpl
+        def perfsdk_window_open(self, session, window):
+            self._seen("window_open")
+
+        @hookimpl
+        def perfsdk_window_close(self, session, window):
+            self._seen("window_close")
+
+        @hookimpl
+        def perfsdk_finalize(self, session):
+            self._seen("finalize")
+            return None
+
+    run_served(served_config(served.url, tiny_dir, num_prompts=3), tmp_path, collectors=[HookCounter])
+    assert calls["session_start"] == 1 and calls["load"] == 1 and calls["finalize"] == 1
+    assert calls["before_generate"] == calls["after_generate"] == 4  # 1 warm-up + 3 requests
+    assert calls["window_open"] == calls["window_close"] >= 2  # the session and the requests window
+
+
+def test_collectors_that_need_the_model_say_so(served, tiny_dir, tmp_path):
+    cfg = served_config(served.url, tiny_dir, num_prompts=2)
+    cfg["collectors"].update({"layers": {}, "torch_profiler": {}, "flops": {"hardware": "host-cpu"},
+                              "simulation": {}})
+    res = run_served(cfg, tmp_path)
+    assert res.status == "ok", res.errors
+    for name in ("layers", "torch_profiler"):
+        assert res.collectors[name]["status"] == "unavailable"
+        assert res.collectors[name]["reason"] == "the model runs in another process"
+    flops = res.collectors["flops"]
+    # counted from the model's config for each request's real token counts
+    assert flops["status"] == "ok" and flops["flops_decode"] > 0 and flops["mfu_pct"] > 0
+    sim = res.collectors["simulation"]
+    assert sim["status"] == "ok" and set(sim["comparison"]) >= {"prefill", "decode"}
+
+
+def test_server_killed_mid_run_keeps_what_was_measured(tiny_dir, tmp_path):
+    if serving_available():
+        pytest.skip(serving_available())
+    server = TransformersServe(tiny_dir)
+
+    class Killer(perfsdk.Collector):
+        name = "killer"
+        done = 0
+
+        @hookimpl
+        def perfsdk_after_generate(self, session, step):
+            if not step.warmup:
+                Killer.done += 1
+                if Killer.done == 3:
+                    server.stop()
+
+    try:
+        res = run_served(served_config(server.url, tiny_dir, num_prompts=8), tmp_path, collectors=[Killer])
+    finally:
+        server.stop()
+    assert res.status == "partial"
+    lat = res.collectors["latency"]
+    assert lat["requests"] == 3 and lat["errors"] == 5 and lat["error_rate"] == pytest.approx(5 / 8)
+    assert lat["first_error"]
+    assert any(e.source == "backend:openai" and "5 of 8 requests failed" in e.message for e in res.errors)
+    stored = Store(tmp_path / "store").get(res.run_id)
+    assert stored.collectors["latency"]["requests"] == 3
+
+
+def test_cli_runs_a_served_model_without_a_file_and_stores_an_ordinary_run(served, tiny_dir, tmp_path, perfsdk_cli):
+    store = tmp_path / "store"
+    args = ["run", "--set", f"model.endpoint={served.url}", "--set", f"model.id={tiny_dir}",
+            "--set", "workload.num_prompts=3", "--set", "workload.generate.max_new_tokens=4",
+            "--set", "workload.slo={ttft_s: 30}", "--store", str(store)]
+    r = perfsdk_cli(args)
+    assert r.exit_code == 0, r.output
+    assert "goodput" in r.output and "errors" in r.output and "token counts from" in r.output
+    r2 = perfsdk_cli(args)
+    assert r2.exit_code == 0
+    csv = perfsdk_cli(["export", "--format", "csv", "--store", str(store), "--output", "-"])
+    header = csv.output.splitlines()[0].split(",")
+    assert "collectors.latency.goodput" in header and "collectors.latency.error_rate" in header
+    ids = Store(store).run_ids()
+    cmp = perfsdk_cli(["compare", ids[0], ids[1], "--store", str(store)])
+    assert cmp.exit_code == 0, cmp.output
+    rep = perfsdk_cli(["report", ids[0], "--store", str(store), "--output", str(tmp_path / "r.html")])
+    assert rep.exit_code == 0 and (tmp_path / "r.html").read_text().count("Latency") >= 1
+
+
+# -- errors before anything runs ----------------------------------------------------------------
+
+
+def test_refused_connection_and_wrong_url_exit_2_and_store_nothing(tmp_path, perfsdk_cli):
+    from servers import free_port
+
+    store = tmp_path / "store"
+    port = free_port()
+    r = perfsdk_cli(["run", "--set", f"model.endpoint=http://127.0.0.1:{port}/v1", "--store", str(store)])
+    assert r.exit_code == 2
+    assert f"model.endpoint: cannot reach http://127.0.0.1:{port}/v1" in r.output
+    fake = FakeServer(lambda body: [])
+    try:
+        r = perfsdk_cli(["run", "--set", f"model.endpoint=http://127.0.0.1:{fake.port}/nope", "--store", str(store)])
+    finally:
+        fake.stop()
+    assert r.exit_code == 2
+    assert f"model.endpoint: http://127.0.0.1:{fake.port}/nope/models answered HTTP 404" in r.output
+    assert "(the endpoint usually ends in /v1)" in r.output
+    assert not store.exists() or not Store(store).run_ids()
+
+
+# -- faults only a fake server produces ------------------------------------------------------------
+
+
+def fake_config(url: str, **workload: Any) -> dict[str, Any]:
+    cfg = served_config(url, "fake-model", **workload)
+    cfg["workload"].setdefault("warmup_runs", 0)
+    return cfg
+
+
+def test_multi_token_chunks_are_spread_counted_and_flagged(tmp_path):
+    # three events of two tokens each (the server's usage says 6)
+    fake = FakeServer(lambda body: completion_events(["ab", "cd", "ef"], usage=6, gap_s=0.02))
+    seen: list[Any] = []
+
+    class Steps(perfsdk.Collector):
+        name = "steps_seen"
+
+        @hookimpl
+        def perfsdk_after_generate(self, session, step):
+            seen.append(step)
+
+    try:
+        res = run_served(fake_config(fake.url, num_prompts=2, warmup_runs=0), tmp_path, collectors=[Steps])
+    finally:
+        fake.stop()
+    lat = res.collectors["latency"]
+    assert lat["output_tokens"] == 12 and lat["token_source"] == "usage"
+    # without a tokenizer to tell, the 3 extra tokens go evenly: every event carries 2
+    assert lat["multi_token_chunks"] == 2 * 3
+    step = seen[0]
+    assert step.served.chunks == 3 and len(step.token_times_ns) == 6
+    times = step.token_times_ns
+    assert times == sorted(times)
+    # the second event's two tokens sit inside its gap: half-way, then at the event
+    assert times[-1] - times[-2] == pytest.approx(times[-2] - times[-3], abs=2)
+
+
+def test_chat_role_only_first_event_is_not_the_first_token(tmp_path):
+    fake = FakeServer(lambda body: [(0.05, completion_events(["x"], usage=None, chat=True)[0][1])]
+                      + completion_events(["a", "b", "c"], usage=None, chat=True, gap_s=0.01)[1:])
+    seen: list[Any] = []
+
+    class Steps(perfsdk.Collector):
+        name = "steps_seen"
+
+        @hookimpl
+        def perfsdk_after_generate(self, session, step):
+            seen.append(step)
+
+    cfg = fake_config(fake.url, num_prompts=1)
+    cfg["model"]["api"] = "chat"
+    try:
+        res = run_served(cfg, tmp_path, collectors=[Steps])
+    finally:
+        fake.stop()
+    assert fake.requests[0]["messages"] == [{"role": "user", "content": fake.requests[0]["messages"][0]["content"]}]
+    step = seen[0]
+    assert step.output_tokens == [3] and step.served.token_source == "chunks" and step.served.chunks == 3
+    lat = res.collectors["latency"]
+    assert lat["token_source"] == "chunks" and lat["output_tokens"] == 3
+
+
+def test_malformed_events_and_slow_headers_fail_requests_not_the_run(tmp_path):
+    def events(body: dict[str, Any]) -> list[tuple[float, str]]:
+        if body["prompt"].startswith(bad_prompt[0]):
+            return [(0.0, sse({"choices": [{"index": 0, "text": "a"}]})), (0.0, "data: {not json\n\n")]
+        return completion_events(["a", "b"], usage=2)
+
+    from perfsdk.models.prompts import load_examples
+
+    bad_prompt = [load_examples("builtin:mixed", 4, 42)[1].prompt]
+    fake = FakeServer(events)
+    try:
+        res = run_served(fake_config(fake.url, num_prompts=4, sort_by_length=False), tmp_path / "a")
+    finally:
+        fake.stop()
+    lat = res.collectors["latency"]
+    assert res.status == "partial"
+    assert lat["errors"] >= 1 and lat["requests"] + lat["errors"] == 4
+    assert lat["first_error"].startswith("malformed event")
+
+    slow = FakeServer(lambda body: completion_events(["a"], usage=1), header_delay_s=2.0)
+    cfg = fake_config(slow.url, num_prompts=2)
+    cfg["model"]["request_timeout_s"] = 0.3
+    try:
+        res = run_served(cfg, tmp_path / "b")
+    finally:
+        slow.stop()
+    lat = res.collectors["latency"]
+    assert res.status == "partial" and lat["errors"] == 2 and lat["requests"] == 0
+    assert lat["first_error"] == "timeout after 0.3 s"
+
+
+def test_api_key_is_read_from_the_environment_and_never_stored(tmp_path, monkeypatch):
+    monkeypatch.setenv("PERFSDK_TEST_KEY", "sekret-123")
+    fake = FakeServer(lambda body: completion_events(["a"], usage=1), require_key="sekret-123")
+    cfg = fake_config(fake.url, num_prompts=2)
+    cfg["model"]["api_key_env"] = "PERFSDK_TEST_KEY"
+    try:
+        res = run_served(cfg, tmp_path)
+    finally:
+        fake.stop()
+    assert res.status == "ok" and set(fake.auth) == {"Bearer sekret-123"}
+    run_dir = tmp_path / "store" / "runs" / res.run_id
+    for path in run_dir.rglob("*"):
+        if path.is_file():
+            assert b"sekret-123" not in path.read_bytes(), path
+    assert res.config["model"]["api_key_env"] == "PERFSDK_TEST_KEY"
+
+
+def test_unset_key_variable_is_an_exit_2_error(tmp_path, perfsdk_cli, monkeypatch):
+    monkeypatch.delenv("PERFSDK_NO_SUCH_KEY", raising=False)
+    fake = FakeServer(lambda body: [])
+    try:
+        r = perfsdk_cli(["run", "--set", f"model.endpoint={fake.url}", "--set", "model.api_key_env=PERFSDK_NO_SUCH_KEY",
+                         "--store", str(tmp_path / "s")])
+    finally:
+        fake.stop()
+    assert r.exit_code == 2 and "model.api_key_env: the environment variable PERFSDK_NO_SUCH_KEY is not set" in r.output
+
+
+def test_remote_endpoint_makes_host_counters_unavailable(tmp_path, monkeypatch):
+    from perfsdk.backends.openai import OpenAIBackend
+
+    fake = FakeServer(lambda body: completion_events(["a", "b"], usage=2))
+    monkeypatch.setattr(OpenAIBackend, "is_local", lambda self: False)
+    cfg = fake_config(fake.url, num_prompts=2)
+    cfg["collectors"] = {"utilization": {}, "energy": {}}
+    try:
+        res = run_served(cfg, tmp_path)
+    finally:
+        fake.stop()
+    assert "energy" in res.collectors, res.errors
+    assert res.collectors["energy"]["status"] == "unavailable"
+    assert res.collectors["energy"]["reasons"] == ["served model: endpoint on another host"]
+    assert res.collectors["utilization"]["status"] == "unavailable"
+    assert res.collectors["utilization"]["gpu_reason"] == "unavailable: endpoint on another host"
+    assert json.dumps(res.config["model"]).count("endpoint") == 1
+    assert os.environ.get("PERFSDK_TEST_KEY") is None
