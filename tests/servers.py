@@ -73,8 +73,10 @@ class FakeServer:
     and ``/v1/chat/completions`` as ``events(body)`` says: a list of (delay_s, raw SSE text)."""
 
     def __init__(self, events: Callable[[dict[str, Any]], list[tuple[float, str]]], *,
-                 header_delay_s: float = 0.0, require_key: str | None = None) -> None:
+                 header_delay_s: float = 0.0, require_key: str | None = None,
+                 metrics: Callable[[int], str] | None = None) -> None:
         self.events = events
+        self.metrics = metrics
         self.header_delay_s = header_delay_s
         self.require_key = require_key
         self.port = free_port()
@@ -110,7 +112,13 @@ class FakeServer:
             await resp.write_eof()
             return resp
 
+        async def metrics(request: Any) -> Any:
+            if self.metrics is None:
+                return web.Response(status=404, text="no metrics")
+            return web.Response(text=self.metrics(len(self.requests)), content_type="text/plain")
+
         app = web.Application()
+        app.router.add_get("/metrics", metrics)
         app.router.add_get("/v1/models", models)
         app.router.add_post("/v1/completions", complete)
         app.router.add_post("/v1/chat/completions", complete)

@@ -385,3 +385,63 @@ def test_remote_endpoint_makes_host_counters_unavailable(tmp_path, monkeypatch):
     assert res.collectors["utilization"]["gpu_reason"] == "unavailable: endpoint on another host"
     assert json.dumps(res.config["model"]).count("endpoint") == 1
     assert os.environ.get("PERFSDK_TEST_KEY") is None
+
+
+def test_server_metrics_deltas_and_peaks_from_prometheus(tmp_path):
+    def metrics(n_requests: int) -> str:
+        # a vLLM-style page: counters grow with the requests served, a gauge of the queue
+        return "\n".join([
+            "# HELP vllm:num_requests_running Number of requests running.",
+            "# TYPE vllm:num_requests_running gauge",
+            f'vllm:num_requests_running{{model_name="m"}} {min(n_requests, 2)}.0',
+            f'vllm:num_requests_waiting{{model_name="m"}} 0.0',
+            f'vllm:gpu_cache_usage_perc{{model_name="m"}} {0.1 * n_requests}',
+            f'vllm:num_preemptions_total{{model_name="m"}} {n_requests // 2}.0',
+            f'vllm:prefix_cache_hits_total{{model_name="m"}} {10 * n_requests}.0',
+            f'vllm:prefix_cache_queries_total{{model_name="m"}} {20 * n_requests}.0',
+            f'vllm:generation_tokens_total{{model_name="m"}} {2 * n_requests}.0',
+            'vllm:e2e_request_latency_seconds_bucket{le="1.0"} 3.0',
+        ]) + "\n"
+
+    fake = FakeServer(lambda body: completion_events(["a", "b"], usage=2), metrics=metrics)
+    cfg = fake_config(fake.url, num_prompts=4)
+    cfg["collectors"]["server_metrics"] = {"interval_s": 0}
+    try:
+        res = run_served(cfg, tmp_path)
+    finally:
+        fake.stop()
+    sm = res.collectors["server_metrics"]
+    assert sm["status"] == "ok" and sm["url"] == f"http://127.0.0.1:{fake.port}/metrics"
+    # the 4 measured requests between the readings before and after them (the warm-up one left out)
+    assert sm["deltas"] == {"preemptions": 2.0, "prefix_cache_hits": 40.0, "prefix_cache_queries": 80.0,
+                            "generation_tokens": 8.0}
+    # gauges as the server last showed them: 5 requests served by then, the warm-up one included
+    assert sm["after"]["requests_running"] == 2.0 and sm["after"]["kv_cache_usage"] == pytest.approx(0.5)
+    assert sm["raw_deltas"]["vllm:generation_tokens_total"] == 8.0
+    assert sm["readings"] == 3  # at session start (is it there?), then before and after the requests
+
+    plain = FakeServer(lambda body: completion_events(["a"], usage=1))
+    cfg = fake_config(plain.url, num_prompts=1)
+    cfg["collectors"]["server_metrics"] = {}
+    try:
+        res = run_served(cfg, tmp_path / "b")
+    finally:
+        plain.stop()
+    sm = res.collectors["server_metrics"]
+    assert sm["status"] == "unavailable" and sm["reason"] == f"unavailable: http://127.0.0.1:{plain.port}/metrics: Not Found"
+
+
+def test_quality_on_a_served_model_scores_the_streamed_text(tmp_path):
+    prompts = tmp_path / "qa.jsonl"
+    prompts.write_text("\n".join(json.dumps({"prompt": f"Is {i} even? Answer yes or no.",
+                                             "label": "yes" if i % 2 == 0 else "no"}) for i in range(4)) + "\n")
+    # the fake model always answers "yes": right on even numbers only
+    fake = FakeServer(lambda body: completion_events([" yes"], usage=1))
+    cfg = fake_config(fake.url, num_prompts=4, prompts=str(prompts), label_map=["yes", "no"])
+    cfg["collectors"]["quality"] = {"metrics": ["accuracy"]}
+    try:
+        res = run_served(cfg, tmp_path)
+    finally:
+        fake.stop()
+    q = res.collectors["quality"]
+    assert q["accuracy"] == 0.5 and q["scored_requests"] == 4

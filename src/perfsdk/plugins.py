@@ -46,6 +46,7 @@ DEFAULT_PLUGINS: list[str] = [
     "perfsdk.collectors.torch_profiler",
     "perfsdk.collectors.flops",
     "perfsdk.collectors.simulation",
+    "perfsdk.collectors.server_metrics",
     # exporters
     "perfsdk.exporters.builtin",
     # backends: what runs a step (in-process transformers, an OpenAI-compatible endpoint)

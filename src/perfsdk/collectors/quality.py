@@ -360,6 +360,13 @@ class QualityCollector(Collector):
                            reasons: list[str]) -> str | None:
         tok = session.tokenizer
         out = step.outputs
+        if step.served is not None and isinstance(out, list):  # a served model streamed the text itself
+            for r in reqs:
+                if r.request < len(out):
+                    r.text = str(out[r.request])
+                    r.prediction = metrics_mod.extract_label(r.text, label_map) if label_map else None
+                    r.predicted = True
+            return "label extraction"
         seqs = getattr(out, "sequences", out)
         ids = step.inputs.get("input_ids")
         if tok is None or seqs is None or not hasattr(seqs, "shape") or ids is None:
