@@ -247,7 +247,9 @@ def test_cli_summary_table(tmp_path: Path, perfsdk_cli: Any, monkeypatch: pytest
                 constraints=["records.score <= 2"])
     res = perfsdk_cli(["sweep", str(_write(tmp_path, spec)), "--store", str(tmp_path / "s")])
     assert res.exit_code == 0, res.output
-    assert "2/2 points finished, 0 failed; Pareto front: 1 point(s)" in res.output
+    assert "2/2 points finished, 0 failed" in res.output
+    assert "constraint records.score <= 2: removed 1 of 2 finished points" in res.output
+    assert "Pareto front: 1 point(s) of the 1 meeting every constraint" in res.output
     m = read_manifest(tmp_path / "s", load_sweep(tmp_path / "sweep.yaml").sweep_id)
     assert [(p["values"]["workload.batching.batch_size"], p["feasible"], p["pareto"]) for p in m["points"]] == [
         (1, True, True), (3, False, False)]

@@ -46,6 +46,7 @@ def test_json_lists_every_run_with_its_headline_metrics(store, perfsdk_cli):
     rows = _json(perfsdk_cli, "--store", str(store))
     assert [r["run_id"] for r in rows] == IDS  # oldest first
     assert [r["name"] for r in rows] == ["base", "base", "fast"]
+    assert [r["validity"] for r in rows] == [Store(store).get(i).validity.verdict for i in IDS]  # type: ignore[union-attr]
     assert {r["status"] for r in rows} == {"ok"}
     assert {r["model"] for r in rows} == {"LlamaForCausalLM"}
     st = Store(store)
@@ -92,12 +93,15 @@ def test_table_shows_id_name_status_model_start_and_metrics(store, perfsdk_cli, 
     assert lines[0].strip() == f"3 run(s) in {store}"
     header = lines[1].split("  ")
     assert [h.strip() for h in header if h.strip()] == [
-        "run", "name", "status", "model", "started (UTC)", "output tokens per s", "ttft s.p50", "ttft s.p95"]
+        "run", "name", "status", "validity", "model", "started (UTC)", "output tokens per s", "ttft s.p50",
+        "ttft s.p95"]
     st = Store(store)
     for rid, line in zip(IDS, lines[2:5]):
         run = st.get(rid)
         flat = run_row(run)
-        assert line.split() == [rid, run.name, "ok", "LlamaForCausalLM",
+        # the run's own verdict (these short runs are noisy: too few samples for tail percentiles)
+        assert run.validity is not None and run.validity.verdict == "noisy"
+        assert line.split() == [rid, run.name, "ok", run.validity.verdict, "LlamaForCausalLM",
                                 *run.started_at.astimezone(timezone.utc).strftime("%Y-%m-%d %H:%M:%S").split(),
                                 *(f"{flat[c]:.4g}" for c in ("collectors.latency.output_tokens_per_s",
                                                               "collectors.latency.ttft_s.p50",

@@ -92,7 +92,10 @@ class _SweepProgress:
 
 
 def print_sweep_summary(manifest: dict[str, Any], console: Console) -> None:
-    """The sweep's points with objective values, feasibility and the Pareto front."""
+    """The sweep's points with objective values, records and quality figures, validity,
+    feasibility and the Pareto front; then the sweep's validity and what each constraint
+    removed from the front."""
+    from perfsdk.experiments.sweep.overview import constraint_lines, figure_fields, validity_line
     axes = list(manifest["axes"])
     objs = manifest.get("objectives") or []
     fields = [o["field"] for o in objs]
@@ -108,6 +111,10 @@ def print_sweep_summary(manifest: dict[str, Any], console: Console) -> None:
         fields = fields + [f for f in manifest["objective"]["weights"] if f not in fields] + ["score"]
     for f in fields:
         t.add_column(".".join(f.split(".")[-2:]), justify="right")
+    extra = figure_fields(manifest["points"], exclude=fields)
+    for f in extra:
+        t.add_column(f.removeprefix("collectors."), justify="right")
+    t.add_column("validity")
     if manifest.get("constraints"):
         t.add_column("feasible")
     if objs:
@@ -116,6 +123,8 @@ def print_sweep_summary(manifest: dict[str, Any], console: Console) -> None:
     for p in manifest["points"]:
         row = [str(p["values"].get(a)) for a in axes] + [p["status"]]
         row += [_fmt(p["objectives"].get(f)) for f in fields]
+        row += [_fmt((p.get("figures") or {}).get(f)) for f in extra]
+        row.append(p.get("validity") or "-")
         if manifest.get("constraints"):
             row.append({True: "yes", False: "no", None: "-"}[p["feasible"]])
         if objs:
@@ -132,8 +141,9 @@ def print_sweep_summary(manifest: dict[str, Any], console: Console) -> None:
     for p in failed:
         console.print(f"[red]failed[/] {p['values']}: {p['error']}")
     n_ok = sum(1 for p in manifest["points"] if p["status"] in ("ok", "partial"))
-    console.print(f"{n_ok}/{len(manifest['points'])} points finished, {len(failed)} failed; "
-                  f"Pareto front: {len(manifest.get('pareto') or [])} point(s)")
+    console.print(f"{n_ok}/{len(manifest['points'])} points finished, {len(failed)} failed", highlight=False)
+    for line in [validity_line(manifest["points"]), *constraint_lines(manifest)]:
+        console.print(line, highlight=False, markup=False, soft_wrap=True)
 
 
 def print_efficiency(manifest: dict[str, Any], console: Console) -> None:

@@ -1,6 +1,6 @@
 """Commands over a result store: ``perfsdk runs``, ``perfsdk store check`` and ``store repair``.
 
-``runs`` lists the stored runs (id, name, status, model, start, headline metrics), filtered by
+``runs`` lists the stored runs (id, name, status, validity, model, start, headline metrics), filtered by
 name, status, tag and start time. The headline metrics are the collectors' key export columns
 (the ``collectors.*`` columns that lead a CSV export).
 
@@ -162,8 +162,9 @@ def list_stored_runs(store: Any, *, name: str | None = None, status: str | None 
             run = store.get(rid)
         except StoreError as exc:
             if plain and status in (None, "damaged"):
-                entries.append({"run_id": rid, "name": None, "status": "damaged", "model": None, "started_at": None,
-                                "finished_at": None, "tags": {}, "metrics": {}, "error": str(exc)})
+                entries.append({"run_id": rid, "name": None, "status": "damaged", "validity": None, "model": None,
+                                "started_at": None, "finished_at": None, "tags": {}, "metrics": {},
+                                "error": str(exc)})
                 rows.append({})
             continue
         if (name is not None and run.name != name) or (status is not None and run.status != status):
@@ -175,6 +176,7 @@ def list_stored_runs(store: Any, *, name: str | None = None, status: str | None 
         row = run_row(run)
         rows.append(row)
         entries.append({"run_id": run.run_id, "name": run.name, "status": run.status,
+                        "validity": run.validity.verdict if run.validity is not None else None,
                         "model": run.model.model_id if run.model else None,
                         "started_at": run.started_at.isoformat(),
                         "finished_at": run.finished_at.isoformat() if run.finished_at else None,
@@ -202,7 +204,7 @@ def list_stored_runs(store: Any, *, name: str | None = None, status: str | None 
 @click.option("--json", "as_json", is_flag=True, help="Print JSON: every run with all its headline metrics.")
 def runs_cmd(store_dir: str, name: str | None, status: str | None, tag_items: tuple[str, ...], since: str | None,
              metrics: tuple[str, ...], as_json: bool) -> None:
-    """List the stored runs: id, name, status, model, start time and headline metrics.
+    """List the stored runs: id, name, status, validity verdict, model, start time and headline metrics.
 
     The ids work in 'perfsdk compare' and 'perfsdk report', whole, as a unique prefix, or as
     'latest' for the most recent run.
@@ -236,14 +238,16 @@ def runs_cmd(store_dir: str, name: str | None, status: str | None, tag_items: tu
     shown = list(metrics) or list(dict.fromkeys(c for e in entries for c in e["metrics"]))[:TABLE_METRICS]
     t = Table(title=f"{len(entries)} run(s) in {store_dir}", box=None, title_justify="left")  # easy to grep and cut
     t.add_column("run", no_wrap=True)
-    for col in ("name", "status", "model", "started (UTC)"):
+    for col in ("name", "status", "validity", "model", "started (UTC)"):
         t.add_column(col)
     for m in shown:
         t.add_column(_metric_header(m), justify="right")
-    style = {"ok": "green", "partial": "yellow", "failed": "red", "damaged": "red"}
+    style = {"ok": "green", "partial": "yellow", "failed": "red", "damaged": "red", "valid": "green",
+             "noisy": "yellow", "invalid": "red"}
     for e in entries:
-        st = e["status"]
-        t.add_row(e["run_id"], e["name"] or "-", f"[{style[st]}]{st}[/]", e["model"] or "-", e.get("_started") or "-",
+        st, verdict = e["status"], e["validity"]
+        t.add_row(e["run_id"], e["name"] or "-", f"[{style[st]}]{st}[/]",
+                  f"[{style[verdict]}]{verdict}[/]" if verdict else "-", e["model"] or "-", e.get("_started") or "-",
                   *(_fmt_metric(e["metrics"].get(m)) for m in shown))
     make_console().print(t)
 

@@ -20,6 +20,7 @@ from perfsdk.experiments.report.figures import (
     _table,
     request_samples,
 )
+from perfsdk.experiments.sweep.overview import constraint_lines, figure_fields, point_figures, validity_line
 from perfsdk.schemas import RunResult
 from perfsdk.store import Store
 
@@ -331,6 +332,18 @@ def efficiency_figure(manifest: dict[str, Any]) -> bytes | None:
     return _png(fig)
 
 
+def _with_run_details(p: dict[str, Any], run: RunResult | None, rows: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """A manifest point with its run's validity and figures (manifests written before they were
+    kept, or points rebuilt from tags, get them from the stored run)."""
+    if run is None or (p.get("validity") is not None and "figures" in p):
+        return p
+    q = dict(p)
+    if run.validity is not None:
+        q["validity"], q["validity_reasons"] = run.validity.verdict, list(run.validity.reasons)
+    q["figures"] = point_figures(rows[run.run_id])
+    return q
+
+
 def sweep_sections(store: Store, sweep_id: str, heatmaps: list[Any] | None = None) -> tuple[str, list[Section]]:
     """Title and sections of a sweep report; ``heatmaps`` are drawn besides those the sweep
     file asks for (``report.heatmaps``)."""
@@ -355,6 +368,7 @@ def sweep_sections(store: Store, sweep_id: str, heatmaps: list[Any] | None = Non
                   "run_id": r.run_id, "error": None, "objectives": {}, "feasible": None, "pareto": False}
                  for r in sorted(runs.values(), key=lambda r: r.run_id)]
     rows: dict[str, dict[str, Any]] = {rid: run_row(r) for rid, r in runs.items()}
+    plist = [_with_run_details(p, runs.get(p.get("run_id") or ""), rows) for p in plist]
     secs: list[Section] = []
 
     s = Section("Sweep")
@@ -365,20 +379,27 @@ def sweep_sections(store: Store, sweep_id: str, heatmaps: list[Any] | None = Non
             ["failed", sum(1 for p in plist if p["status"] == "failed")],
             ["axes", "; ".join(f"{k}: {v}" for k, v in (manifest["axes"].items() if manifest else []))],
             ["objectives", "; ".join(f"{o['direction']} {o['field']}" for o in objectives) or "-"],
-            ["constraints", "; ".join(constraints) or "-"]]
+            ["constraints", "; ".join(constraints) or "-"],
+            ["validity", validity_line(plist).removeprefix("validity: ")]]
+    info += [["Pareto front" if line.startswith("Pareto") else "constraint", line]
+             for line in constraint_lines({"points": plist, "objectives": objectives, "constraints": constraints,
+                                           "pareto": [p["point_id"] for p in plist if p.get("pareto")]})]
     s.html.append(_table(["field", "value"], info, "kv"))
     obj_fields = [o["field"] for o in objectives] or [o["field"] for o in default_objectives()]
     if manifest is not None and manifest.get("objective"):
         obj_fields = obj_fields + [f for f in manifest["objective"]["weights"] if f not in obj_fields] + ["score"]
+    extra = figure_fields(plist, exclude=obj_fields)
     headers = [a.rsplit(".", 1)[-1] for a in axes] + ["status"] + [f.replace("collectors.", "") for f in obj_fields] + \
-        ["feasible", "pareto", "run"]
+        [f.replace("collectors.", "") for f in extra] + ["validity", "feasible", "pareto", "run"]
     table_rows = []
     for p in plist:
         row = rows.get(p.get("run_id") or "", {})
         table_rows.append([p["values"].get(a) for a in axes] + [p["status"]] +
                           [p["objectives"].get(f, _lookup(row, f)) if p.get("objectives") else _lookup(row, f)
                            for f in obj_fields] +
-                          [{True: "yes", False: "no", None: "-"}[p.get("feasible")], "*" if p.get("pareto") else "",
+                          [(p.get("figures") or {}).get(f) for f in extra] +
+                          [p.get("validity") or "-",
+                           {True: "yes", False: "no", None: "-"}[p.get("feasible")], "*" if p.get("pareto") else "",
                            p.get("run_id") or p.get("error") or "-"])
     s.html.append(_table(headers, table_rows))
     secs.append(s)

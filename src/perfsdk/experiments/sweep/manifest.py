@@ -28,6 +28,11 @@ class PointState:
     pareto: bool = False
     config_hash: str | None = None
     strategies: list[str] = field(default_factory=list)
+    validity: str | None = None  # the run's verdict: valid | noisy | invalid (None: not finished)
+    validity_reasons: list[str] = field(default_factory=list)
+    #: Figures besides the objectives: the run's records (``records.<name>``) and the quality
+    #: metrics it was asked for (``collectors.quality.<metric>``).
+    figures: dict[str, float | None] = field(default_factory=dict)
 
 
 def manifest_path(store: Store, sweep_id: str) -> Path:

@@ -153,12 +153,17 @@ class SweepRunner:
 
     def _evaluate(self, st: PointState) -> None:
         from perfsdk.exporters.flatten import run_row
+        from perfsdk.experiments.sweep.overview import point_figures
 
         try:
-            row = run_row(self.store.get(st.run_id))  # type: ignore[arg-type]
+            run = self.store.get(st.run_id)  # type: ignore[arg-type]
+            row = run_row(run)
         except Exception as exc:
             log.warning("could not read point run", run_id=st.run_id, error=repr(exc))
             return
+        if run.validity is not None:
+            st.validity, st.validity_reasons = run.validity.verdict, list(run.validity.reasons)
+        st.figures = point_figures(row)
         if not self._resolved:  # names as the user typed them -> the columns the runs have
             self.sweep.spec = self.sweep.spec.resolved(list(row))
             self._resolved = True
