@@ -14,6 +14,10 @@ Installed with perfsdk (entry point ``pytest11``). Fixtures:
       def installed(perfsdk_plugin_installer):
           with perfsdk_plugin_installer.activate("plugins/perfsdk-myplugin") as folder:
               yield folder
+
+The helpers (:func:`build_tiny_causal_lm`, :class:`PluginInstaller`) work without pytest, which
+only the ``dev`` extra installs: the fixtures are defined when pytest is importable, so a script
+of the default install (``examples/distributed_session.py``) may import this module.
 """
 
 from __future__ import annotations
@@ -28,7 +32,10 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-import pytest
+try:
+    import pytest
+except ImportError:  # the default install: helpers only, no fixtures
+    pytest = None  # type: ignore[assignment]
 
 
 class PluginInstaller:
@@ -105,37 +112,6 @@ def _forget_modules(names: set[str]) -> None:
             del sys.modules[name]
 
 
-@pytest.fixture(scope="session")
-def perfsdk_plugin_installer(tmp_path_factory: pytest.TempPathFactory) -> PluginInstaller:
-    """Install plugin packages into a temporary folder for the tests that use them."""
-    return PluginInstaller(tmp_path_factory.mktemp("perfsdk-plugins"))
-
-
-@pytest.fixture
-def perfsdk_store(tmp_path: Path) -> Path:
-    """An empty result store folder."""
-    path = tmp_path / "perfsdk-results"
-    path.mkdir()
-    return path
-
-
-@pytest.fixture
-def perfsdk_cli() -> Callable[..., Any]:
-    """Call the CLI in-process with click's CliRunner; returns the click Result."""
-    from click.testing import CliRunner
-
-    from perfsdk.cli import cli, register_plugin_commands
-
-    register_plugin_commands()
-    runner = CliRunner()
-
-    def invoke(args: list[str], **kwargs: Any) -> Any:
-        os.environ.setdefault("HF_HUB_OFFLINE", "1")
-        return runner.invoke(cli, args, catch_exceptions=False, **kwargs)
-
-    return invoke
-
-
 def build_tiny_causal_lm(seed: int = 0, **overrides: Any) -> Any:
     """A small Llama causal LM with random weights from ``seed`` (not the embedded model)."""
     import torch
@@ -151,7 +127,37 @@ def build_tiny_causal_lm(seed: int = 0, **overrides: Any) -> Any:
     return model
 
 
-@pytest.fixture
-def tiny_causal_lm() -> Any:
-    """A small Llama causal LM (2 layers, hidden 64, vocab 256), fixed seed."""
-    return build_tiny_causal_lm()
+if pytest is not None:  # the pytest plugin's fixtures
+
+    @pytest.fixture(scope="session")
+    def perfsdk_plugin_installer(tmp_path_factory: pytest.TempPathFactory) -> PluginInstaller:
+        """Install plugin packages into a temporary folder for the tests that use them."""
+        return PluginInstaller(tmp_path_factory.mktemp("perfsdk-plugins"))
+
+    @pytest.fixture
+    def perfsdk_store(tmp_path: Path) -> Path:
+        """An empty result store folder."""
+        path = tmp_path / "perfsdk-results"
+        path.mkdir()
+        return path
+
+    @pytest.fixture
+    def perfsdk_cli() -> Callable[..., Any]:
+        """Call the CLI in-process with click's CliRunner; returns the click Result."""
+        from click.testing import CliRunner
+
+        from perfsdk.cli import cli, register_plugin_commands
+
+        register_plugin_commands()
+        runner = CliRunner()
+
+        def invoke(args: list[str], **kwargs: Any) -> Any:
+            os.environ.setdefault("HF_HUB_OFFLINE", "1")
+            return runner.invoke(cli, args, catch_exceptions=False, **kwargs)
+
+        return invoke
+
+    @pytest.fixture
+    def tiny_causal_lm() -> Any:
+        """A small Llama causal LM (2 layers, hidden 64, vocab 256), fixed seed."""
+        return build_tiny_causal_lm()
