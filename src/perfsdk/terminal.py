@@ -5,15 +5,13 @@
   usage errors the same prefix.
 - :func:`make_console`: a rich console whose ``print`` passes every table through
   :func:`fit_table`: cells wrap, or fold when a single word is too long, instead of ending in
-  "…"; a number keeps its unit (``515.35 ms`` is never split over two lines); a column marked
-  ``no_wrap=True`` (run ids) is kept whole; and a table whose narrowest
+  "…"; a column marked ``no_wrap=True`` (run ids) is kept whole; and a table whose narrowest
   layout is still wider than the console is printed vertically, one ``column  value`` block per
   row. Piped output has no terminal width: rich then uses ``COLUMNS``, else 80.
 """
 
 from __future__ import annotations
 
-import re
 import sys
 from typing import Any, NoReturn
 
@@ -100,30 +98,10 @@ def _cell_width(console: Console, cell: Any) -> int:
     return Measurement.get(console, console.options.update_width(_WIDE), cell).maximum
 
 
-_NUMBER = re.compile(r"[-+~<>]?\d[\d.,]*(?:[eE][-+]?\d+)?[%x×]?")
-_UNIT = re.compile(r"[A-Za-zµ°%/²³]{1,6}")
-
-
-def words(text: str) -> list[str]:
-    """The words of ``text`` that a table may not break: a number and the unit after it
-    (``515.35 ms``, ``446.8 MiB``) count as one word, so a value never loses its unit."""
-    parts = text.split()
-    out: list[str] = []
-    i = 0
-    while i < len(parts):
-        if i + 1 < len(parts) and _NUMBER.fullmatch(parts[i]) and _UNIT.fullmatch(parts[i + 1]):
-            out.append(f"{parts[i]} {parts[i + 1]}")
-            i += 2
-        else:
-            out.append(parts[i])
-            i += 1
-    return out
-
-
 def _word_width(console: Console, cell: Any) -> int:
     text = _plain(console, cell)
     if text is not None:
-        return max((len(w) for w in words(text.plain)), default=0)
+        return max((len(w) for w in text.plain.split()), default=0)
     return Measurement.get(console, console.options.update_width(_WIDE), cell).minimum
 
 
