@@ -90,3 +90,19 @@ def test_tested_range_and_version():
     assert hf.tested_range_text() == f"{low} – {high}"
     assert hf.within_tested_range(low) is True and hf.within_tested_range("4.0.0") is False
     assert hf.within_tested_range(None) is None
+
+
+def test_tested_range_starts_at_the_declared_lower_bound():
+    """CI tests the lowest release pyproject.toml declares (make test-lowest): the tested range
+    that doctor shows starts there."""
+    import re
+    from pathlib import Path
+
+    from packaging.version import Version
+
+    text = (Path(__file__).parent.parent / "pyproject.toml").read_text()
+    declared = re.search(r'"transformers>=([0-9][0-9.]*)"', text)
+    assert declared is not None
+    assert Version(declared.group(1)) == Version(hf.TESTED_TRANSFORMERS[0])
+    makefile = (Path(__file__).parent.parent / "Makefile").read_text()
+    assert "test-lowest:" in makefile and "make test-lowest" in (Path(__file__).parent.parent / ".ci" / "run").read_text()

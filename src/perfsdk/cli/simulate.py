@@ -111,12 +111,12 @@ def simulate_command(model_spec: str, hardware: str, hardware_files: tuple[str, 
     except (HardwareProfileError, MappingError, ValueError) as exc:
         _fail(str(exc))
         return
-    notes = []
+    notes: list[str] = []
     if dtype_why:
         res = res.model_copy(update={"notes": [*res.notes, f"dtype {dtype} ({dtype_why}; --dtype to choose)"]})
-    if kv_heads is not None:
+    if kv_heads is not None and base is not None:
         notes.append(f"KV heads {arch.num_kv_heads} (model: {base.num_kv_heads})")
-    if sliding_window is not None:
+    if sliding_window is not None and base is not None:
         notes.append(f"attention window {_window_text(arch)} (model: {_window_text(base)})")
     if notes:
         res = res.model_copy(update={"notes": [*res.notes, "overrides: " + ", ".join(notes)]})

@@ -579,7 +579,7 @@ def _repeat_layer_ops(ops: list[Any], full: int) -> list[Any] | None:
             continue
         nxt = ops[i + 1] if i + 1 < len(ops) else None
         nm = _LAYER_RE.match(nxt.module_path) if nxt is not None else None
-        if nm is not None and int(nm["idx"]) == 1 and (nxt.phase, nxt.step) == (r.phase, r.step):
+        if nxt is not None and nm is not None and int(nm["idx"]) == 1 and (nxt.phase, nxt.step) == (r.phase, r.step):
             continue  # not yet the end of this layer-1 block
         # end of a block of layer-1 ops: repeat the block for layers 2..full-1
         j = i
