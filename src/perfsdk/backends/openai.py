@@ -222,6 +222,9 @@ class OpenAIBackend(Backend):
             with urllib.request.urlopen(req, timeout=min(10.0, cfg.request_timeout_s)) as resp:
                 body = resp.read(65536)
         except urllib.error.HTTPError as exc:
+            if exc.code >= 500:  # the server is there; its model list failed (some list the Hub's)
+                log.warning("the endpoint's model list failed; going on", url=url, status=exc.code)
+                return
             hint = " (the endpoint usually ends in /v1)" if exc.code == 404 else ""
             raise ConfigError(f"model.endpoint: {url} answered HTTP {exc.code} {exc.reason}{hint}") from None
         except (urllib.error.URLError, OSError) as exc:
