@@ -445,3 +445,62 @@ def test_quality_on_a_served_model_scores_the_streamed_text(tmp_path):
         fake.stop()
     q = res.collectors["quality"]
     assert q["accuracy"] == 0.5 and q["scored_requests"] == 4
+
+
+# -- trace replay ---------------------------------------------------------------------------------
+
+
+def test_replay_sends_each_request_at_its_trace_time(tmp_path, tiny_dir):
+    trace = tmp_path / "trace.jsonl"
+    rows = [(0.0, 12, 3), (0.05, 20, 2), (0.02, 7, 4), (0.1, 30, 1)]  # unsorted on purpose
+    trace.write_text("".join(json.dumps({"time_s": t, "input_tokens": i, "output_tokens": o}) + "\n"
+                             for t, i, o in rows))
+    fake = FakeServer(lambda body: completion_events(["x"] * body["max_tokens"], usage=body["max_tokens"]))
+    seen: list[Any] = []
+
+    class Steps(perfsdk.Collector):
+        name = "steps_seen"
+
+        @hookimpl
+        def perfsdk_after_generate(self, session, step):
+            if not step.warmup:
+                seen.append(step)
+
+    cfg = fake_config(fake.url, load={"mode": "replay", "trace": str(trace), "time_scale": 2.0})
+    cfg["model"]["tokenizer"] = str(tiny_dir)
+    try:
+        res = run_served(cfg, tmp_path, collectors=[Steps])
+    finally:
+        fake.stop()
+    assert res.status == "ok", res.errors
+    seen.sort(key=lambda s: s.served.scheduled_ns)
+    t0 = seen[0].served.scheduled_ns
+    # sorted by time, stretched by the time scale: 0, 40, 100, 200 ms
+    assert [s.served.scheduled_ns - t0 for s in seen] == [0, 40_000_000, 100_000_000, 200_000_000]
+    assert [s.output_tokens[0] for s in seen] == [3, 4, 2, 1]
+    measured = fake.requests[1:]  # after the one warm-up request
+    assert [b["max_tokens"] for b in measured] == [3, 4, 2, 1]
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(str(tiny_dir))
+    assert [len(tok(b["prompt"], add_special_tokens=False)["input_ids"]) for b in measured] == [12, 7, 20, 30]
+    assert res.collectors["latency"]["queue_s"]["count"] == 4
+
+
+def test_bad_trace_rows_are_named(tmp_path, perfsdk_cli):
+    fake = FakeServer(lambda body: [])
+    bad = tmp_path / "trace.csv"
+    bad.write_text("time_s,input_tokens,output_tokens\n0.0,10,5\n0.5,,5\n")
+    bad2 = tmp_path / "trace.jsonl"
+    bad2.write_text('{"time_s": 0, "input_tokens": 4, "output_tokens": 2}\n{"time_s": "soon", "input_tokens": 4, '
+                    '"output_tokens": 2}\n')
+    try:
+        r = perfsdk_cli(["run", "--set", f"model.endpoint={fake.url}", "--set", "workload.load.mode=replay",
+                         "--set", f"workload.load.trace={bad}", "--store", str(tmp_path / "s")])
+        r2 = perfsdk_cli(["run", "--set", f"model.endpoint={fake.url}", "--set", "workload.load.mode=replay",
+                          "--set", f"workload.load.trace={bad2}", "--store", str(tmp_path / "s")])
+    finally:
+        fake.stop()
+    assert r.exit_code == 2 and f"workload.load.trace: {bad} row 3, field input_tokens: missing" in r.output
+    assert r2.exit_code == 2 and f"{bad2} row 2, field time_s: 'soon' is not a number" in r2.output
+    assert not fake.requests

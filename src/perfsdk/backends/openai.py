@@ -214,6 +214,11 @@ class OpenAIBackend(Backend):
         cfg = self.config.model
         if not self.endpoint:
             raise ConfigError("model.endpoint: not set")
+        load = self.config.workload.load
+        if load is not None and load.mode == "replay" and load.trace:
+            from perfsdk.backends.trace import read_trace
+
+            read_trace(load.trace)  # bad rows stop the run before anything is sent
         if cfg.api_key_env and not os.environ.get(cfg.api_key_env):
             raise ConfigError(f"model.api_key_env: the environment variable {cfg.api_key_env} is not set")
         url = f"{self.endpoint}/models"
@@ -394,9 +399,10 @@ class _Client:
         self.send_lag_ns: list[int] = []
         self._stop = False
 
-    def payload(self, prompt: str) -> dict[str, Any]:
+    def payload(self, prompt: str, max_tokens: int | None = None) -> dict[str, Any]:
         gen = self.cfg.workload.generate
-        body: dict[str, Any] = {"model": self.cfg.model.id, "max_tokens": gen.max_new_tokens, "stream": True,
+        body: dict[str, Any] = {"model": self.cfg.model.id, "max_tokens": max_tokens or gen.max_new_tokens,
+                                "stream": True,
                                 "stream_options": {"include_usage": True}}
         if self.api == "chat":
             body["messages"] = [{"role": "user", "content": prompt}]
@@ -412,7 +418,7 @@ class _Client:
         return body
 
     async def request(self, http: Any, prompt: str, label: str | None, n_in: int, scheduled_ns: int,
-                      warmup: bool) -> None:
+                      warmup: bool, max_tokens: int | None = None) -> None:
         import aiohttp
 
         s = self.session
@@ -421,7 +427,7 @@ class _Client:
         ctx = s.warmup() if warmup else _null()
         with ctx:
             step = s.begin_request(input_tokens=n_in, scheduled_ns=scheduled_ns, inputs={"prompt": prompt},
-                                   gen_kwargs={"max_new_tokens": self.cfg.workload.generate.max_new_tokens},
+                                   gen_kwargs={"max_new_tokens": max_tokens or self.cfg.workload.generate.max_new_tokens},
                                    in_flight=self.in_flight)
         step.labels = [label] if label is not None else None
         if not warmup:
@@ -429,7 +435,8 @@ class _Client:
         rec = StreamRecord()
         clock = s.clock
         try:
-            async with http.post(self.url, json=self.payload(prompt), headers=self.backend._headers()) as resp:
+            async with http.post(self.url, json=self.payload(prompt, max_tokens),
+                                 headers=self.backend._headers()) as resp:
                 if resp.status != 200:
                     text = (await resp.text())[:200]
                     raise RequestFailed(f"HTTP {resp.status}: {text}")
@@ -502,10 +509,16 @@ class _Client:
         workload = cfg.workload
         load = workload.load
         mode = load.mode if load is not None else "concurrency"
-        if mode in ("sweep", "replay"):
-            raise ConfigError(f"workload.load.mode: {mode} is not available for a single run; use concurrency or rate")
-        total = workload.num_prompts
+        if mode == "sweep":
+            raise ConfigError("workload.load.mode: sweep runs several points: run it with perfsdk run (it stores one "
+                              "run per point)")
+        schedule: list[tuple[float, int, int | None]] = []
+        if mode == "replay":
+            prompts, labels, lengths, schedule = self._replay_requests(prompts)
+        total = workload.num_prompts if mode != "replay" else len(schedule)
         order = [i % len(prompts) for i in range(total)]
+        if mode == "rate":
+            schedule = self._rate_schedule(prompts, labels, lengths, order)
         timeout = aiohttp.ClientTimeout(total=cfg.model.request_timeout_s)
         conn = aiohttp.TCPConnector(limit=0, force_close=False)
         async with aiohttp.ClientSession(timeout=timeout, connector=conn) as http:
@@ -532,7 +545,7 @@ class _Client:
                         await self._closed_loop(http, prompts, labels, lengths, order,
                                                 load.concurrency if load is not None else 1, tick)
                     else:
-                        await self._open_loop(http, prompts, labels, lengths, order, tick)
+                        await self._open_loop(http, prompts, labels, lengths, schedule, tick)
             finally:
                 self._stop = True
                 await lag_task
@@ -541,6 +554,18 @@ class _Client:
         self.session.client_stats = ClientStats(send_lag_ns=self.send_lag_ns, loop_lag_ns=self.loop_lag_ns,
                                                 max_in_flight=self.max_in_flight, sent=self.sent,
                                                 warmup=self.warmup_sent)
+
+    def _replay_requests(self, corpus: list[str]) -> tuple[list[str], list[str | None], list[int],
+                                                           list[tuple[float, int, int | None]]]:
+        """The prompts and schedule of a trace: one prompt of its length per request."""
+        from perfsdk.backends.trace import prompt_of_length, read_trace
+
+        load = self.cfg.workload.load
+        assert load is not None and load.trace
+        reqs = read_trace(load.trace)
+        prompts = [prompt_of_length(r.input_tokens, corpus, self.tokenizer) for r in reqs]
+        schedule = [(r.time_s * load.time_scale, k, r.output_tokens) for k, r in enumerate(reqs)]
+        return prompts, [None] * len(reqs), [r.input_tokens for r in reqs], schedule
 
     def _deadline(self) -> int | None:
         load = self.cfg.workload.load
@@ -565,37 +590,46 @@ class _Client:
 
         await asyncio.gather(*(user() for _ in range(users)))
 
-    async def _open_loop(self, http: Any, prompts: list[str], labels: list[str | None], lengths: list[int],
-                         order: list[int], tick: Callable[[], None]) -> None:
+    def _rate_schedule(self, prompts: list[str], labels: list[str | None], lengths: list[int],
+                       order: list[int]) -> list[tuple[float, int, int | None]]:
+        """(offset_s, prompt index, max tokens) of each request of a rate load."""
         load = self.cfg.workload.load
         assert load is not None and load.rate_per_s is not None
         gaps = arrival_gaps(load.arrival, load.rate_per_s, self.cfg.workload.seed, load.gamma_cv)
-        clock = self.session.clock
-        limit = asyncio.Semaphore(load.max_concurrency) if load.max_concurrency else None
-        deadline = self._deadline()
-        start = clock.now_ns()
-        at = float(start)
-        tasks = []
-
-        async def one(i: int, scheduled: int) -> None:
-            if limit is not None:
-                async with limit:
-                    await self.request(http, prompts[i], labels[i], lengths[i], scheduled, False)
-            else:
-                await self.request(http, prompts[i], labels[i], lengths[i], scheduled, False)
-            tick()
-
+        at, out = 0.0, []
         for n, i in enumerate(order):
             if n:
-                at += next(gaps) * 1e9
-            scheduled = int(at)
+                at += next(gaps)
+            out.append((at, i, None))
+        return out
+
+    async def _open_loop(self, http: Any, prompts: list[str], labels: list[str | None], lengths: list[int],
+                         schedule: list[tuple[float, int, int | None]], tick: Callable[[], None]) -> None:
+        """Send each request at its scheduled offset, whether or not earlier ones finished."""
+        load = self.cfg.workload.load
+        clock = self.session.clock
+        limit = asyncio.Semaphore(load.max_concurrency) if load is not None and load.max_concurrency else None
+        deadline = self._deadline()
+        start = clock.now_ns()
+        tasks = []
+
+        async def one(i: int, scheduled: int, max_tokens: int | None) -> None:
+            if limit is not None:
+                async with limit:
+                    await self.request(http, prompts[i], labels[i], lengths[i], scheduled, False, max_tokens)
+            else:
+                await self.request(http, prompts[i], labels[i], lengths[i], scheduled, False, max_tokens)
+            tick()
+
+        for offset, i, max_tokens in schedule:
+            scheduled = start + int(offset * 1e9)
             if deadline is not None and scheduled >= deadline:
                 break
             wait = (scheduled - clock.now_ns()) / 1e9
             if wait > 0:
                 await asyncio.sleep(wait)
             self.sent += 1
-            tasks.append(asyncio.create_task(one(i, scheduled)))
+            tasks.append(asyncio.create_task(one(i, scheduled, max_tokens)))
         await asyncio.gather(*tasks)
 
 
