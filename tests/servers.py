@@ -21,8 +21,9 @@ class FakeServer:
 
     def __init__(self, events: Callable[[dict[str, Any]], list[tuple[float, str]]], *,
                  header_delay_s: float = 0.0, require_key: str | None = None,
-                 metrics: Callable[[int], str] | None = None) -> None:
+                 metrics: Callable[[int], str] | None = None, serial_s: float = 0.0) -> None:
         self.events = events
+        self.serial_s = serial_s  # > 0: one request at a time, each holding the server this long
         self.metrics = metrics
         self.header_delay_s = header_delay_s
         self.require_key = require_key
@@ -50,6 +51,9 @@ class FakeServer:
             self.requests.append(body)
             if self.header_delay_s:
                 await asyncio.sleep(self.header_delay_s)
+            if self.serial_s:  # a server of one slot: requests queue for it
+                async with self._slot:
+                    await asyncio.sleep(self.serial_s)
             resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
             await resp.prepare(request)
             for delay, raw in self.events(body):
@@ -64,6 +68,7 @@ class FakeServer:
                 return web.Response(status=404, text="no metrics")
             return web.Response(text=self.metrics(len(self.requests)), content_type="text/plain")
 
+        self._slot = asyncio.Lock()
         app = web.Application()
         app.router.add_get("/metrics", metrics)
         app.router.add_get("/v1/models", models)

@@ -504,3 +504,63 @@ def test_bad_trace_rows_are_named(tmp_path, perfsdk_cli):
     assert r.exit_code == 2 and f"workload.load.trace: {bad} row 3, field input_tokens: missing" in r.output
     assert r2.exit_code == 2 and f"{bad2} row 2, field time_s: 'soon' is not a number" in r2.output
     assert not fake.requests
+
+
+# -- capacity: sweeps to saturation --------------------------------------------------------------------
+
+
+def test_rate_sweep_stops_past_saturation_and_stores_every_point(tmp_path, perfsdk_cli):
+    from perfsdk.experiments.sweep.manifest import read_manifest
+
+    # a server with one slot of 10 ms per request: it holds 100 requests/s at most
+    fake = FakeServer(lambda body: completion_events(["a", "b"], usage=2, gap_s=0.0), serial_s=0.01)
+    store = tmp_path / "store"
+    try:
+        r = perfsdk_cli(["run", "--set", f"model.endpoint={fake.url}", "--set", "model.id=fake-model",
+                         "--set", "workload.num_prompts=18", "--set", "workload.warmup_runs=0",
+                         "--set", "workload.load={mode: sweep, max_rate_per_s: 100, steps: 5, arrival: constant, "
+                                  "repeats: 1}",
+                         "--set", "workload.slo={ttft_s: 0.5}", "--set", "collectors.utilization=false",
+                         "--set", "collectors.energy=false", "--store", str(store)])
+    finally:
+        fake.stop()
+    assert r.exit_code == 0, r.output
+    (sweep_file,) = (store / "sweeps").glob("*.json")
+    m = read_manifest(str(store), sweep_file.stem)
+    assert m["kind"] == "load" and m["status"] == "finished" and m["saturation_rate_per_s"] == 100
+    levels = [p["level"] for p in m["points"]]
+    assert levels == [10.0, 40.0, 70.0, 100.0, 130.0][:len(levels)]
+    # stops by itself: the last point measured is the one whose queue grew, and none after it
+    assert m["points"][-1]["diverged"] and m["points"][-1]["diverged"].startswith("latency diverges")
+    assert all(p["diverged"] is None for p in m["points"][:-1])
+    assert m["points"][-1]["level"] >= 100.0
+    # every point (and the repeat of the SLO-limited rate) is a stored run tied to the sweep
+    st = Store(store)
+    runs = [st.get(rid) for rid in st.run_ids()]
+    assert len(runs) == len(m["points"]) + len(m["repeats"]) == len(m["points"]) + 1
+    assert {run.tags["sweep_id"] for run in runs} == {m["sweep_id"]}
+    lim = m["slo_limit"]
+    assert lim is not None and lim["level"] == m["points"][-2]["level"] and lim["measurements"] == 2
+    assert "SLO-limited rate:" in r.output and "stopped: latency diverges" in r.output
+    assert "offered/s" in r.output
+    # `latest` names the sweep the most recent run belongs to: its report draws the curves
+    rep = perfsdk_cli(["report", "latest", "--store", str(store), "--output", str(tmp_path / "sweep.html")])
+    assert rep.exit_code == 0, rep.output
+    pngs = sorted(p.name for p in (tmp_path / "sweep_files").iterdir())
+    assert pngs == ["01-load-latency.png", "02-load-goodput.png"]
+    page = (tmp_path / "sweep.html").read_text()
+    assert f"({m['sweep_id']})" in page and "<h2>Load sweep</h2>" in page and "latency diverges" in page
+    import subprocess
+
+    from test_report_browser import CHROMIUM, FLAGS
+
+    if CHROMIUM is not None:  # looked at in a real headless browser
+        out = subprocess.run([CHROMIUM, *FLAGS, f"--user-data-dir={tmp_path / 'profile'}", "--dump-dom",
+                              (tmp_path / "sweep.html").as_uri()], capture_output=True, text=True, timeout=120)
+        assert out.returncode == 0
+        assert out.stdout.count('src="data:image/png;base64,') == 2 and "<h2>Load sweep</h2>" in out.stdout
+
+
+def test_a_load_sweep_needs_a_served_model(tmp_path, perfsdk_cli):
+    r = perfsdk_cli(["run", "--set", "workload.load.mode=sweep", "--store", str(tmp_path / "s")])
+    assert r.exit_code == 2 and "workload.load.mode: sweep needs a served model (model.endpoint)" in r.output

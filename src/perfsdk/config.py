@@ -142,6 +142,15 @@ class LoadConfig(_Strict):
     trace: str | None = None
     time_scale: float = Field(default=1.0, gt=0)
     client_processes: int | Literal["auto"] = "auto"
+    # mode sweep: a full measured point per load level, up through saturation
+    sweep: Literal["rate", "concurrency"] = Field(default="rate", description="mode sweep: what rises point by point")
+    steps: int = Field(default=6, ge=2, le=50, description="mode sweep: rate levels from 10 % to 130 % of saturation")
+    max_rate_per_s: float | None = Field(
+        default=None, gt=0, description="mode sweep: the server's saturation rate, when known (else a short burst "
+                                        "finds it)")
+    probe_concurrency: int = Field(default=8, ge=1, description="mode sweep: users of the saturation burst")
+    repeats: int = Field(default=2, ge=0, le=10, description="mode sweep: extra measurements of the SLO-limited rate")
+    alpha: float = Field(default=0.01, gt=0, lt=0.5, description="mode sweep: significance of the stop rule's tests")
 
     @model_validator(mode="after")
     def _needs(self) -> LoadConfig:

@@ -30,6 +30,7 @@ def _usage(message: str) -> None:
 
 def resolve_ident(store: Any, ident: str) -> str:
     """A run id, a unique prefix of one, or ``latest`` -> the full run id; a sweep id is kept.
+    ``latest`` names the most recent sweep when the most recent run belongs to one.
 
     A damaged run, or a prefix that matches several runs, is a usage error that says so.
     """
@@ -46,9 +47,12 @@ def resolve_ident(store: Any, ident: str) -> str:
         _usage(f"{err}; give more of the id")
         return ident
     try:
-        store.get(rid)
+        run = store.get(rid)
     except StoreError as err:
         _usage(str(err))
+        return rid
+    if ident == "latest" and run.tags.get("sweep_id") and manifest_path(store, run.tags["sweep_id"]).is_file():
+        return run.tags["sweep_id"]  # the most recent run belongs to a sweep: latest names the sweep
     return rid
 
 

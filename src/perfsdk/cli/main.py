@@ -85,14 +85,16 @@ def preflight(cfg: Any) -> None:
     if not prompts.startswith("builtin:") and not Path(prompts).is_file():
         raise ConfigError(f"workload.prompts: prompt file {prompts} not found")
     mid = cfg.model.id
-    if mid.startswith((".", "/", "~")) and not Path(mid).expanduser().exists():
+    served = cfg.model.endpoint is not None  # model.id is then the server's name for the model
+    if not served and mid.startswith((".", "/", "~")) and not Path(mid).expanduser().exists():
         raise ConfigError(f"model.id: model folder {mid} not found")
     check_exporters(cfg.exporters)
     from perfsdk.models.loader import check_model_available
     from perfsdk.models.runner import check_workload
 
     check_workload(cfg)  # bad prompt lines, unknown built-ins, impossible model settings
-    check_model_available(cfg.model)  # weights in a local folder; a Hub id cached or reachable
+    if not served:
+        check_model_available(cfg.model)  # weights in a local folder; a Hub id cached or reachable
 
 
 def check_exporters(names: list[str]) -> None:
@@ -145,12 +147,34 @@ def run_cmd(config_path: str | None, overrides: tuple[str, ...], store_dir: str 
         if store_dir is not None:
             cfg = cfg.model_copy(update={"store": store_dir})
         preflight(cfg)
+        if cfg.workload.load is not None and cfg.workload.load.mode == "sweep":
+            sys.exit(execute_load_sweep(cfg, quiet=quiet, as_json=as_json))
         sess = Session(cfg)
     except ConfigError as err:
         fail_usage(str(err))
         return
     code = execute_run(sess, quiet=quiet, as_json=as_json)
     sys.exit(code)
+
+
+def execute_load_sweep(cfg: Any, quiet: bool = False, as_json: bool = False) -> int:
+    """Sweep a served model's load up through saturation (:mod:`perfsdk.experiments.load_sweep`),
+    store every point, print the table; returns the exit code (1 when a point failed)."""
+    from perfsdk.experiments.load_sweep import LoadSweep, print_load_sweep
+
+    console = make_console()
+    say = (lambda msg: None) if quiet or as_json else (lambda msg: console.print(f"[dim]{msg}[/]"))
+    sweep = LoadSweep(cfg, cfg.store, progress=say)
+    manifest = sweep.run()
+    if as_json:
+        click.echo(json.dumps(manifest, indent=2, default=str))
+    elif quiet:
+        click.echo(manifest["sweep_id"])
+    else:
+        print_load_sweep(manifest, console)
+        console.print(f"stored {len(manifest['points']) + len(manifest['repeats'])} runs of sweep "
+                      f"{manifest['sweep_id']} in {cfg.store}")
+    return EXIT_OK if all(p["status"] == "ok" for p in manifest["points"]) else EXIT_FAILED
 
 
 def execute_run(sess: Any, quiet: bool = False, as_json: bool = False) -> int:
@@ -378,6 +402,7 @@ def schema_cmd(output_dir: str) -> None:
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 def doctor_cmd(as_json: bool) -> None:
     """What can be measured here: CUDA, NVML, RAPL, CodeCarbon, bitsandbytes, float8 — and why not."""
+    from rich.markup import escape
     from rich.table import Table
 
     from perfsdk.doctor import run_checks
@@ -386,11 +411,13 @@ def doctor_cmd(as_json: bool) -> None:
     if as_json:
         click.echo(json.dumps([c.model_dump() for c in checks], indent=2))
         return
+    # the fix goes under the reason: three columns leave room for long setting names on one line
     t = Table(show_edge=False)
-    for col in ("source", "available", "reason", "fix"):
-        t.add_column(col)
+    for col in ("source", "available", "reason and fix"):
+        t.add_column(col, no_wrap=col != "reason and fix")
     for c in checks:
-        t.add_row(c.name, "[green]yes[/]" if c.available else "[red]no[/]", c.reason or "", c.fix or "")
+        text = escape(c.reason or "") + (f"\n[bold]fix:[/] {escape(c.fix)}" if c.fix else "")
+        t.add_row(c.name, "[green]yes[/]" if c.available else "[red]no[/]", text)
     make_console().print(t)
 
 

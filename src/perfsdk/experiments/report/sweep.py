@@ -353,6 +353,10 @@ def sweep_sections(store: Store, sweep_id: str, heatmaps: list[Any] | None = Non
         manifest: dict[str, Any] | None = read_manifest(store, sweep_id)
     except FileNotFoundError:
         manifest = None
+    if manifest is not None and manifest.get("kind") == "load":
+        from perfsdk.experiments.report.load import load_sweep_sections
+
+        return load_sweep_sections(store, manifest)
     runs = {r.run_id: r for r in store.list_runs(tags={"sweep_id": sweep_id})} if store.runs_dir.is_dir() else {}
     if manifest is None and not runs:
         raise ReportError(f"{sweep_id}: no run or sweep with this id in {store.root}")
