@@ -69,13 +69,15 @@ SERVED_WINDOW = "stage:requests"
 @dataclass
 class ClientStats:
     """How the load-generating client of a served run kept up: each send's lag behind its
-    schedule, the event loop's delay (sampled every 5 ms), and the requests in flight at most."""
+    schedule, the event loop's delay (sampled every 5 ms), the requests in flight at most, and
+    the client's CPU time over the measured requests."""
 
     send_lag_ns: list[int] = field(default_factory=list)
     loop_lag_ns: list[int] = field(default_factory=list)
     max_in_flight: int = 0
     sent: int = 0
     warmup: int = 0
+    cpu_s: float | None = None  # this process's CPU time over the measured requests
 
 
 @dataclass

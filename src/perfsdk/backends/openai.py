@@ -31,6 +31,9 @@ import asyncio
 import json
 import os
 import random
+import sys
+import threading
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -397,6 +400,7 @@ class _Client:
         self.max_in_flight = 0
         self.loop_lag_ns: list[int] = []
         self.send_lag_ns: list[int] = []
+        self.cpu_s: float | None = None
         self._stop = False
 
     def payload(self, prompt: str, max_tokens: int | None = None) -> dict[str, Any]:
@@ -539,6 +543,7 @@ class _Client:
             pids = self.backend.server_pids()
             if pids:
                 self.session.validity_monitor.include_processes(pids, f"the local server at {self.backend.endpoint}")
+            cpu0 = time.process_time()
             try:
                 with self.session.measured_load():
                     if mode == "concurrency":
@@ -549,11 +554,12 @@ class _Client:
             finally:
                 self._stop = True
                 await lag_task
+                self.cpu_s = time.process_time() - cpu0
         from perfsdk.events import ClientStats
 
         self.session.client_stats = ClientStats(send_lag_ns=self.send_lag_ns, loop_lag_ns=self.loop_lag_ns,
                                                 max_in_flight=self.max_in_flight, sent=self.sent,
-                                                warmup=self.warmup_sent)
+                                                warmup=self.warmup_sent, cpu_s=self.cpu_s)
 
     def _replay_requests(self, corpus: list[str]) -> tuple[list[str], list[str | None], list[int],
                                                            list[tuple[float, int, int | None]]]:
@@ -621,16 +627,44 @@ class _Client:
                 await self.request(http, prompts[i], labels[i], lengths[i], scheduled, False, max_tokens)
             tick()
 
-        for offset, i, max_tokens in schedule:
-            scheduled = start + int(offset * 1e9)
-            if deadline is not None and scheduled >= deadline:
-                break
-            wait = (scheduled - clock.now_ns()) / 1e9
-            if wait > 0:
-                await asyncio.sleep(wait)
+        # A thread sleeps precisely (nanosleep) to each scheduled time and hands the send to the
+        # loop: the loop's own timers wake up to a millisecond late (epoll's resolution).
+        loop = asyncio.get_running_loop()
+        scheduled_all = asyncio.Event()
+        stop = threading.Event()
+
+        def launch(i: int, scheduled: int, max_tokens: int | None) -> None:
             self.sent += 1
-            tasks.append(asyncio.create_task(one(i, scheduled, max_tokens)))
-        await asyncio.gather(*tasks)
+            tasks.append(asyncio.ensure_future(one(i, scheduled, max_tokens)))
+
+        def scheduler() -> None:
+            try:
+                for offset, i, max_tokens in schedule:
+                    scheduled = start + int(offset * 1e9)
+                    if stop.is_set() or (deadline is not None and scheduled >= deadline):
+                        break
+                    wait = (scheduled - clock.now_ns()) / 1e9
+                    if wait > 0:
+                        time.sleep(wait)
+                    loop.call_soon_threadsafe(launch, i, scheduled, max_tokens)
+            finally:
+                loop.call_soon_threadsafe(scheduled_all.set)
+
+        previous = sys.getswitchinterval()
+        sys.setswitchinterval(min(previous, SWITCH_INTERVAL_S))  # the scheduler thread gets the GIL promptly
+        thread = threading.Thread(target=scheduler, name="perfsdk-schedule", daemon=True)
+        thread.start()
+        try:
+            await scheduled_all.wait()
+            await asyncio.gather(*tasks)
+        finally:
+            stop.set()
+            sys.setswitchinterval(previous)
+
+
+#: While an open-loop schedule runs: how long a thread may hold the GIL before the scheduler
+#: thread gets it (Python's default is 5 ms, far more than the send lag perfsdk allows itself).
+SWITCH_INTERVAL_S = 0.0002
 
 
 class _null:

@@ -90,6 +90,8 @@ class LatencyResult(CollectorResult):
         default=None, description="served: requests in flight on average (request time over wall time)")
     client_send_lag_s: Stats = Field(default_factory=Stats, description="served: each send's lag behind its schedule")
     client_loop_lag_s: Stats = Field(default_factory=Stats, description="served: the client's event-loop delay")
+    client_cpu_s_per_token: float | None = Field(
+        default=None, description="served: the client process's CPU time over the measured requests per streamed token")
     token_source: str | None = Field(
         default=None, description="served: where output token counts came from: usage, tokenizer, chunks or mixed")
     multi_token_chunks: int = Field(default=0, description="served: stream events that carried several tokens")
@@ -178,6 +180,8 @@ def served_figures(session: Any, steps: list[Step], wall: float | None) -> dict[
         client_send_lag_s=summarize(v / 1e9 for v in stats.send_lag_ns) if stats is not None else summarize([]),
         client_loop_lag_s=summarize(v / 1e9 for v in stats.loop_lag_ns) if stats is not None else summarize([]),
         token_source=(sources.pop() if len(sources) == 1 else "mixed") if sources else None,
+        client_cpu_s_per_token=(stats.cpu_s / max(1, sum(st.output_tokens[0] for st in served if st.output_tokens))
+                                if stats is not None and stats.cpu_s is not None else None),
         multi_token_chunks=sum(st.served.multi_token_chunks for st in served if st.served),
         usage_mismatches=sum(1 for st in served if st.served and st.served.usage_mismatch),
     )
@@ -312,14 +316,20 @@ class LatencyCollector(Collector):
     def summary_tables(cls, result: LatencyResult) -> list[Any]:
         from rich.table import Table
 
-        from perfsdk.fmt import fmt_s
+        from perfsdk.fmt import duration_unit, fmt_bare
 
+        rows = cls.stat_rows(result)
+        quantiles = ("mean", "p50", "p90", "p95", "p99", "max")
+        unit, scale = duration_unit([getattr(st, q) for _, st in rows for q in quantiles])
+        # one unit for the whole table, in the headers: cells hold bare numbers that never lose their unit
         t = Table(title="Latency", show_edge=False)
-        for col in ("metric", "count", "mean", "p50", "p90", "p95", "p99", "max"):
-            t.add_column(col, justify="right" if col != "metric" else "left")
-        for label, st in cls.stat_rows(result):
+        t.add_column("metric", justify="left")
+        t.add_column("count", justify="right")
+        for q in quantiles:
+            t.add_column(f"{q} {unit}", justify="right")
+        for label, st in rows:
             flag = " *" if st.low_sample_count and not label.startswith("stage:") else ""
-            t.add_row(label + flag, str(st.count), *(fmt_s(getattr(st, k)) for k in ("mean", "p50", "p90", "p95", "p99", "max")))
+            t.add_row(label + flag, str(st.count), *(fmt_bare(getattr(st, q), scale) for q in quantiles))
         if any(getattr(result, k).count and getattr(result, k).low_sample_count for k in ("ttft_s", "tpot_s")):
             t.caption = "* fewer than 100 samples: tail percentiles (p95/p99) are extrapolations"
         return [t] if t.row_count else []
