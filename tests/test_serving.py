@@ -564,3 +564,39 @@ def test_rate_sweep_stops_past_saturation_and_stores_every_point(tmp_path, perfs
 def test_a_load_sweep_needs_a_served_model(tmp_path, perfsdk_cli):
     r = perfsdk_cli(["run", "--set", "workload.load.mode=sweep", "--store", str(tmp_path / "s")])
     assert r.exit_code == 2 and "workload.load.mode: sweep needs a served model (model.endpoint)" in r.output
+
+
+def test_several_client_processes_share_one_schedule_and_clock(tmp_path):
+    from perfsdk.backends.client_pool import processes_for
+    from perfsdk.config import LoadConfig
+
+    fake = FakeServer(lambda body: completion_events(["a", "b", "c"], usage=3, gap_s=0.001))
+    seen: list[Any] = []
+
+    class Steps(perfsdk.Collector):
+        name = "steps_seen"
+
+        @hookimpl
+        def perfsdk_after_generate(self, session, step):
+            if not step.warmup:
+                seen.append(step)
+
+    try:
+        res = run_served(fake_config(fake.url, num_prompts=10, load={"mode": "rate", "rate_per_s": 50,
+                                                                     "arrival": "constant", "client_processes": 2}),
+                         tmp_path / "a", collectors=[Steps])
+        assert res.status == "ok", res.errors
+        sched = sorted(s.served.scheduled_ns for s in seen)
+        assert len(sched) == 10 and all(b - a == 20_000_000 for a, b in zip(sched, sched[1:]))
+        # every timestamp on the session's clock: sends after their schedule, tokens after the send
+        assert all(s.start_ns >= s.served.scheduled_ns and s.token_times_ns[0] >= s.start_ns for s in seen)
+        lat = res.collectors["latency"]
+        assert lat["requests"] == 10 and lat["output_tokens"] == 30 and lat["client_send_lag_s"]["count"] == 10
+        assert len(fake.requests) == 10 + 1  # and the one warm-up request, from this process
+        closed = run_served(fake_config(fake.url, num_prompts=8, load={"mode": "concurrency", "concurrency": 4,
+                                                                       "client_processes": 2}), tmp_path / "b")
+        assert closed.collectors["latency"]["requests"] == 8 and closed.collectors["latency"]["concurrency_max"] <= 4
+    finally:
+        fake.stop()
+    assert processes_for(LoadConfig(mode="rate", rate_per_s=100)) == 1
+    assert processes_for(LoadConfig(mode="concurrency", concurrency=8, client_processes=3)) == 3

@@ -438,9 +438,13 @@ class Session:
     # -- requests to a served model ---------------------------------------------------------
 
     def begin_request(self, *, input_tokens: int, scheduled_ns: int, inputs: dict[str, Any] | None = None,
-                      gen_kwargs: dict[str, Any] | None = None, in_flight: int = 1) -> Step:
+                      gen_kwargs: dict[str, Any] | None = None, in_flight: int = 1,
+                      start_ns: int | None = None) -> Step:
         """A request to a served model starts: its step (batch 1) gets the before-hooks, then
-        the send time is stamped. Steps of concurrent requests overlap; each is its own."""
+        the send time is stamped. Steps of concurrent requests overlap; each is its own.
+
+        ``start_ns``: the send time when another process sent it already (the hooks then come
+        after the fact, with the times that process took on the same monotonic clock)."""
         from perfsdk.events import ServedRequest
 
         self._ensure_started()
@@ -450,7 +454,7 @@ class Session:
         step.gen_kwargs = dict(gen_kwargs or {})
         self._step_counter += 1
         self._dispatch("perfsdk_before_generate", session=self, step=step)
-        step.start_ns = self.clock.now_ns()
+        step.start_ns = start_ns if start_ns is not None else self.clock.now_ns()
         return step
 
     def end_request(self, step: Step) -> None:

@@ -42,6 +42,7 @@ from urllib.parse import urlparse
 import structlog
 
 from perfsdk.backends.base import Backend
+from perfsdk.backends.client_pool import processes_for
 from perfsdk.config import ConfigError
 from perfsdk.plugins import hookimpl
 
@@ -157,6 +158,49 @@ def tokens_per_chunk(texts: list[str], total: int | None, tokenizer: Any = None)
     for i in sorted(range(n), key=lambda i: share[i] - int(share[i]), reverse=True)[:total - sum(out)]:
         out[i] += 1
     return out
+
+
+async def stream_request(http: Any, url: str, body: dict[str, Any], headers: dict[str, str], api: str,
+                         timeout_s: float) -> StreamRecord:
+    """POST one streaming request and record its events on the monotonic clock (shared by every
+    process of this machine); a failure is recorded in ``error``, never raised."""
+    import time as _time
+
+    import aiohttp
+
+    rec = StreamRecord()
+    try:
+        async with http.post(url, json=body, headers=headers) as resp:
+            if resp.status != 200:
+                text = (await resp.text())[:200]
+                raise RequestFailed(f"HTTP {resp.status}: {text}")
+            buf = b""
+            done = False
+            async for raw in resp.content:
+                t = _time.perf_counter_ns()
+                buf += raw
+                if not buf.endswith(b"\n"):
+                    continue
+                line, buf = buf.decode("utf-8", "replace").strip(), b""
+                if not line or line.startswith(":") or not line.startswith("data:"):
+                    continue
+                try:
+                    if not parse_event(api, line[5:], rec, t):
+                        done = True
+                        break
+                except (ValueError, json.JSONDecodeError) as exc:
+                    raise RequestFailed(f"malformed event: {line[:120]!r} ({exc})") from None
+            if not done and rec.finish_reason is None:
+                raise RequestFailed("the stream ended before the response was complete")
+    except asyncio.TimeoutError:
+        rec.error = f"timeout after {timeout_s:g} s"
+    except RequestFailed as exc:
+        rec.error = str(exc)
+    except aiohttp.ClientError as exc:
+        rec.error = f"{type(exc).__name__}: {exc}"
+    except RuntimeError as exc:
+        rec.error = str(exc)
+    return rec
 
 
 # -- the schedule ----------------------------------------------------------------------------
@@ -401,6 +445,7 @@ class _Client:
         self.loop_lag_ns: list[int] = []
         self.send_lag_ns: list[int] = []
         self.cpu_s: float | None = None
+        self.worker_cpu_s = 0.0
         self._stop = False
 
     def payload(self, prompt: str, max_tokens: int | None = None) -> dict[str, Any]:
@@ -436,48 +481,17 @@ class _Client:
         step.labels = [label] if label is not None else None
         if not warmup:
             self.send_lag_ns.append(max(0, step.start_ns - scheduled_ns))
-        rec = StreamRecord()
-        clock = s.clock
         try:
-            async with http.post(self.url, json=self.payload(prompt, max_tokens),
-                                 headers=self.backend._headers()) as resp:
-                if resp.status != 200:
-                    text = (await resp.text())[:200]
-                    raise RequestFailed(f"HTTP {resp.status}: {text}")
-                buf = b""
-                done = False
-                async for raw in resp.content:
-                    t = clock.now_ns()
-                    buf += raw
-                    if not buf.endswith(b"\n"):
-                        continue
-                    line, buf = buf.decode("utf-8", "replace").strip(), b""
-                    if not line or line.startswith(":") or not line.startswith("data:"):
-                        continue
-                    try:
-                        if not parse_event(self.api, line[5:], rec, t):
-                            done = True
-                            break
-                    except (ValueError, json.JSONDecodeError) as exc:
-                        raise RequestFailed(f"malformed event: {line[:120]!r} ({exc})") from None
-                if not done and rec.finish_reason is None:
-                    raise RequestFailed("the stream ended before the response was complete")
-        except asyncio.TimeoutError:
-            rec.error = f"timeout after {self.cfg.model.request_timeout_s:g} s"
-        except RequestFailed as exc:
-            rec.error = str(exc)
-        except aiohttp.ClientError as exc:
-            rec.error = f"{type(exc).__name__}: {exc}"
-        except RuntimeError as exc:
-            rec.error = str(exc)
+            rec = await stream_request(http, self.url, self.payload(prompt, max_tokens), self.backend._headers(),
+                                       self.api, self.cfg.model.request_timeout_s)
         finally:
             self.in_flight -= 1
         self._finish(step, rec)
 
-    def _finish(self, step: Any, rec: StreamRecord) -> None:
+    def _finish(self, step: Any, rec: StreamRecord, end_ns: int | None = None) -> None:
         s = self.session
         served = step.served
-        step.end_ns = s.clock.now_ns()
+        step.end_ns = end_ns if end_ns is not None else s.clock.now_ns()
         if rec.error is not None:
             served.error = rec.error
             step.error = RequestFailed(rec.error)
@@ -540,13 +554,16 @@ class _Client:
                 if progress is not None:
                     progress(workload.warmup_runs + done[0], workload.warmup_runs + total)
 
+            processes = processes_for(load)
             pids = self.backend.server_pids()
             if pids:
                 self.session.validity_monitor.include_processes(pids, f"the local server at {self.backend.endpoint}")
             cpu0 = time.process_time()
             try:
                 with self.session.measured_load():
-                    if mode == "concurrency":
+                    if processes > 1:
+                        self._pooled(processes, mode, prompts, labels, lengths, order, schedule, load, tick)
+                    elif mode == "concurrency":
                         await self._closed_loop(http, prompts, labels, lengths, order,
                                                 load.concurrency if load is not None else 1, tick)
                     else:
@@ -554,12 +571,52 @@ class _Client:
             finally:
                 self._stop = True
                 await lag_task
-                self.cpu_s = time.process_time() - cpu0
+                self.cpu_s = time.process_time() - cpu0 + self.worker_cpu_s
         from perfsdk.events import ClientStats
 
         self.session.client_stats = ClientStats(send_lag_ns=self.send_lag_ns, loop_lag_ns=self.loop_lag_ns,
                                                 max_in_flight=self.max_in_flight, sent=self.sent,
                                                 warmup=self.warmup_sent, cpu_s=self.cpu_s)
+
+    def _pooled(self, processes: int, mode: str, prompts: list[str], labels: list[str | None], lengths: list[int],
+                order: list[int], schedule: list[tuple[float, int, int | None]], load: Any,
+                tick: Callable[[], None]) -> None:
+        """Send the measured requests from ``processes`` worker processes, then report each one
+        to the session as a step, in send order (:mod:`perfsdk.backends.client_pool`)."""
+        from perfsdk.backends.client_pool import run_pool
+
+        plan: list[tuple[int, float | None, int | None]]
+        if mode == "concurrency":
+            plan = [(i, None, None) for i in order]
+        else:
+            plan = [(i, off, mt) for off, i, mt in schedule]
+        requests: list[tuple[int, float | None, dict[str, Any]]] = [
+            (k, off, self.payload(prompts[i], mt)) for k, (i, off, mt) in enumerate(plan)]
+        job = {"url": self.url, "headers": self.backend._headers(), "api": self.api,
+               "timeout_s": self.cfg.model.request_timeout_s, "mode": "concurrency" if mode == "concurrency" else "rate",
+               "users": load.concurrency if load is not None else 1}
+        records, loop_lag, cpu = run_pool(processes, job, requests)
+        self.loop_lag_ns.extend(loop_lag)
+        self.worker_cpu_s = cpu
+        ends = []
+        for r in records:
+            i, _, mt = plan[r["k"]]
+            step = self.session.begin_request(
+                input_tokens=lengths[i], scheduled_ns=r["scheduled_ns"], inputs={"prompt": prompts[i]},
+                gen_kwargs={"max_new_tokens": mt or self.cfg.workload.generate.max_new_tokens}, start_ns=r["send_ns"])
+            step.labels = [labels[i]] if labels[i] is not None else None
+            self.sent += 1
+            self.send_lag_ns.append(max(0, r["send_ns"] - r["scheduled_ns"]))
+            rec = StreamRecord(**{k: r[k] for k in ("chunk_ns", "chunk_text", "prompt_tokens", "completion_tokens",
+                                                     "finish_reason", "error")})
+            self._finish(step, rec, end_ns=r["end_ns"])
+            ends.append((r["send_ns"], 1))
+            ends.append((r["end_ns"], -1))
+            tick()
+        depth = 0
+        for _, d in sorted(ends):
+            depth += d
+            self.max_in_flight = max(self.max_in_flight, depth)
 
     def _replay_requests(self, corpus: list[str]) -> tuple[list[str], list[str | None], list[int],
                                                            list[tuple[float, int, int | None]]]:
@@ -570,7 +627,8 @@ class _Client:
         assert load is not None and load.trace
         reqs = read_trace(load.trace)
         prompts = [prompt_of_length(r.input_tokens, corpus, self.tokenizer) for r in reqs]
-        schedule = [(r.time_s * load.time_scale, k, r.output_tokens) for k, r in enumerate(reqs)]
+        schedule: list[tuple[float, int, int | None]] = [
+            (r.time_s * load.time_scale, k, r.output_tokens) for k, r in enumerate(reqs)]
         return prompts, [None] * len(reqs), [r.input_tokens for r in reqs], schedule
 
     def _deadline(self) -> int | None:
@@ -602,7 +660,8 @@ class _Client:
         load = self.cfg.workload.load
         assert load is not None and load.rate_per_s is not None
         gaps = arrival_gaps(load.arrival, load.rate_per_s, self.cfg.workload.seed, load.gamma_cv)
-        at, out = 0.0, []
+        at = 0.0
+        out: list[tuple[float, int, int | None]] = []
         for n, i in enumerate(order):
             if n:
                 at += next(gaps)

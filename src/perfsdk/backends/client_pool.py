@@ -1,0 +1,153 @@
+"""Load from several client processes (``workload.load.client_processes``).
+
+One asyncio loop in one Python process sends a few hundred to a few thousand streamed requests
+per second (``benchmarks/client_capacity.py``); past that the client, not the server, sets the
+latency. With ``client_processes: N`` the schedule is computed once, in the session's process,
+and split round-robin over N worker processes (closed-loop users are split the same way). Each
+worker has its own event loop and connection pool, sends its requests at their scheduled times
+and records every event on the monotonic clock the whole machine shares
+(``time.perf_counter_ns``), so all timestamps are on the session's clock. The session's process
+then turns the records into steps in send order: collectors get each request's
+``perfsdk_before_generate``/``perfsdk_after_generate`` after the fact, with the times the
+workers took.
+
+``auto`` uses one process unless the offered load needs more (one per
+:data:`REQUESTS_PER_PROCESS` requests/s or :data:`USERS_PER_PROCESS` users), at most one less
+than the machine's cores.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import multiprocessing as mp
+import os
+import sys
+import threading
+import time
+from dataclasses import asdict
+from typing import Any
+
+#: Requests per second one client process sustains with its send lag under 1 ms at p99,
+#: measured on a 2-core machine (docs/serving.md, "The client's capacity").
+REQUESTS_PER_PROCESS = 800.0
+#: Concurrent closed-loop users per client process.
+USERS_PER_PROCESS = 256
+
+
+def processes_for(load: Any) -> int:
+    """How many client processes ``load`` asks for (``auto`` resolved)."""
+    want = load.client_processes if load is not None else 1
+    if want != "auto":
+        return int(want)
+    cores = os.cpu_count() or 1
+    if load.mode == "rate" and load.rate_per_s:
+        need = math.ceil(load.rate_per_s / REQUESTS_PER_PROCESS)
+    elif load.mode == "concurrency":
+        need = math.ceil(load.concurrency / USERS_PER_PROCESS)
+    else:
+        need = 1
+    return max(1, min(need, cores - 1))
+
+
+def _worker(conn: Any) -> None:
+    """A worker process: take its share of the requests, send them, send back their records."""
+    from perfsdk.backends.openai import stream_request
+
+    conn.send("ready")  # imports done
+    job: dict[str, Any] = conn.recv()
+
+    async def main() -> dict[str, Any]:
+        import aiohttp
+
+        out: list[dict[str, Any]] = []
+        loop_lag: list[int] = []
+        stop = False
+
+        async def lag() -> None:
+            while not stop:
+                t = time.perf_counter_ns()
+                await asyncio.sleep(0.005)
+                loop_lag.append(max(0, time.perf_counter_ns() - t - 5_000_000))
+
+        async def one(http: Any, k: int, scheduled: int, body: dict[str, Any]) -> None:
+            send = time.perf_counter_ns()
+            rec = await stream_request(http, job["url"], body, job["headers"], job["api"], job["timeout_s"])
+            out.append({"k": k, "scheduled_ns": scheduled, "send_ns": send, "end_ns": time.perf_counter_ns(),
+                        **asdict(rec)})
+
+        cpu0 = time.process_time()
+        timeout = aiohttp.ClientTimeout(total=job["timeout_s"])
+        async with aiohttp.ClientSession(timeout=timeout, connector=aiohttp.TCPConnector(limit=0)) as http:
+            lag_task = asyncio.create_task(lag())
+            tasks: list[Any] = []
+            if job["mode"] == "concurrency":
+                queue = list(reversed(job["requests"]))
+
+                async def user() -> None:
+                    while queue:
+                        k, _, body = queue.pop()
+                        await one(http, k, time.perf_counter_ns(), body)
+
+                await asyncio.gather(*(user() for _ in range(job["users"])))
+            else:
+                loop = asyncio.get_running_loop()
+                done = asyncio.Event()
+
+                def launch(k: int, scheduled: int, body: dict[str, Any]) -> None:
+                    tasks.append(asyncio.ensure_future(one(http, k, scheduled, body)))
+
+                def scheduler() -> None:
+                    try:
+                        for k, scheduled, body in job["requests"]:
+                            wait = (scheduled - time.perf_counter_ns()) / 1e9
+                            if wait > 0:
+                                time.sleep(wait)
+                            loop.call_soon_threadsafe(launch, k, scheduled, body)
+                    finally:
+                        loop.call_soon_threadsafe(done.set)
+
+                sys.setswitchinterval(0.0002)
+                threading.Thread(target=scheduler, daemon=True).start()
+                await done.wait()
+                await asyncio.gather(*tasks)
+            stop = True
+            await lag_task
+        return {"records": out, "loop_lag_ns": loop_lag, "cpu_s": time.process_time() - cpu0}
+
+    conn.send(asyncio.run(main()))
+    conn.close()
+
+
+def run_pool(processes: int, base_job: dict[str, Any], requests: list[tuple[int, float | None, dict[str, Any]]],
+             lead_s: float = 0.2) -> tuple[list[dict[str, Any]], list[int], float]:
+    """Run ``requests`` — (index, offset seconds or None for closed loop, request body) — over
+    ``processes`` workers; returns (records, loop lags, the workers' CPU seconds)."""
+    ctx = mp.get_context("spawn")
+    workers = []
+    for w in range(processes):
+        parent, child = ctx.Pipe()
+        share = requests[w::processes]
+        job = dict(base_job)
+        workers.append((ctx.Process(target=_worker, args=(child,), daemon=True), parent, share, job))
+    for proc, _, _, _ in workers:
+        proc.start()
+    for _, conn, _, _ in workers:
+        if conn.recv() != "ready":
+            raise RuntimeError("a client process did not start")
+    start = time.perf_counter_ns() + int(lead_s * 1e9)  # every worker is up: one schedule for all
+    for w, (proc, conn, share, job) in enumerate(workers):
+        job["requests"] = [(k, start + int(off * 1e9) if off is not None else 0, body) for k, off, body in share]
+        job["users"] = max(1, base_job.get("users", 1) // processes + (1 if w < base_job.get("users", 1) % processes else 0))
+    for _, conn, _, job in workers:
+        conn.send(job)
+    records: list[dict[str, Any]] = []
+    lags: list[int] = []
+    cpu = 0.0
+    for proc, conn, _, _ in workers:
+        got = conn.recv()
+        records += got["records"]
+        lags += got["loop_lag_ns"]
+        cpu += got["cpu_s"]
+        proc.join(30)
+    return sorted(records, key=lambda r: (r["scheduled_ns"], r["send_ns"])), lags, cpu
