@@ -170,6 +170,11 @@ def test_hook_perfsdk_register_backends(tmp_path):
     lat = s.result.collectors["latency"]
     assert lat["requests"] == 2 and lat["input_tokens"] == 10 and lat["output_tokens"] == 6
     assert lat["ttft_s"]["p50"] == 0.001 and lat["itl_s"]["count"] == 4
+    from perfsdk.plugins import plugin_inventory
+
+    rows = {r["name"]: r for r in plugin_inventory(get_plugin_manager(), include_builtin=True)}
+    assert rows["perfsdk.backends.openai"]["backends"] == ["openai"]
+    assert rows["perfsdk.backends.transformers"]["backends"] == ["transformers"]
     with pytest.raises(perfsdk.ConfigError, match="model.backend: unknown backend 'ecko'"):
         from perfsdk.backends import backend_for
 
