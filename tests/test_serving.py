@@ -224,6 +224,24 @@ def test_cli_runs_a_served_model_without_a_file_and_stores_an_ordinary_run(serve
     assert rep.exit_code == 0 and (tmp_path / "r.html").read_text().count("Latency") >= 1
 
 
+def test_the_serve_example_runs_as_shipped(served, tmp_path, perfsdk_cli):
+    """examples/serve.yaml against transformers serve on the embedded model: builtin:tiny-llama
+    names the model's cached folder, the path the server loaded it from."""
+    from pathlib import Path
+
+    example = Path(__file__).parent.parent / "examples" / "serve.yaml"
+    r = perfsdk_cli(["run", str(example), "--set", f"model.endpoint={served.url}", "--set", "workload.num_prompts=4",
+                     "--set", "workload.load.concurrency=2", "--set", "collectors.utilization.interval_s=0.5",
+                     "--store", str(tmp_path / "store")])
+    assert r.exit_code in (0, 1), r.output  # 1: partial when a collector is unavailable here
+    run = Store(tmp_path / "store").get(Store(tmp_path / "store").resolve_run_id("latest"))
+    lat = run.collectors["latency"]
+    assert lat["requests"] == 4 and lat["errors"] == 0 and lat["goodput"] is not None
+    assert run.collectors["flops"]["status"] == "ok" and run.collectors["flops"]["mfu_pct"] > 0
+    for text in ("goodput", "errors", "MFU", "Utilization", "Energy"):
+        assert text in r.output
+
+
 # -- errors before anything runs ----------------------------------------------------------------
 
 

@@ -240,6 +240,23 @@ class OpenAIBackend(Backend):
         self.endpoint: str = config.model.endpoint or ""
         self.tokenizer: Any = None
         self.tokenizer_note: str | None = None
+        self._model_name: str | None = None
+
+    @property
+    def model_name(self) -> str:
+        """The name requests give the model: ``model.id``; an embedded model (``builtin:…``)
+        is named by its cached folder, the path ``transformers serve`` loads it from."""
+        if self._model_name is None:
+            mid = self.config.model.id
+            self._model_name = mid
+            if mid.startswith("builtin:"):
+                try:
+                    from perfsdk.models.tiny import ensure_tiny_llama
+
+                    self._model_name = str(ensure_tiny_llama(mid.split(":", 1)[1]))
+                except Exception:
+                    pass
+        return self._model_name
 
     # -- checks and loading ------------------------------------------------------------------
 
@@ -288,14 +305,14 @@ class OpenAIBackend(Backend):
             raise ConfigError(f"model.endpoint: {url} did not answer with JSON: is it an OpenAI-compatible "
                               f"server (the endpoint usually ends in /v1)?") from None
         names = [str(m.get("id")) for m in data.get("data", []) if isinstance(m, dict)] if isinstance(data, dict) else []
-        if names and cfg.id not in names and cfg.id != "builtin:tiny-llama":
-            log.warning("model.id is not among the served models", model=cfg.id, served=names[:10])
+        if names and self.model_name not in names:
+            log.warning("model.id is not among the served models", model=self.model_name, served=names[:10])
 
     def _find_tokenizer(self) -> Any:
         from pathlib import Path
 
         cfg = self.config.model
-        where = cfg.tokenizer or cfg.id
+        where = cfg.tokenizer or self.model_name
         if cfg.tokenizer is None and not Path(os.path.expanduser(where)).is_dir():
             self.tokenizer_note = "no tokenizer: set model.tokenizer to count prompt tokens and streams without usage"
             return None
@@ -338,7 +355,7 @@ class OpenAIBackend(Backend):
         from pathlib import Path
 
         cfg = self.config.model
-        for where in (cfg.tokenizer, cfg.id):
+        for where in (cfg.tokenizer, self.model_name):
             if not where:
                 continue
             p = Path(os.path.expanduser(where))
@@ -450,7 +467,7 @@ class _Client:
 
     def payload(self, prompt: str, max_tokens: int | None = None) -> dict[str, Any]:
         gen = self.cfg.workload.generate
-        body: dict[str, Any] = {"model": self.cfg.model.id, "max_tokens": max_tokens or gen.max_new_tokens,
+        body: dict[str, Any] = {"model": self.backend.model_name, "max_tokens": max_tokens or gen.max_new_tokens,
                                 "stream": True,
                                 "stream_options": {"include_usage": True}}
         if self.api == "chat":
