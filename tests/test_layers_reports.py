@@ -173,3 +173,49 @@ def test_command_is_registered() -> None:
 
     register_plugin_commands()
     assert "layers" in cli.commands
+
+
+def test_layers_at_80_columns(tmp_path: Path) -> None:
+    """At 80 columns ``layers RUN`` ran to 1 186 lines with headers in two-letter pieces, and
+    ``--log`` shrank the module column to nothing: now names stay whole, the columns that do not
+    fit are left out with a note, and a long table shows its first rows with a pointer to --all."""
+    import perfsdk.cli.layers as layers_cli
+
+    from perfsdk.testing import build_tiny_causal_lm
+
+    model = build_tiny_causal_lm()
+    ids = torch.tensor([[5, 6, 7, 8]])
+    with perfsdk.session({"collectors": {"layers": {"log_events": True}}}, store=str(tmp_path)) as s:
+        s.load(model=model, tokenizer=None)
+        s.generate(model, input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=2, min_new_tokens=2)
+    rid = s.result.run_id
+    code, doc = invoke(rid, "--store", str(tmp_path), "--json")
+    [(_, rows)] = json.loads(doc).items()
+    paths = [r["module"].strip() for r in rows]  # the model's order
+
+    def narrow(*args: str) -> str:
+        r = CliRunner().invoke(layers_command, [rid, "--store", str(tmp_path), *args], env={"COLUMNS": "80"})
+        assert r.exit_code == 0, r.output
+        assert max(len(line) for line in r.output.splitlines()) <= 80 and "…" not in r.output
+        return r.output
+
+    out = narrow()
+    n = len(paths)
+    assert n > layers_cli.SUMMARY_ROWS
+    lines = out.splitlines()
+    rule = next(i for i, line in enumerate(lines) if "━" in line)
+    header = {w for line in lines[1:rule] for w in line.split() if w != "┃"}
+    assert header == {"module", "calls", "prefill", "decode", "ms", "%", "step"}  # headers break between words only
+    shown = [line.split()[0] for line in out.splitlines() if "│" in line]
+    assert shown == paths[: layers_cli.SUMMARY_ROWS]  # whole paths, in the model's order
+    assert f"first {layers_cli.SUMMARY_ROWS} of {n} rows; --all shows every row" in out
+    assert "left out to fit 80 columns: parameters, input shapes, type (--wide shows them)" in out
+    assert len(out.splitlines()) < layers_cli.SUMMARY_ROWS + 12
+    every = narrow("--all")
+    assert [line.split()[0] for line in every.splitlines() if "│" in line] == paths
+    wide = CliRunner().invoke(layers_command, [rid, "--store", str(tmp_path), "--wide", "--limit", "3"],
+                              env={"COLUMNS": "80"}).output
+    assert "LlamaForCausalLM" in wide and "num_embeddings=" in wide and "left out" not in wide  # every column, wider
+    log = narrow("--log")
+    modules = [line.split("│")[-1].strip() for line in log.splitlines() if "│" in line]
+    assert len(modules) == layers_cli.SUMMARY_ROWS and set(modules) <= set(paths) and "model.layers.0" in modules

@@ -12,6 +12,7 @@ import torch
 
 import perfsdk
 from perfsdk.exporters.flatten import run_row
+from perfsdk.fmt import fmt_bare
 from perfsdk.store import AmbiguousRunId, DamagedRun, RunNotFound, Store
 from perfsdk.cli.store import parse_since
 
@@ -93,8 +94,8 @@ def test_table_shows_id_name_status_model_start_and_metrics(store, perfsdk_cli, 
     assert lines[0].strip() == f"3 run(s) in {store}"
     header = lines[1].split("  ")
     assert [h.strip() for h in header if h.strip()] == [
-        "run", "name", "status", "validity", "model", "started (UTC)", "output tokens per s", "ttft s.p50",
-        "ttft s.p95"]
+        "run", "name", "status", "validity", "model", "started (UTC)", "output tokens/s", "ttft p50 ms",
+        "ttft p95 ms"]  # the unit in the header, bare numbers below it
     st = Store(store)
     for rid, line in zip(IDS, lines[2:5]):
         run = st.get(rid)
@@ -103,9 +104,9 @@ def test_table_shows_id_name_status_model_start_and_metrics(store, perfsdk_cli, 
         assert run.validity is not None and run.validity.verdict == "noisy"
         assert line.split() == [rid, run.name, "ok", run.validity.verdict, "LlamaForCausalLM",
                                 *run.started_at.astimezone(timezone.utc).strftime("%Y-%m-%d %H:%M:%S").split(),
-                                *(f"{flat[c]:.4g}" for c in ("collectors.latency.output_tokens_per_s",
-                                                              "collectors.latency.ttft_s.p50",
-                                                              "collectors.latency.ttft_s.p95"))]
+                                fmt_bare(flat["collectors.latency.output_tokens_per_s"]),
+                                *(fmt_bare(flat[c], 1e-3) for c in ("collectors.latency.ttft_s.p50",
+                                                                    "collectors.latency.ttft_s.p95"))]
 
 
 def test_chosen_metric_columns(store, perfsdk_cli, monkeypatch):
@@ -195,3 +196,41 @@ def test_export_takes_prefixes_and_latest(store, perfsdk_cli):
     assert [json.loads(line)["run_id"] for line in r.output.splitlines()] == [IDS[2], IDS[0]]
     r = perfsdk_cli(["export", "--format", "jsonl", "--store", str(store), "--run", "20260101"])
     assert r.exit_code == 2 and "perfsdk: error: run id prefix '20260101' matches 2 runs" in r.output
+
+
+def test_units_in_headers_at_80_columns(store, perfsdk_cli, monkeypatch):
+    """The table showed ``ttft s.p50`` as a header and ``rss peak bytes`` as ``535801856``."""
+    monkeypatch.setenv("COLUMNS", "80")
+    r = perfsdk_cli(["runs", "--store", str(store), "--metric", "rss_peak_bytes", "--metric", "ttft_s.p50"])
+    assert r.exit_code == 0, r.output
+    out = r.output
+    assert max(len(line) for line in out.splitlines()) <= 80 and "…" not in out
+    lines = out.splitlines()
+    first = next(i for i, line in enumerate(lines) if line.split()[:1] == [IDS[0]])
+    header = [line.split() for line in lines[1:first]]  # the metric headers wrap between words
+    assert header[-1][0] == "run" and {"status", "validity"} <= set(header[-1])
+    assert header[-1][-2:] == ["MiB", "ms"]  # "rss peak MiB", "ttft p50 ms", wrapped between words
+    assert {"rss", "peak", "ttft", "p50"} <= {w for h in header for w in h}
+    assert "bytes" not in out and "ttft s" not in out
+    st = Store(store)
+    for rid, line in zip(IDS, lines[first:first + 3]):
+        flat = run_row(st.get(rid))
+        assert line.split()[0] == rid
+        assert line.split()[-2:] == [fmt_bare(flat["collectors.memory.rss_peak_bytes"], 1024**2),
+                                     fmt_bare(flat["collectors.latency.ttft_s.p50"], 1e-3)]
+        assert str(flat["collectors.memory.rss_peak_bytes"]) not in out
+    assert lines[-1].startswith("left out to fit 80 columns: started (UTC)") and "(--wide shows" in lines[-1]
+    wide = perfsdk_cli(["runs", "--store", str(store), "--wide", "--metric", "rss_peak_bytes", "--metric", "ttft_s.p50"])
+    assert "started (UTC)" in wide.output and "LlamaForCausalLM" in wide.output and "left out" not in wide.output
+
+
+def test_long_list_shows_the_latest_runs(store, perfsdk_cli, monkeypatch):
+    import perfsdk.cli.store as store_cli
+
+    monkeypatch.setenv("COLUMNS", "200")
+    monkeypatch.setattr(store_cli, "SUMMARY_RUNS", 2)
+    out = perfsdk_cli(["runs", "--store", str(store)]).output
+    assert IDS[0] not in out and IDS[1] in out and IDS[2] in out
+    assert "the latest 2 of 3 runs; --all lists every one" in out
+    out = perfsdk_cli(["runs", "--store", str(store), "--all"]).output
+    assert all(rid in out for rid in IDS) and "--all" not in out

@@ -1,4 +1,5 @@
-"""Readable at 80 columns and when piped: tables wrap, fold or turn vertical; no value ends in "…"."""
+"""Readable at 80 columns and when piped: tables wrap between words, leave out optional columns
+(with a note; ``--wide`` keeps them) or turn vertical; no value ends in "…" or loses its unit."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import json
 import pytest
 from rich.table import Table
 
-from perfsdk.terminal import TableConsole, fit_table
+from perfsdk.terminal import TableConsole, fit_table, optional_columns, words
 
 RUN_IDS = ["20261103T101500-abcdef012345", "20261103T101502-0123456789ab"]
 
@@ -49,7 +50,7 @@ def test_keep_whole_columns_and_folding():
     _check_80(out)
     for rid in RUN_IDS:
         assert out.count(rid) == 1  # ids are never split over lines
-    assert out.count("x" * 16) == 2 and "x" * 31 not in out  # a 30-character word folds rather than "…"
+    assert out.count("x" * 30) == 2  # a 30-character word stays whole while it fits on a line
 
 
 def test_too_wide_turns_vertical():
@@ -124,3 +125,87 @@ def test_run_summary_at_80_columns(perfsdk_cli, narrow, tmp_path):
     _check_80(r.output)
     (run,) = (tmp_path / "runs").iterdir()
     assert run.name in r.output and "TTFT" in r.output and "peak RSS" in r.output
+
+
+def _words(out: str) -> set[str]:
+    return {w.strip("│┃") for line in out.splitlines() for w in line.split()}
+
+
+def test_a_number_keeps_its_unit_when_text_wraps():
+    assert words("179.5 J, 0.0184 g CO2") == ["179.5 J,", "0.0184 g", "CO2"]
+    con, buf = _console(40)
+    t = Table("what", "value")
+    t.add_row("goodput", "1.23 req/s (95.0 % met ttft <= 200.00 ms, tpot <= 50.00 ms, e2e <= 2.500 s)")
+    con.print(t)
+    out = buf.getvalue()
+    assert max(len(line) for line in out.splitlines()) <= 40
+    for value in ("1.23 req/s", "200.00 ms,", "50.00 ms,", "2.500 s)"):
+        assert value in out, out
+
+
+def test_optional_columns_are_left_out_with_a_note():
+    t = Table("run", "note", "shape", "value", show_edge=False)
+    t.columns[0].no_wrap = True
+    for rid in RUN_IDS:
+        t.add_row(rid, "short", "(4, 354, 256), (4, 1, 354, 354)", "model.layers.0.self_attn.q_proj")
+    optional_columns(t, "shape")
+    con, buf = _console(75)
+    con.print(t)
+    out = buf.getvalue()
+    assert "(4, 354, 256)" not in out and out.count("model.layers.0.self_attn.q_proj") == 2
+    assert out.splitlines()[-1].strip() == "left out to fit 75 columns: shape (--wide shows it)"
+    con, buf = TableConsole(file=io.StringIO(), width=75, color_system=None, wide=True), None
+    con.print(t)
+    wide = con.file.getvalue()  # type: ignore[attr-defined]
+    assert "(4, 354, 256), (4, 1, 354, 354)" in wide and "left out" not in wide
+
+
+def test_run_latency_table_has_units_in_headers(perfsdk_cli, narrow, tmp_path):
+    """At 80 columns ``make run`` split ``515.35`` from ``ms`` in the latency table."""
+    args = ["run", "--store", str(tmp_path), "--set", "workload.num_prompts=4", "--set", "workload.warmup_runs=0",
+            "--set", "workload.generate.max_new_tokens=4", "--set", "collectors.energy=false"]
+    r = perfsdk_cli(args)
+    assert r.exit_code == 0, r.output
+    _check_80(r.output)
+    lines = r.output.splitlines()
+    head = next(line for line in lines if line.lstrip().startswith("metric"))
+    assert [h.strip() for h in head.split("┃")] == ["metric", "count", "mean ms", "p50 ms", "p90 ms", "p95 ms",
+                                                    "p99 ms", "max ms"]
+    from perfsdk.fmt import fmt_bare
+    from perfsdk.store import Store
+
+    (run,) = Store(tmp_path).list_runs()
+    lat = run.collectors["latency"]
+    for key, label in (("ttft_s", "TTFT"), ("tpot_s", "TPOT"), ("e2e_s", "e2e")):
+        row = next(line for line in lines if line.split()[:1] == [label])
+        cells = [c.strip() for c in row.split("│")]
+        assert cells[2:] == [fmt_bare(lat[key][q], 1e-3) for q in ("mean", "p50", "p90", "p95", "p99", "max")]
+    assert not any(line.strip("│ ") in ("ms", "s", "µs") for line in lines)
+
+
+def test_hardware_list_keeps_each_peak_with_its_dtype(perfsdk_cli, narrow):
+    """``hardware list`` printed one word per line (about 70 lines)."""
+    r = perfsdk_cli(["hardware", "list"])
+    out = r.output
+    _check_80(out)
+    rows = json.loads(perfsdk_cli(["hardware", "list", "--json"]).output)
+    assert len(out.splitlines()) <= 5 + sum(len(row["peak_tflops"]) for row in rows)
+    for row in rows:
+        for dtype, peak in row["peak_tflops"].items():
+            assert f"│ {dtype} {peak:g} " in out
+    assert out.splitlines()[-1].strip() == "left out to fit 80 columns: origin (--wide shows it)"
+    assert "builtin" in perfsdk_cli(["hardware", "list", "--wide"]).output
+
+
+def test_doctor_keeps_names_whole(perfsdk_cli, narrow):
+    """``doctor`` split setting names such as ``collectors.energy.rapl_root`` mid-word."""
+    from perfsdk.doctor import run_checks
+
+    r = perfsdk_cli(["doctor"])
+    assert r.exit_code == 0
+    _check_80(r.output)
+    seen = _words(r.output)
+    for c in run_checks():
+        assert c.name in seen
+        for word in f"{c.reason or ''} {c.fix or ''}".split():
+            assert word in seen, word

@@ -101,3 +101,58 @@ def fmt_value(v: Any, key: str = "") -> str:
             return f"{v:.4g}"
         return str(v)
     return str(v)
+
+
+def duration_unit(values: list[float | None]) -> tuple[str, float]:
+    """(unit, seconds per unit) for a column or table of durations: ms unless every value is
+    under a millisecond (µs) or every one is at least 10 s (s)."""
+    present = [abs(v) for v in values if v is not None and math.isfinite(v) and v != 0]
+    if present and max(present) < 1e-3:
+        return "µs", 1e-6
+    if present and min(present) >= 10:
+        return "s", 1.0
+    return "ms", 1e-3
+
+
+def bytes_unit(values: list[float | None]) -> tuple[str, float]:
+    """(binary unit, bytes per unit) that shows the smallest of ``values`` at 1 or more."""
+    present = [abs(v) for v in values if v is not None and math.isfinite(v) and v != 0]
+    low = min(present) if present else 0
+    for unit, size in (("TiB", 1024.0**4), ("GiB", 1024.0**3), ("MiB", 1024.0**2), ("KiB", 1024.0)):
+        if low >= size:
+            return unit, size
+    return "B", 1.0
+
+
+def fmt_bare(v: float | None, scale: float = 1.0) -> str:
+    """``v / scale`` as a bare number for a column whose header carries the unit: about five
+    significant digits, thousands separated (``25.13``, ``3,278.2``)."""
+    if v is None or (isinstance(v, float) and not math.isfinite(v)):
+        return "-"
+    x = v / scale
+    digits = 0 if float(x).is_integer() and abs(x) >= 1000 else 2 if abs(x) < 1000 else 1 if abs(x) < 100_000 else 0
+    return f"{x:,.{digits}f}"
+
+
+_FIELD_UNITS = (("_per_s", "/s"), ("_bytes", "bytes"), ("_pct", "%"), ("_s", "s"), ("_j", "J"), ("_w", "W"))
+
+
+def metric_column(column: str, values: list[Any]) -> tuple[str, list[str]]:
+    """A header and cells for a column of a stored result field, the unit in the header and
+    bare numbers in the cells: ``collectors.latency.ttft_s.p50`` -> ``ttft p50 ms``,
+    ``collectors.memory.rss_peak_bytes`` -> ``rss peak MiB``, ``output_tokens_per_s`` ->
+    ``output tokens/s``."""
+    field = column.split(".", 2)[2] if column.startswith("collectors.") and column.count(".") >= 2 else column
+    base, _, stat = field.partition(".")
+    unit = next((u for suffix, u in _FIELD_UNITS if base.endswith(suffix)), None)
+    nums = [float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None for v in values]
+    if unit is None or all(n is None for n in nums) or any(n is None and v is not None for n, v in zip(nums, values)):
+        return field.replace("_", " "), [fmt_cell(v) for v in values]
+    name = base[: -len(next(s for s, u in _FIELD_UNITS if u == unit))].replace("_", " ")
+    scale = 1.0
+    if unit == "s":
+        unit, scale = duration_unit(nums)
+    elif unit == "bytes":
+        unit, scale = bytes_unit(nums)
+    header = f"{name}{unit}" if unit == "/s" else f"{name} {stat} {unit}" if stat else f"{name} {unit}"
+    return header.replace("  ", " "), [fmt_bare(n, scale) for n in nums]

@@ -4,16 +4,21 @@
   (``perfsdk: error: ...``, ``perfsdk: warning: ...``); :class:`PerfsdkGroup` gives click's own
   usage errors the same prefix.
 - :func:`make_console`: a rich console whose ``print`` passes every table through
-  :func:`fit_table`: cells wrap, or fold when a single word is too long, instead of ending in
-  "…"; a column marked ``no_wrap=True`` (run ids) is kept whole; and a table whose narrowest
-  layout is still wider than the console is printed vertically, one ``column  value`` block per
-  row. Piped output has no terminal width: rich then uses ``COLUMNS``, else 80.
+  :func:`fit_table`: cells wrap between words, never inside one that fits on a line, and never
+  end in "…"; a column marked ``no_wrap=True`` (run ids) is kept whole; columns marked with
+  :func:`optional_columns` are left out, with a note, when the table cannot fit otherwise
+  (:data:`wide_option`, ``--wide``, keeps them); and a table whose narrowest layout is still
+  wider than the console is printed vertically, one ``column  value`` block per row. Piped
+  output has no terminal width: rich then uses ``COLUMNS``, else 80. A number in a table is
+  bare: its unit is in the column header (``p50 ms``), so the two are never split apart.
 """
 
 from __future__ import annotations
 
+import re
 import sys
 from typing import Any, NoReturn
+from weakref import WeakKeyDictionary
 
 import click
 from rich.console import Console
@@ -79,8 +84,34 @@ def _show_click_error(exc: click.exceptions.ClickException) -> None:
 # -- tables -----------------------------------------------------------------------------------
 
 _WIDE = 100_000
-#: A word longer than this may be folded over lines rather than widen its column.
-FOLD_AT = 16
+_WIDE_KEY = "perfsdk.wide"
+#: Columns a table may leave out when it does not fit, in the order they go.
+_OPTIONAL: WeakKeyDictionary[Table, list[str]] = WeakKeyDictionary()
+
+
+def optional_columns(table: Table, *headers: str) -> Table:
+    """Mark the columns headed ``headers`` as ones ``table`` may leave out, first ones first,
+    when it does not fit the terminal with every word whole; a note under the table names them
+    and ``--wide`` keeps them."""
+    _OPTIONAL[table] = [h for h in headers if any(c.header == h for c in table.columns)]
+    return table
+
+
+def _keep_wide(ctx: click.Context, _param: click.Parameter, value: bool) -> bool:
+    if value:
+        ctx.meta[_WIDE_KEY] = True
+    return value
+
+
+#: ``--wide``: tables keep every column, as wide as they need (a terminal may then wrap lines).
+wide_option = click.option("--wide", is_flag=True, expose_value=False, callback=_keep_wide,
+                           help="Keep every table column, even wider than the terminal.")
+
+
+def wide_requested() -> bool:
+    """Whether the running command was given ``--wide``."""
+    ctx = click.get_current_context(silent=True)
+    return bool(ctx is not None and ctx.meta.get(_WIDE_KEY))
 
 
 def _plain(console: Console, cell: Any) -> Text | None:
@@ -98,16 +129,52 @@ def _cell_width(console: Console, cell: Any) -> int:
     return Measurement.get(console, console.options.update_width(_WIDE), cell).maximum
 
 
+_NUMBER = re.compile(r"\(?[-+~<>≈]?\d[\d.,]*(?:[eE][-+]?\d+)?[%x×]?")
+_UNIT = re.compile(r"(?:[A-Za-zµ°%/²³]{1,6}|[A-Za-zµ]{1,3}/[A-Za-z]{1,3})[,;)]?")
+
+
+def words(text: str) -> list[str]:
+    """The words of ``text`` that a table does not break: a number and the unit after it
+    (``515.35 ms``, ``446.8 MiB,``) count as one word, so a value never loses its unit."""
+    parts = text.split()
+    out: list[str] = []
+    i = 0
+    while i < len(parts):
+        if i + 1 < len(parts) and _NUMBER.fullmatch(parts[i]) and _UNIT.fullmatch(parts[i + 1]):
+            out.append(f"{parts[i]} {parts[i + 1]}")
+            i += 2
+        else:
+            out.append(parts[i])
+            i += 1
+    return out
+
+
+def _wrap(text: str, width: int) -> str:
+    """``text`` wrapped at ``width`` between :func:`words` (a number keeps its unit); a line's
+    leading spaces (indentation) are kept."""
+    lines: list[str] = []
+    for line in text.split("\n"):
+        indent = line[: len(line) - len(line.lstrip(" "))]
+        current = indent
+        for w in words(line):
+            if current.strip() and len(current) + 1 + len(w) > width:
+                lines.append(current)
+                current = indent
+            current = f"{current} {w}" if current.strip() else current + w
+        lines.append(current)
+    return "\n".join(lines)
+
+
 def _word_width(console: Console, cell: Any) -> int:
     text = _plain(console, cell)
     if text is not None:
-        return max((len(w) for w in text.plain.split()), default=0)
+        return max((len(w) for w in words(text.plain)), default=0)
     return Measurement.get(console, console.options.update_width(_WIDE), cell).minimum
 
 
 def _bounds(console: Console, col: Any) -> tuple[int, int]:
     """(narrowest, natural) width of a column's content: keep-whole columns at their longest
-    value, others at their longest word (up to :data:`FOLD_AT`); natural = the longest line."""
+    value, others at their longest word; natural = the longest line."""
     cells = list(col.cells) + [col.header or ""]
     natural = max(_cell_width(console, c) for c in cells)
     if col.width is not None:
@@ -115,7 +182,7 @@ def _bounds(console: Console, col: Any) -> tuple[int, int]:
     if col.no_wrap:
         lo = max(col.min_width or 0, natural)
     else:
-        lo = max(min(max(_word_width(console, c) for c in cells), FOLD_AT), col.min_width or 1)
+        lo = max(max(_word_width(console, c) for c in cells), col.min_width or 1)
     return lo, max(lo, natural)
 
 
@@ -134,10 +201,14 @@ def _extra(table: Table) -> tuple[list[int], int]:
 
 
 def _narrowest(console: Console, table: Table) -> int:
-    """The narrowest width at which ``table`` shows every value (words whole up to
-    :data:`FOLD_AT` characters, keep-whole columns whole), padding and rules included."""
+    """The narrowest width at which ``table`` shows every value with every word whole,
+    padding and rules included."""
     pads, rules = _extra(table)
     return sum(_bounds(console, c)[0] for c in table.columns) + sum(pads) + rules
+
+
+def _natural(console: Console, table: Table) -> int:
+    return Measurement.get(console, console.options.update_width(_WIDE), table).maximum
 
 
 def _set_widths(console: Console, table: Table, width: int) -> None:
@@ -162,6 +233,10 @@ def _set_widths(console: Console, table: Table, width: int) -> None:
         break
     for col, (lo, _), g in zip(table.columns, bounds, given):
         col.width = lo + g
+        if not col.no_wrap:
+            # plain text is wrapped here, where a number keeps its unit; rich would split them
+            col._cells = [_wrap(c, col.width) if isinstance(c, str) and "[" not in c and len(c) > col.width else c
+                          for c in col._cells]
 
 
 def _vertical(table: Table) -> Table:
@@ -181,34 +256,84 @@ def _vertical(table: Table) -> Table:
     return out
 
 
-def fit_table(table: Table, console: Console, width: int | None = None) -> Table:
+def _without(table: Table, gone: set[str]) -> Table:
+    out = Table(title=table.title, show_header=table.show_header, show_edge=table.show_edge, box=table.box,
+                padding=table.padding, pad_edge=table.pad_edge, title_justify=table.title_justify,
+                caption_justify="left")
+    out.columns = [c for c in table.columns if c.header not in gone]
+    out.rows = table.rows
+    return out
+
+
+def _leave_out(table: Table, console: Console, width: int) -> Table | None:
+    """``table`` without as few of its optional columns as it takes to fit ``width`` with every
+    word whole, a note under it naming them; None when leaving all of them out is not enough.
+    Columns go in the order they were marked; once the table fits, the later ones (the more
+    useful) come back where there is room."""
+    optional = _OPTIONAL.get(table, [])
+    for k in range(1, len(optional) + 1):
+        gone = optional[:k]
+        if _narrowest(console, _without(table, set(gone))) > width:
+            continue
+        for h in reversed(gone[:-1]):
+            if _narrowest(console, _without(table, set(gone) - {h})) <= width:
+                gone.remove(h)
+        out = _without(table, set(gone))
+        note = f"left out to fit {width} columns: {', '.join(gone)} (--wide shows {'it' if len(gone) == 1 else 'them'})"
+        out.caption = f"{table.caption}\n{note}" if table.caption else note
+        _set_widths(console, out, width)
+        return out
+    return None
+
+
+def fit_table(table: Table, console: Console, width: int | None = None, wide: bool = False) -> Table:
     """``table`` made to show every value in full at ``width`` (default: the console's).
 
     A table that fits is left as it is. Otherwise each column gets a fixed width: at least its
-    longest word (up to :data:`FOLD_AT`; longer ones fold, never "…"), ``no_wrap`` columns their
-    longest value, the rest of the width shared by need. If even that does not fit, the table's
-    vertical form is returned.
+    longest word (a word is never broken while it fits on a line), ``no_wrap`` columns their
+    longest value, the rest of the width shared by need. If that is still too wide, the columns
+    marked with :func:`optional_columns` are left out, one by one, with a note under the table
+    (unless ``wide``: then the table is returned whole, to be printed at its own width); if even
+    that is not enough, the table's vertical form is returned.
     """
     width = width or console.width
     for col in table.columns:
-        col.overflow = "fold"
+        col.overflow = "fold"  # only a word longer than its whole line is folded
     if not table.row_count:
         return table
-    if Measurement.get(console, console.options.update_width(_WIDE), table).maximum <= width:
+    if _natural(console, table) <= width:
         return table  # fits on one line per row as it is
     if _narrowest(console, table) > width:
-        return _vertical(table)
+        if wide:
+            return table
+        return _leave_out(table, console, width) or _vertical(table)
     _set_widths(console, table, width)
     return table
 
 
 class TableConsole(Console):
-    """A rich console that prints tables through :func:`fit_table`."""
+    """A rich console that prints tables through :func:`fit_table`; ``wide``: tables keep every
+    column and are printed at their own width."""
+
+    def __init__(self, *args: Any, wide: bool = False, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.wide = wide
 
     def print(self, *objects: Any, **kwargs: Any) -> None:  # type: ignore[override]
-        super().print(*[fit_table(o, self) if isinstance(o, Table) else o for o in objects], **kwargs)
+        whole = [o for o in objects if isinstance(o, Table) and self.wide and _narrowest(self, o) > self.width]
+        if not whole:
+            super().print(*[fit_table(o, self) if isinstance(o, Table) else o for o in objects], **kwargs)
+            return
+        saved = self.width
+        self.width = max([saved] + [_natural(self, o) for o in whole])
+        try:
+            super().print(*[o if o in whole else fit_table(o, self, saved) if isinstance(o, Table) else o
+                            for o in objects], **kwargs)
+        finally:
+            self.width = saved
 
 
-def make_console(stderr: bool = False, width: int | None = None) -> Console:
-    """The console CLI commands print through (tables never truncated)."""
-    return TableConsole(stderr=stderr, width=width)
+def make_console(stderr: bool = False, width: int | None = None, wide: bool | None = None) -> Console:
+    """The console CLI commands print through (tables never truncated, words never broken);
+    ``wide`` (default: whether the command was given ``--wide``) keeps every column."""
+    return TableConsole(stderr=stderr, width=width, wide=wide_requested() if wide is None else wide)

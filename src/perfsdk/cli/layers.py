@@ -17,6 +17,10 @@ from perfsdk.collectors.layers.tables import (
     layer_table_data,
     rich_table,
 )
+from perfsdk.terminal import make_console, wide_option
+
+#: Rows a table shows in the terminal without --all or --limit.
+SUMMARY_ROWS = 30
 
 
 def _fail(message: str) -> None:
@@ -39,13 +43,16 @@ def resolve_run(store: Any, ref: str) -> Any:
 @click.option("--sort", type=click.Choice(["model", "time"]), default="model", show_default=True,
               help="Layer table order: the model's (indented by depth) or slowest first.")
 @click.option("--limit", type=click.IntRange(min=1), default=None, help="At most this many rows per table.")
+@click.option("--all", "show_all", is_flag=True,
+              help=f"Every row (the terminal shows the first {SUMMARY_ROWS} of a longer table).")
+@wide_option
 @click.option("--json", "as_json", is_flag=True, help="Print the rows as JSON instead of tables.")
 def layers_command(run_ref: str, store_dir: str, show_functions: bool, show_log: bool, sort: str,
-                   limit: int | None, as_json: bool) -> None:
+                   limit: int | None, show_all: bool, as_json: bool) -> None:
     """Per-layer tables of a stored run (collector "layers"): type, settings, input shapes, calls,
-    time per phase and share of the step; --functions per-function times; --log the event log."""
-    from rich.console import Console
-
+    time per phase and share of the step; --functions per-function times; --log the event log.
+    In a terminal a table longer than %d rows shows its first ones (--all: every row) and
+    leaves out the columns that do not fit (--wide: keeps them).""" % SUMMARY_ROWS
     from perfsdk.store import Store, StoreError
 
     if not Path(store_dir).is_dir():
@@ -92,9 +99,14 @@ def layers_command(run_ref: str, store_dir: str, show_functions: bool, show_log:
         doc = {title: [dict(zip(h, row)) for row in rows] for title, (h, rows, _) in trimmed}
         click.echo(json.dumps(doc, indent=2))
         return
-    con = Console()
-    for title, data in trimmed:
-        con.print(rich_table(data, title))
+    con = make_console()
+    for title, (h, rows, num) in trimmed:
+        note = None
+        if not (show_all or limit) and len(rows) > SUMMARY_ROWS:
+            slowest = " (--sort time: the slowest first)" if title.startswith("Layers") and sort != "time" else ""
+            note = f"first {SUMMARY_ROWS} of {len(rows)} rows; --all shows every row{slowest}"
+            rows = rows[:SUMMARY_ROWS]
+        con.print(rich_table((h, rows, num), title, note))
 
 
 @hookimpl

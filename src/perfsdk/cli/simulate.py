@@ -14,6 +14,7 @@ from perfsdk.hardware.catalog import Catalog, get_profile, is_profile_path
 from perfsdk.hardware.profile import (HardwareProfile, HardwareProfileError, profile_to_yaml, profiles_to_yaml,
                                       read_profile_file)
 from perfsdk.plugins import hookimpl
+from perfsdk.terminal import wide_option
 from perfsdk.simulation.calibration.measure import DEFAULT_CALIBRATION_MODELS
 from perfsdk.simulation.mapping import MappingError, mapping_from
 from perfsdk.simulation.predictor import SimulationResult, simulate_model
@@ -189,6 +190,7 @@ def hardware_group() -> None:
 @hardware_group.command("list")
 @click.option("--hardware-file", "hardware_files", multiple=True, type=click.Path(dir_okay=False))
 @click.option("--json", "as_json", is_flag=True)
+@wide_option
 def hardware_list(hardware_files: tuple[str, ...], as_json: bool) -> None:
     """List known hardware profiles."""
     try:
@@ -209,13 +211,15 @@ def hardware_list(hardware_files: tuple[str, ...], as_json: bool) -> None:
         return
     from rich.table import Table
 
-    from perfsdk.terminal import make_console, warn
+    from perfsdk.terminal import make_console, optional_columns, warn
 
     t = Table(show_header=True)
     for c in ("name", "kind", "memory GB/s", "capacity GB", "peak TFLOPS", "efficiency", "origin"):
-        t.add_column(c, no_wrap=c == "name")
+        # a dtype and its peak share a line that never wraps, so the two stay together
+        t.add_column(c, no_wrap=c in ("name", "peak TFLOPS"))
+    optional_columns(t, "origin")
     for r in rows:
-        peaks = ", ".join(f"{k} {v:g}" for k, v in r["peak_tflops"].items())
+        peaks = "\n".join(f"{k} {v:g}" for k, v in r["peak_tflops"].items())
         cap = "-" if r["memory_capacity_gb"] is None else f"{r['memory_capacity_gb']:g}"
         eff = ("peak" if r["compute_efficiency"] == 1.0 and r["memory_efficiency"] == 1.0 else
                f"{r['compute_efficiency']:g} / {r['memory_efficiency']:g}")

@@ -21,7 +21,8 @@ from typing import Any
 import click
 
 from perfsdk.plugins import hookimpl
-from perfsdk.terminal import fail, make_console
+from perfsdk.fmt import metric_column
+from perfsdk.terminal import fail, make_console, optional_columns, wide_option
 
 _LABELS = {
     "unindexed": "runs on disk missing from the index",
@@ -94,6 +95,8 @@ _DURATION = re.compile(r"^(\d+(?:\.\d+)?)\s*([smhdw])$")
 _UNITS = {"s": "seconds", "m": "minutes", "h": "hours", "d": "days", "w": "weeks"}
 #: Headline metrics shown in the table unless --metric says otherwise (--json has them all).
 TABLE_METRICS = 3
+#: Runs the table lists without --all (the latest ones).
+SUMMARY_RUNS = 20
 
 
 def parse_since(text: str, now: datetime | None = None) -> datetime:
@@ -131,19 +134,8 @@ def headline_columns(rows: list[dict[str, Any]]) -> list[str]:
     return [c for c in flatten.ordered_columns(rows) if c in keys and c.startswith("collectors.")]
 
 
-def _metric_header(column: str) -> str:
-    """``collectors.latency.output_tokens_per_s`` -> ``output tokens per s``: the collector's own
-    field, with spaces where long names may wrap (``--json`` keeps the full column names)."""
-    if column.startswith("collectors.") and column.count(".") >= 2:
-        column = column.split(".", 2)[2]
-    return column.replace("_", " ")
-
-
 def _started(run: Any) -> str:
     return run.started_at.astimezone(timezone.utc).strftime("%Y-%m-%d %H:%M:%S")
-
-
-from perfsdk.fmt import fmt_cell as _fmt_metric  # noqa: E402
 
 
 def list_stored_runs(store: Any, *, name: str | None = None, status: str | None = None,
@@ -201,9 +193,11 @@ def list_stored_runs(store: Any, *, name: str | None = None, status: str | None 
               help="Metric column to show (repeatable): a result field, whole (collectors.latency.ttft_s.p50), "
                    "by its collector's name (latency.ttft_s.p50) or by an unambiguous suffix (ttft_s.p50). "
                    f"Default: the first {TABLE_METRICS} headline metrics.")
+@click.option("--all", "show_all", is_flag=True, help=f"Every run (the table shows the latest {SUMMARY_RUNS} of more).")
+@wide_option
 @click.option("--json", "as_json", is_flag=True, help="Print JSON: every run with all its headline metrics.")
 def runs_cmd(store_dir: str, name: str | None, status: str | None, tag_items: tuple[str, ...], since: str | None,
-             metrics: tuple[str, ...], as_json: bool) -> None:
+             metrics: tuple[str, ...], show_all: bool, as_json: bool) -> None:
     """List the stored runs: id, name, status, validity verdict, model, start time and headline metrics.
 
     The ids work in 'perfsdk compare' and 'perfsdk report', whole, as a unique prefix, or as
@@ -236,19 +230,28 @@ def runs_cmd(store_dir: str, name: str | None, status: str | None, tag_items: tu
         click.echo(f"no runs in {store_dir}" + (" match" if name or status or tags or when else ""))
         return
     shown = list(metrics) or list(dict.fromkeys(c for e in entries for c in e["metrics"]))[:TABLE_METRICS]
-    t = Table(title=f"{len(entries)} run(s) in {store_dir}", box=None, title_justify="left")  # easy to grep and cut
+    total = len(entries)
+    if not show_all and total > SUMMARY_RUNS:
+        entries = entries[-SUMMARY_RUNS:]
+    t = Table(title=f"{total} run(s) in {store_dir}", box=None, title_justify="left",  # easy to grep and cut
+              caption_justify="left")
     t.add_column("run", no_wrap=True)
     for col in ("name", "status", "validity", "model", "started (UTC)"):
-        t.add_column(col)
-    for m in shown:
-        t.add_column(_metric_header(m), justify="right")
+        t.add_column(col, no_wrap=col in ("status", "validity"))
+    # the unit in the header, bare numbers in the cells (ttft p50 ms: 10.33)
+    metric_cols = [metric_column(m, [e["metrics"].get(m) for e in entries]) for m in shown]
+    for header, _ in metric_cols:
+        t.add_column(header, justify="right")
     style = {"ok": "green", "partial": "yellow", "failed": "red", "damaged": "red", "valid": "green",
              "noisy": "yellow", "invalid": "red"}
-    for e in entries:
+    for i, e in enumerate(entries):
         st, verdict = e["status"], e["validity"]
         t.add_row(e["run_id"], e["name"] or "-", f"[{style[st]}]{st}[/]",
                   f"[{style[verdict]}]{verdict}[/]" if verdict else "-", e["model"] or "-", e.get("_started") or "-",
-                  *(_fmt_metric(e["metrics"].get(m)) for m in shown))
+                  *(cells[i] for _, cells in metric_cols))
+    if len(entries) < total:
+        t.caption = f"the latest {len(entries)} of {total} runs; --all lists every one"
+    optional_columns(t, "started (UTC)", "name", "model")
     make_console().print(t)
 
 

@@ -54,7 +54,8 @@ def layer_table_data(result: LayersResult, sort: str = "model") -> TableData:
     rows = []
     for x in items:
         r = x["row"]
-        name = ("  " * max(0, r.depth - 1) + r.path) if sort == "model" and r.depth > 0 else r.path
+        # one space per level: the path itself says where a module sits, the indent only guides the eye
+        name = (" " * max(0, r.depth - 1) + r.path) if sort == "model" and r.depth > 0 else r.path
         calls = " / ".join(str(x["calls"].get(p, 0)) for p in phases)
         rows.append([name, r.module_type, params_text(r.params), _shapes(x["shapes"]), calls]
                     + [_ms(x["time"].get(p)) for p in phases] + [_pct(x["share"])])
@@ -72,7 +73,7 @@ def function_totals_data(result: LayersResult) -> TableData:
 
 def function_ops_data(result: LayersResult) -> TableData:
     """Per operation: calls, total and mean time, share of the step, shapes of its first call."""
-    headers = ["phase", "function", "operation", "calls", "total ms", "mean us", "% step", "first input shapes"]
+    headers = ["phase", "function", "operation", "calls", "total ms", "mean µs", "% step", "first input shapes"]
     rows = [[o.phase, CATEGORY_LABELS.get(o.category, o.category), o.op, str(o.calls), _ms(o.time_s), _us(o.mean_s),
              _pct(o.share_pct), _shapes(o.input_shapes)] for o in result.per_function_ops]
     return headers, rows, [False, False, False, True, True, True, True, False]
@@ -86,7 +87,7 @@ def event_log_data(events: list[dict[str, Any]], limit: int | None = None) -> Ta
     for e in events[:limit] if limit else events:
         depth = int(e.get("depth") or 0)
         rows.append([_ms(e.get("start_s")), _ms(e.get("duration_s")), str(e.get("step")), str(e.get("phase")),
-                     str(e.get("forward")), "  " * depth + str(e.get("path")), str(e.get("module_type")),
+                     str(e.get("forward")), " " * depth + str(e.get("path")), str(e.get("module_type")),
                      _shapes(e.get("input_shapes") or []),
                      # cached + new positions: meaningful inside generate only
                      "-" if e.get("context_len") is None or e.get("phase") == "forward" else str(e["context_len"])])
@@ -96,19 +97,28 @@ def event_log_data(events: list[dict[str, Any]], limit: int | None = None) -> Ta
 # -- rendering ------------------------------------------------------------------------------
 
 
-def rich_table(data: TableData, title: str | None = None) -> Any:
-    """A rich table of ``data``."""
+#: Columns the terminal leaves out first when a table does not fit (``--wide`` keeps them).
+OPTIONAL_COLUMNS = ("parameters", "first input shapes", "input shapes", "forward", "context", "type", "function",
+                    "step")
+#: Columns whose values are names or counts that are never wrapped.
+_WHOLE = {"module", "type", "operation", "function", "phase", "calls", "step", "forward", "context"}
+
+
+def rich_table(data: TableData, title: str | None = None, caption: str | None = None) -> Any:
+    """A rich table of ``data``: names (module paths, types) whole, long settings and shapes
+    wrapped between words, and the columns in :data:`OPTIONAL_COLUMNS` marked as ones the
+    terminal may leave out."""
     from rich.table import Table
 
+    from perfsdk.terminal import optional_columns
+
     headers, rows, numeric = data
-    t = Table(title=title, show_edge=False)
-    wide = {"parameters", "input shapes", "first input shapes", "module"}
+    t = Table(title=title, caption=caption, caption_justify="left", show_edge=False)
     for h, num in zip(headers, numeric):
-        # numbers and short labels stay on one line; long text wraps in narrow terminals
-        t.add_column(h, justify="right" if num else "left", overflow="fold", no_wrap=h not in wide)
+        t.add_column(h, justify="right" if num else "left", no_wrap=h in _WHOLE)
     for row in rows:
         t.add_row(*row)
-    return t
+    return optional_columns(t, *OPTIONAL_COLUMNS)
 
 
 def html_table(data: TableData, caption: str | None = None) -> str:
