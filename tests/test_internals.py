@@ -106,3 +106,47 @@ def test_tested_range_starts_at_the_declared_lower_bound():
     assert Version(declared.group(1)) == Version(hf.TESTED_TRANSFORMERS[0])
     makefile = (Path(__file__).parent.parent / "Makefile").read_text()
     assert "test-lowest:" in makefile and "make test-lowest" in (Path(__file__).parent.parent / ".ci" / "run").read_text()
+
+
+def test_a_model_whose_forwards_contradict_the_call_order_is_said_unavailable():
+    """A wrapper that runs the decoder twice per token from an empty cache: the capture cannot
+    tell prefill from decode, and the FLOPs collector says so instead of mislabelling."""
+    import perfsdk
+
+    cfg = LlamaConfig(hidden_size=32, num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=2,
+                      intermediate_size=64, vocab_size=64)
+    torch.manual_seed(0)
+    inner = LlamaForCausalLM(cfg).eval()
+
+    class Rerun(torch.nn.Module):
+        """Scores every position again at each step, each time from a fresh cache."""
+
+        def __init__(self) -> None:
+            super().__init__()
+            self.inner = inner
+
+        def forward(self, input_ids):
+            from transformers import DynamicCache
+
+            return self.inner(input_ids=input_ids, **hf.cache_kwargs(self.inner, DynamicCache(config=cfg))).logits
+
+        def generate(self, input_ids, max_new_tokens=3, **_):
+            ids = input_ids
+            for _ in range(max_new_tokens):
+                nxt = self(ids)[:, -1:].argmax(-1)
+                ids = torch.cat([ids, nxt], dim=1)
+            return ids
+
+    model = Rerun()
+    with torch.inference_mode(), OperationCapture(model.inner, auto_phase=True) as cap:
+        model.generate(torch.randint(3, 60, (1, 4)))
+    assert cap.phase_unavailable is not None
+    assert cap.phase_unavailable.startswith("phase split unavailable: forward 2 of a generate call")
+    with perfsdk.session({"collectors": {"flops": {}, "utilization": False, "energy": False}}, store=None) as s:
+        s.load(model=model)
+        s.generate(model, input_ids=torch.randint(3, 60, (1, 4)), max_new_tokens=3)
+    flops = s.result.collectors["flops"]
+    # the wrapper is handed no cache and feeds 5, 6, 7 positions: as many as its first forward
+    assert flops["reason"] == ("phase split unavailable: forward 2 of a generate call fed 5 positions without a "
+                               "cache, as many as the prefill, so the call order does not tell prefill from decode")
+    assert flops["reason"] in flops["notes"]

@@ -257,6 +257,10 @@ def apply_overrides(arch: Any, kv_heads: int | None = None, sliding_window: int 
     return replace(arch, **changes) if changes else arch
 
 
+class _PhaseSplitUnavailable(RuntimeError):
+    """The capture could not tell prefill from decode."""
+
+
 def _served_ops(session: Any, step: Any) -> tuple[list[Any], int] | str:
     """The operations of a served request, captured from the model's config on the meta device
     (its real prompt and output token counts, batch 1), and its weight bytes; or why not."""
@@ -348,6 +352,8 @@ class SimulationCollector(Collector):
         kwargs.pop("max_length", None)
         with torch.inference_mode(), OperationCapture(step.model, auto_phase=True) as cap:
             step.model.generate(**kwargs)
+        if cap.phase_unavailable:
+            raise _PhaseSplitUnavailable(cap.phase_unavailable)
         return cap.records
 
     @hookimpl
@@ -369,6 +375,8 @@ class SimulationCollector(Collector):
         else:
             try:
                 ops = self._replay(step)
+            except _PhaseSplitUnavailable as exc:  # predicting prefill and decode needs the split
+                return SimulationCollectorResult(status="unavailable", reason=str(exc))
             except Exception as exc:
                 return SimulationCollectorResult(status="unavailable", reason=f"operation capture failed: {exc!r}")
         if not ops:

@@ -144,20 +144,23 @@ class PhaseTracker:
 
     The first forward after :meth:`start` is the prefill (step 0), each later one a decode step
     (1, 2, …). The cache is read only for the context length and a consistency check: a forward
-    after the first whose cache is known to be empty means the call order does not describe
-    the phases (a model that runs several top-module forwards per token, say), and
-    :attr:`unavailable` then holds the reason.
+    after the first whose cache is known to be empty, or that feeds as many positions as the
+    prefill with no cache at all, means the call order does not describe the phases (a model
+    that scores the whole sequence again at every token, say), and :attr:`unavailable` then
+    holds the reason.
     """
 
     def __init__(self) -> None:
         self.forwards = 0
         self.decode_steps = 0
+        self.first_new: int | None = None
         self.unavailable: str | None = None
 
     def start(self) -> None:
         """A new ``generate`` call begins."""
         self.forwards = 0
         self.decode_steps = 0
+        self.first_new = None
 
     def on_forward(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[str, int, int | None]:
         """``(phase, step, context_len)`` of the top-module forward that starts now."""
@@ -165,12 +168,18 @@ class PhaseTracker:
         self.forwards += 1
         if self.forwards == 1:
             phase, step = "prefill", 0
+            self.first_new = new
         else:
             self.decode_steps += 1
             phase, step = "decode", self.decode_steps
-            if past == 0 and self.unavailable is None:
-                self.unavailable = (f"phase split unavailable: forward {self.forwards} of a generate call started "
-                                    f"from an empty KV cache, so the call order does not tell prefill from decode")
+            why = None
+            if past == 0:
+                why = "started from an empty KV cache"
+            elif past is None and new is not None and self.first_new is not None and new >= self.first_new > 1:
+                why = f"fed {new} positions without a cache, as many as the prefill"
+            if why and self.unavailable is None:
+                self.unavailable = (f"phase split unavailable: forward {self.forwards} of a generate call {why}, "
+                                    f"so the call order does not tell prefill from decode")
         ctx = None if new is None else (past or 0) + new
         return phase, step, ctx
 
