@@ -230,3 +230,23 @@ def test_check_workload(tmp_path: Path) -> None:
         check_workload(perfsdk.Config(model={"id": "builtin:nope"}))  # type: ignore[arg-type]
     with pytest.raises(ConfigError, match=r"^model\.quantization: bnb-4bit needs a CUDA GPU"):
         check_workload(perfsdk.Config(model={"quantization": "bnb-4bit"}))  # type: ignore[arg-type]
+
+
+def test_load_is_the_new_spelling_of_arrival_in_process() -> None:
+    from perfsdk.config import ConfigError as CE
+    from perfsdk.models.runner import in_process_arrival
+
+    wl = perfsdk.Config(workload={"load": {"mode": "rate", "rate_per_s": 4, "arrival": "constant"}}).workload
+    a = in_process_arrival(wl)
+    assert a.pattern == "constant" and a.delay_s == 0.25
+    wl = perfsdk.Config(workload={"load": {"mode": "rate", "rate_per_s": 2, "arrival": "poisson"}}).workload
+    assert in_process_arrival(wl).pattern == "poisson" and in_process_arrival(wl).rate_per_s == 2
+    old = perfsdk.Config(workload={"arrival": {"pattern": "poisson", "rate_per_s": 3}}).workload
+    assert in_process_arrival(old).rate_per_s == 3  # old configs keep working
+    with pytest.raises(CE, match="workload.load.concurrency: 4 concurrent users need a served model"):
+        in_process_arrival(perfsdk.Config(workload={"load": {"mode": "concurrency", "concurrency": 4}}).workload)
+    with pytest.raises(CE, match="gamma arrivals need a served model"):
+        in_process_arrival(perfsdk.Config(workload={"load": {"mode": "rate", "rate_per_s": 1, "arrival": "gamma"}}).workload)
+    with pytest.raises(Exception, match="set load or arrival, not both"):
+        perfsdk.Config(workload={"arrival": {"pattern": "constant", "delay_s": 1},
+                                 "load": {"mode": "rate", "rate_per_s": 1}})
