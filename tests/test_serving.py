@@ -35,6 +35,22 @@ def served(tiny_dir):
     server.stop()
 
 
+def steps_seen(with_warmup: bool = False) -> tuple[type, list[Any]]:
+    """A collector class that keeps every step it is told about (measured ones only, unless
+    ``with_warmup``), and the list it keeps them in."""
+    seen: list[Any] = []
+
+    class Steps(perfsdk.Collector):
+        name = "steps_seen"
+
+        @hookimpl
+        def perfsdk_after_generate(self, session, step):
+            if with_warmup or not step.warmup:
+                seen.append(step)
+
+    return Steps, seen
+
+
 def served_config(url: str, model: Any, **workload: Any) -> dict[str, Any]:
     wl = {"num_prompts": 6, "warmup_runs": 1, "generate": {"max_new_tokens": 8}, **workload}
     return {"name": "served", "model": {"endpoint": url, "id": str(model)}, "workload": wl,
@@ -82,15 +98,7 @@ def test_closed_loop_users_and_open_loop_schedule(served, tiny_dir, tmp_path):
     lat = res.collectors["latency"]
     assert lat["requests"] == 8 and 2 <= lat["concurrency_max"] <= 3
     # open loop at 20 requests/s, constant gaps: sends scheduled 50 ms apart whatever the server does
-    seen: list[Any] = []
-
-    class Steps(perfsdk.Collector):
-        name = "steps_seen"
-
-        @hookimpl
-        def perfsdk_after_generate(self, session, step):
-            if not step.warmup:
-                seen.append(step)
+    Steps, seen = steps_seen()
 
     res = run_served(served_config(served.url, tiny_dir, num_prompts=6,
                                    load={"mode": "rate", "rate_per_s": 20, "arrival": "constant"}),
@@ -276,14 +284,7 @@ def fake_config(url: str, **workload: Any) -> dict[str, Any]:
 def test_multi_token_chunks_are_spread_counted_and_flagged(tmp_path):
     # three events of two tokens each (the server's usage says 6)
     fake = FakeServer(lambda body: completion_events(["ab", "cd", "ef"], usage=6, gap_s=0.02))
-    seen: list[Any] = []
-
-    class Steps(perfsdk.Collector):
-        name = "steps_seen"
-
-        @hookimpl
-        def perfsdk_after_generate(self, session, step):
-            seen.append(step)
+    Steps, seen = steps_seen(with_warmup=True)
 
     try:
         res = run_served(fake_config(fake.url, num_prompts=2, warmup_runs=0), tmp_path, collectors=[Steps])
@@ -304,14 +305,7 @@ def test_multi_token_chunks_are_spread_counted_and_flagged(tmp_path):
 def test_chat_role_only_first_event_is_not_the_first_token(tmp_path):
     fake = FakeServer(lambda body: [(0.05, completion_events(["x"], usage=None, chat=True)[0][1])]
                       + completion_events(["a", "b", "c"], usage=None, chat=True, gap_s=0.01)[1:])
-    seen: list[Any] = []
-
-    class Steps(perfsdk.Collector):
-        name = "steps_seen"
-
-        @hookimpl
-        def perfsdk_after_generate(self, session, step):
-            seen.append(step)
+    Steps, seen = steps_seen(with_warmup=True)
 
     cfg = fake_config(fake.url, num_prompts=1)
     cfg["model"]["api"] = "chat"
@@ -474,15 +468,7 @@ def test_replay_sends_each_request_at_its_trace_time(tmp_path, tiny_dir):
     trace.write_text("".join(json.dumps({"time_s": t, "input_tokens": i, "output_tokens": o}) + "\n"
                              for t, i, o in rows))
     fake = FakeServer(lambda body: completion_events(["x"] * body["max_tokens"], usage=body["max_tokens"]))
-    seen: list[Any] = []
-
-    class Steps(perfsdk.Collector):
-        name = "steps_seen"
-
-        @hookimpl
-        def perfsdk_after_generate(self, session, step):
-            if not step.warmup:
-                seen.append(step)
+    Steps, seen = steps_seen()
 
     cfg = fake_config(fake.url, load={"mode": "replay", "trace": str(trace), "time_scale": 2.0})
     cfg["model"]["tokenizer"] = str(tiny_dir)
@@ -589,15 +575,7 @@ def test_several_client_processes_share_one_schedule_and_clock(tmp_path):
     from perfsdk.config import LoadConfig
 
     fake = FakeServer(lambda body: completion_events(["a", "b", "c"], usage=3, gap_s=0.001))
-    seen: list[Any] = []
-
-    class Steps(perfsdk.Collector):
-        name = "steps_seen"
-
-        @hookimpl
-        def perfsdk_after_generate(self, session, step):
-            if not step.warmup:
-                seen.append(step)
+    Steps, seen = steps_seen()
 
     try:
         res = run_served(fake_config(fake.url, num_prompts=10, load={"mode": "rate", "rate_per_s": 50,

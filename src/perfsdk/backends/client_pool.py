@@ -25,6 +25,7 @@ import os
 import sys
 import threading
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import asdict
 from typing import Any
 
@@ -48,6 +49,52 @@ def processes_for(load: Any) -> int:
     else:
         need = 1
     return max(1, min(need, cores - 1))
+
+
+#: While a schedule runs: how long a thread may hold the GIL before the scheduler thread gets
+#: it (Python's default is 5 ms, far more than the send lag perfsdk allows itself).
+SWITCH_INTERVAL_S = 0.0002
+
+
+async def send_on_schedule(items: list[tuple[int, Any]], start: Callable[[Any, int], Awaitable[None]],
+                           deadline_ns: int | None = None) -> int:
+    """Start ``start(item, scheduled_ns)`` for each ``(scheduled_ns, item)`` at its time and wait
+    for all of them; returns how many were started (those scheduled past ``deadline_ns`` are not).
+
+    A thread sleeps precisely (nanosleep) to each scheduled time and hands the start to the
+    event loop: the loop's own timers wake up to a millisecond late (epoll's resolution). The
+    GIL switch interval is lowered meanwhile, so that the thread runs on time.
+    """
+    loop = asyncio.get_running_loop()
+    tasks: list[Any] = []
+    all_started = asyncio.Event()
+    stop = threading.Event()
+
+    def launch(item: Any, scheduled: int) -> None:
+        tasks.append(asyncio.ensure_future(start(item, scheduled)))
+
+    def scheduler() -> None:
+        try:
+            for scheduled, item in items:
+                if stop.is_set() or (deadline_ns is not None and scheduled >= deadline_ns):
+                    break
+                wait = (scheduled - time.perf_counter_ns()) / 1e9
+                if wait > 0:
+                    time.sleep(wait)
+                loop.call_soon_threadsafe(launch, item, scheduled)
+        finally:
+            loop.call_soon_threadsafe(all_started.set)
+
+    previous = sys.getswitchinterval()
+    sys.setswitchinterval(min(previous, SWITCH_INTERVAL_S))
+    threading.Thread(target=scheduler, name="perfsdk-schedule", daemon=True).start()
+    try:
+        await all_started.wait()
+        await asyncio.gather(*tasks)
+    finally:
+        stop.set()
+        sys.setswitchinterval(previous)
+    return len(tasks)
 
 
 def _worker(conn: Any) -> None:
@@ -80,7 +127,6 @@ def _worker(conn: Any) -> None:
         timeout = aiohttp.ClientTimeout(total=job["timeout_s"])
         async with aiohttp.ClientSession(timeout=timeout, connector=aiohttp.TCPConnector(limit=0)) as http:
             lag_task = asyncio.create_task(lag())
-            tasks: list[Any] = []
             if job["mode"] == "concurrency":
                 queue = list(reversed(job["requests"]))
 
@@ -91,26 +137,10 @@ def _worker(conn: Any) -> None:
 
                 await asyncio.gather(*(user() for _ in range(job["users"])))
             else:
-                loop = asyncio.get_running_loop()
-                done = asyncio.Event()
+                async def start(item: tuple[int, dict[str, Any]], scheduled: int) -> None:
+                    await one(http, item[0], scheduled, item[1])
 
-                def launch(k: int, scheduled: int, body: dict[str, Any]) -> None:
-                    tasks.append(asyncio.ensure_future(one(http, k, scheduled, body)))
-
-                def scheduler() -> None:
-                    try:
-                        for k, scheduled, body in job["requests"]:
-                            wait = (scheduled - time.perf_counter_ns()) / 1e9
-                            if wait > 0:
-                                time.sleep(wait)
-                            loop.call_soon_threadsafe(launch, k, scheduled, body)
-                    finally:
-                        loop.call_soon_threadsafe(done.set)
-
-                sys.setswitchinterval(0.0002)
-                threading.Thread(target=scheduler, daemon=True).start()
-                await done.wait()
-                await asyncio.gather(*tasks)
+                await send_on_schedule([(sch, (k, body)) for k, sch, body in job["requests"]], start)
             stop = True
             await lag_task
         return {"records": out, "loop_lag_ns": loop_lag, "cpu_s": time.process_time() - cpu0}

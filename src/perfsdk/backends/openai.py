@@ -31,8 +31,6 @@ import asyncio
 import json
 import os
 import random
-import sys
-import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -42,7 +40,7 @@ from urllib.parse import urlparse
 import structlog
 
 from perfsdk.backends.base import Backend
-from perfsdk.backends.client_pool import processes_for
+from perfsdk.backends.client_pool import processes_for, send_on_schedule
 from perfsdk.config import ConfigError
 from perfsdk.plugins import hookimpl
 
@@ -693,7 +691,6 @@ class _Client:
         limit = asyncio.Semaphore(load.max_concurrency) if load is not None and load.max_concurrency else None
         deadline = self._deadline()
         start = clock.now_ns()
-        tasks = []
 
         async def one(i: int, scheduled: int, max_tokens: int | None) -> None:
             if limit is not None:
@@ -703,44 +700,11 @@ class _Client:
                 await self.request(http, prompts[i], labels[i], lengths[i], scheduled, False, max_tokens)
             tick()
 
-        # A thread sleeps precisely (nanosleep) to each scheduled time and hands the send to the
-        # loop: the loop's own timers wake up to a millisecond late (epoll's resolution).
-        loop = asyncio.get_running_loop()
-        scheduled_all = asyncio.Event()
-        stop = threading.Event()
-
-        def launch(i: int, scheduled: int, max_tokens: int | None) -> None:
+        async def start_one(item: tuple[int, int | None], scheduled: int) -> None:
             self.sent += 1
-            tasks.append(asyncio.ensure_future(one(i, scheduled, max_tokens)))
+            await one(item[0], scheduled, item[1])
 
-        def scheduler() -> None:
-            try:
-                for offset, i, max_tokens in schedule:
-                    scheduled = start + int(offset * 1e9)
-                    if stop.is_set() or (deadline is not None and scheduled >= deadline):
-                        break
-                    wait = (scheduled - clock.now_ns()) / 1e9
-                    if wait > 0:
-                        time.sleep(wait)
-                    loop.call_soon_threadsafe(launch, i, scheduled, max_tokens)
-            finally:
-                loop.call_soon_threadsafe(scheduled_all.set)
-
-        previous = sys.getswitchinterval()
-        sys.setswitchinterval(min(previous, SWITCH_INTERVAL_S))  # the scheduler thread gets the GIL promptly
-        thread = threading.Thread(target=scheduler, name="perfsdk-schedule", daemon=True)
-        thread.start()
-        try:
-            await scheduled_all.wait()
-            await asyncio.gather(*tasks)
-        finally:
-            stop.set()
-            sys.setswitchinterval(previous)
-
-
-#: While an open-loop schedule runs: how long a thread may hold the GIL before the scheduler
-#: thread gets it (Python's default is 5 ms, far more than the send lag perfsdk allows itself).
-SWITCH_INTERVAL_S = 0.0002
+        await send_on_schedule([(start + int(off * 1e9), (i, mt)) for off, i, mt in schedule], start_one, deadline)
 
 
 class _null:
