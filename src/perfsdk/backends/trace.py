@@ -15,7 +15,6 @@ stops the run before anything is sent, naming the file, the row and the field.
 from __future__ import annotations
 
 import csv
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -40,18 +39,10 @@ def _rows(path: Path) -> list[tuple[int, dict[str, Any]]]:
     if path.suffix.lower() == ".csv":
         reader = csv.DictReader(text.splitlines())
         return [(i + 2, dict(row)) for i, row in enumerate(reader)]  # row 1 is the header
-    out = []
-    for i, line in enumerate(text.splitlines(), start=1):
-        if not line.strip():
-            continue
-        try:
-            obj = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise ConfigError(f"workload.load.trace: {path} row {i}: not JSON ({exc.msg})") from None
-        if not isinstance(obj, dict):
-            raise ConfigError(f"workload.load.trace: {path} row {i}: not a JSON object")
-        out.append((i, obj))
-    return out
+    from perfsdk.models.prompts import jsonl_objects
+
+    return [(int(where.rsplit(" ", 1)[1]), obj)
+            for where, obj in jsonl_objects("workload.load.trace", path, text.splitlines(), unit="row")]
 
 
 def read_trace(path: str | Path) -> list[TraceRequest]:

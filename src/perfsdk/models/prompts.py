@@ -152,18 +152,28 @@ def _check_all_or_none(examples: list[Example], path: str | Path) -> None:
         raise ConfigError(f'{_FIELD}: {first.where}: missing "label" field (other prompts of {path} are labelled)')
 
 
-def _read_jsonl(path: str | Path, lines: list[str]) -> list[Example]:
+def jsonl_objects(field: str, path: str | Path, lines: list[str], unit: str = "line",
+                  expected: str = "a JSON object") -> list[tuple[str, dict[str, Any]]]:
+    """``(where, object)`` for each non-blank line of a JSONL file; a line that is not a JSON
+    object is a :class:`ConfigError` naming ``field``, the file and the line."""
     out = []
     for n, line in enumerate(lines, start=1):
         if not line.strip():
             continue
-        where = f"{path} line {n}"
+        where = f"{path} {unit} {n}"
         try:
             obj = json.loads(line)
         except json.JSONDecodeError as err:
-            raise ConfigError(f"{_FIELD}: {where}: not valid JSON ({err.msg})") from None
+            raise ConfigError(f"{field}: {where}: not valid JSON ({err.msg})") from None
         if not isinstance(obj, dict):
-            raise ConfigError(f"{_FIELD}: {where}: expected a JSON object with a \"prompt\" field")
+            raise ConfigError(f"{field}: {where}: expected {expected}")
+        out.append((where, obj))
+    return out
+
+
+def _read_jsonl(path: str | Path, lines: list[str]) -> list[Example]:
+    out = []
+    for where, obj in jsonl_objects(_FIELD, path, lines, expected='a JSON object with a "prompt" field'):
         if "prompt" not in obj:
             raise ConfigError(f"{_FIELD}: {where}: missing \"prompt\" field")
         if not isinstance(obj["prompt"], str) or not obj["prompt"].strip():
