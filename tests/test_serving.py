@@ -596,3 +596,29 @@ def test_several_client_processes_share_one_schedule_and_clock(tmp_path):
         fake.stop()
     assert processes_for(LoadConfig(mode="rate", rate_per_s=100)) == 1
     assert processes_for(LoadConfig(mode="concurrency", concurrency=8, client_processes=3)) == 3
+
+
+def test_client_processes_on_a_ray_cluster(tmp_path):
+    """Client processes as Ray actors (a local Ray instance here): every time brought back to
+    the session's clock, the alignment's uncertainty kept."""
+    pytest.importorskip("ray", reason="the Ray client test needs ray: pip install -e '.[dev]'")
+    from perfsdk.backends.client_pool import clock_offset
+
+    # the offset estimate of a clock 5 ms ahead, read with no delay
+    import time as _time
+
+    off, unc = clock_offset(lambda: _time.perf_counter_ns() + 5_000_000)
+    assert abs(off - 5_000_000) < 1_000_000 and unc >= 0
+    fake = FakeServer(lambda body: completion_events(["a", "b"], usage=2, gap_s=0.001))
+    Steps, seen = steps_seen()
+    cfg = fake_config(fake.url, num_prompts=6, load={"mode": "rate", "rate_per_s": 30, "arrival": "constant",
+                                                      "client_processes": 2, "client_executor": "ray"})
+    try:
+        res = run_served(cfg, tmp_path, collectors=[Steps])
+    finally:
+        fake.stop()
+    assert res.status == "ok", res.errors
+    assert res.collectors["latency"]["requests"] == 6 and res.collectors["latency"]["output_tokens"] == 12
+    sched = sorted(s.served.scheduled_ns for s in seen)
+    assert all(abs((b - a) - 33_333_333) <= 2 for a, b in zip(sched, sched[1:]))
+    assert all(s.token_times_ns[0] >= s.start_ns - 1_000_000 for s in seen)

@@ -142,6 +142,10 @@ class LoadConfig(_Strict):
     trace: str | None = None
     time_scale: float = Field(default=1.0, gt=0)
     client_processes: int | Literal["auto"] = "auto"
+    client_executor: Literal["local", "ray"] = Field(
+        default="local", description="where client processes run: this machine, or a Ray cluster (ray_address)")
+    ray_address: str | None = Field(default=None, description="client_executor ray: the cluster (auto, ray://…); "
+                                                              "default: a local Ray instance")
     # mode sweep: a full measured point per load level, up through saturation
     sweep: Literal["rate", "concurrency"] = Field(default="rate", description="mode sweep: what rises point by point")
     steps: int = Field(default=6, ge=2, le=50, description="mode sweep: rate levels from 10 % to 130 % of saturation")

@@ -78,6 +78,7 @@ class ClientStats:
     sent: int = 0
     warmup: int = 0
     cpu_s: float | None = None  # this process's CPU time over the measured requests
+    clock_uncertainty_ns: int | None = None  # client processes on a Ray cluster: clock alignment error
 
 
 @dataclass

@@ -461,6 +461,7 @@ class _Client:
         self.send_lag_ns: list[int] = []
         self.cpu_s: float | None = None
         self.worker_cpu_s = 0.0
+        self.clock_uncertainty_ns: int | None = None
         self._stop = False
 
     def payload(self, prompt: str, max_tokens: int | None = None) -> dict[str, Any]:
@@ -591,7 +592,8 @@ class _Client:
 
         self.session.client_stats = ClientStats(send_lag_ns=self.send_lag_ns, loop_lag_ns=self.loop_lag_ns,
                                                 max_in_flight=self.max_in_flight, sent=self.sent,
-                                                warmup=self.warmup_sent, cpu_s=self.cpu_s)
+                                                warmup=self.warmup_sent, cpu_s=self.cpu_s,
+                                                clock_uncertainty_ns=self.clock_uncertainty_ns)
 
     def _pooled(self, processes: int, mode: str, prompts: list[str], labels: list[str | None], lengths: list[int],
                 order: list[int], schedule: list[tuple[float, int, int | None]], load: Any,
@@ -610,7 +612,13 @@ class _Client:
         job = {"url": self.url, "headers": self.backend._headers(), "api": self.api,
                "timeout_s": self.cfg.model.request_timeout_s, "mode": "concurrency" if mode == "concurrency" else "rate",
                "users": load.concurrency if load is not None else 1}
-        records, loop_lag, cpu = run_pool(processes, job, requests)
+        if load is not None and load.client_executor == "ray":
+            from perfsdk.backends.client_pool import run_ray_pool
+
+            records, loop_lag, cpu, self.clock_uncertainty_ns = run_ray_pool(processes, job, requests,
+                                                                             load.ray_address)
+        else:
+            records, loop_lag, cpu = run_pool(processes, job, requests)
         self.loop_lag_ns.extend(loop_lag)
         self.worker_cpu_s = cpu
         ends = []
