@@ -169,3 +169,37 @@ def test_simulate_an_undescribed_family(perfsdk_cli, tmp_path):
     assert any("layer 1's operations repeated over all 3 layers" in n for n in two.notes)
     layers = {op.module_path.split(".")[3] for op in two.ops if op.module_path.startswith("model.decoder.layers.")}
     assert layers == {"0", "1", "2"}
+
+
+PALIGEMMA = {"model_type": "paligemma", "image_token_index": 299, "vocab_size": 300, "projection_dim": 64,
+             "text_config": {"model_type": "gemma", "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
+                             "num_key_value_heads": 1, "head_dim": 16, "intermediate_size": 128, "vocab_size": 300},
+             "vision_config": {"model_type": "siglip_vision_model", "hidden_size": 32, "num_hidden_layers": 2,
+                               "num_attention_heads": 2, "intermediate_size": 64, "image_size": 32, "patch_size": 8,
+                               "projection_dim": 64}}
+
+
+def test_an_undescribed_vision_language_family_is_counted_by_capture(perfsdk_cli, tmp_path):
+    """PaliGemma: its image tokens per image come from its own image-feature code (16 for a 32x32
+    image in 8x8 patches), its vision tower is the encode phase; every phase equals the capture
+    of a real generate with one image per sequence."""
+    from transformers import AutoModelForImageTextToText
+
+    folder = tmp_path / "pg"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps(PALIGEMMA))
+    res = perfsdk_cli(["flops", str(folder), "-b", "2", "-t", "8", "-g", "4", "--json"])
+    assert res.exit_code == 0, res.output
+    got = json.loads(res.output[res.output.index("{"):])
+    assert got["architecture"] == "vision-language" and got["images"] == 1 and got["image_tokens"] == 16
+    assert got["prompt_tokens"] == 24
+    torch.manual_seed(0)
+    model = AutoModelForImageTextToText.from_config(config_from_dict(PALIGEMMA)).eval()
+    ids = torch.cat([torch.full((2, 16), 299), torch.randint(3, 250, (2, 8))], dim=1)
+    _, real = count_generate(model, input_ids=ids, attention_mask=torch.ones_like(ids),
+                             pixel_values=torch.zeros(2, 3, 32, 32), max_new_tokens=4, min_new_tokens=4,
+                             do_sample=False, pad_token_id=0)
+    assert real.flops_encode > 0
+    assert (got["flops_encode"], got["flops_prefill"], got["flops_decode"]) == (
+        real.flops_encode, real.flops_prefill, real.flops_decode)
+    assert "analytic cross-check: not available for model type paligemma" in got["notes"]
