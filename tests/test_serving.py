@@ -622,3 +622,21 @@ def test_client_processes_on_a_ray_cluster(tmp_path):
     sched = sorted(s.served.scheduled_ns for s in seen)
     assert all(abs((b - a) - 33_333_333) <= 2 for a, b in zip(sched, sched[1:]))
     assert all(s.token_times_ns[0] >= s.start_ns - 1_000_000 for s in seen)
+
+
+def test_concurrency_sweep_stops_when_throughput_saturates(tmp_path):
+    from perfsdk.config import Config
+    from perfsdk.experiments.load_sweep import LoadSweep
+
+    # one slot of 20 ms: 50 requests/s whatever the number of users
+    fake = FakeServer(lambda body: completion_events(["a"], usage=1, gap_s=0.0), serial_s=0.02)
+    cfg = Config(**fake_config(fake.url, num_prompts=12, load={"mode": "sweep", "sweep": "concurrency",
+                                                                 "probe_concurrency": 4, "repeats": 0}))
+    try:
+        m = LoadSweep(cfg, str(tmp_path / "store")).run()
+    finally:
+        fake.stop()
+    levels = [p["level"] for p in m["points"]]
+    assert levels[:2] == [1.0, 2.0] and len(levels) < 5  # 1, 2, 4, 8, 16 users at most
+    assert m["stopped"].startswith("throughput saturates") and m["points"][-1]["diverged"] == m["stopped"]
+    assert all(p["achieved_rate_per_s"] <= 55 for p in m["points"])
