@@ -516,8 +516,10 @@ def test_bad_trace_rows_are_named(tmp_path, perfsdk_cli):
 def test_rate_sweep_stops_past_saturation_and_stores_every_point(tmp_path, perfsdk_cli):
     from perfsdk.experiments.sweep.manifest import read_manifest
 
-    # a server with one slot of 10 ms per request: it holds 100 requests/s at most
-    fake = FakeServer(lambda body: completion_events(["a", "b"], usage=2, gap_s=0.0), serial_s=0.01)
+    # a server with one slot of 10 ms per request: it holds 100 requests/s at most, and publishes
+    # a vLLM-style gauge of its queue and a preemption counter
+    fake = FakeServer(lambda body: completion_events(["a", "b"], usage=2, gap_s=0.0), serial_s=0.01,
+                      metrics=lambda n: f"vllm:num_requests_waiting 0.0\nvllm:num_preemptions_total {n // 10}.0\n")
     store = tmp_path / "store"
     try:
         r = perfsdk_cli(["run", "--set", f"model.endpoint={fake.url}", "--set", "model.id=fake-model",
@@ -525,6 +527,7 @@ def test_rate_sweep_stops_past_saturation_and_stores_every_point(tmp_path, perfs
                          "--set", "workload.load={mode: sweep, max_rate_per_s: 100, steps: 5, arrival: constant, "
                                   "repeats: 1}",
                          "--set", "workload.slo={ttft_s: 0.5}", "--set", "collectors.utilization=false",
+                         "--set", "collectors.server_metrics={interval_s: 0}",
                          "--set", "collectors.energy=false", "--store", str(store)])
     finally:
         fake.stop()
@@ -551,7 +554,9 @@ def test_rate_sweep_stops_past_saturation_and_stores_every_point(tmp_path, perfs
     rep = perfsdk_cli(["report", "latest", "--store", str(store), "--output", str(tmp_path / "sweep.html")])
     assert rep.exit_code == 0, rep.output
     pngs = sorted(p.name for p in (tmp_path / "sweep_files").iterdir())
-    assert pngs == ["01-load-latency.png", "02-load-goodput.png"]
+    # the server's own view per point beside the client's
+    assert pngs == ["01-load-latency.png", "02-load-goodput.png", "03-load-server.png"]
+    assert all(st.get(p["run_id"]).collectors["server_metrics"]["status"] == "ok" for p in m["points"])
     page = (tmp_path / "sweep.html").read_text()
     assert f"({m['sweep_id']})" in page and "<h2>Load sweep</h2>" in page and "latency diverges" in page
     import subprocess
@@ -562,7 +567,7 @@ def test_rate_sweep_stops_past_saturation_and_stores_every_point(tmp_path, perfs
         out = subprocess.run([CHROMIUM, *FLAGS, f"--user-data-dir={tmp_path / 'profile'}", "--dump-dom",
                               (tmp_path / "sweep.html").as_uri()], capture_output=True, text=True, timeout=120)
         assert out.returncode == 0
-        assert out.stdout.count('src="data:image/png;base64,') == 2 and "<h2>Load sweep</h2>" in out.stdout
+        assert out.stdout.count('src="data:image/png;base64,') == 3 and "<h2>Load sweep</h2>" in out.stdout
 
 
 def test_a_load_sweep_needs_a_served_model(tmp_path, perfsdk_cli):
