@@ -39,6 +39,10 @@ from typing import Any
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
+#: Pause after each GuideLLM run: its processes outlive its command for a moment, and a
+#: measurement beside them is no longer alone on the machine.
+SETTLE_S = 5.0
+
 
 # -- the responder ---------------------------------------------------------------------------------
 
@@ -135,6 +139,7 @@ def run_guidellm(exe: str, url: str, rate: float, seconds: float, tokens: int, w
            "--profile", f"kind=constant,rate={rate:g}", "--constraint", f"kind=max_requests,count={n}",
            "--output", f"kind=json,path={out / 'benchmarks.json'}", "--disable-console-interactive"]
     proc = subprocess.run(cmd, capture_output=True, text=True, cwd=out, timeout=900)
+    time.sleep(SETTLE_S)  # its worker processes wind down before the next measurement
     found = list(out.rglob("benchmarks.json"))
     if proc.returncode != 0 or not found:
         return {"offered": rate, "error": (proc.stderr or proc.stdout)[-500:]}

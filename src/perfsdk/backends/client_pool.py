@@ -24,6 +24,7 @@ than the machine's cores.
 from __future__ import annotations
 
 import asyncio
+import gc
 import math
 import multiprocessing as mp
 import os
@@ -131,6 +132,8 @@ async def send_share(job: dict[str, Any]) -> dict[str, Any]:
                     **asdict(rec)})
 
     cpu0 = time.process_time()
+    gc.collect()
+    gc.disable()  # no full collection in the middle of the schedule (this process ends after it)
     timeout = aiohttp.ClientTimeout(total=job["timeout_s"])
     async with aiohttp.ClientSession(timeout=timeout, connector=aiohttp.TCPConnector(limit=0)) as http:
         lag_task = asyncio.create_task(lag())
