@@ -47,8 +47,10 @@ def main() -> None:
     assert result is not None
     if rank == 0:
         lat = result.collectors.get("latency", {})
+        ttft = lat.get("ttft_s", {}).get("p50")
+        ttft_text = f"{ttft * 1e3:.2f} ms" if ttft is not None else "-"
         print(f"run {result.run_id}: {len(result.ranks or [])} ranks, status {result.status}, "
-              f"{lat.get('output_tokens')} output tokens, ttft p50 {lat.get('ttft_s', {}).get('p50')}")
+              f"{lat.get('output_tokens')} output tokens, ttft p50 {ttft_text}")
     else:
         print(f"rank {rank}: run {result.run_id}")
 

@@ -203,3 +203,4 @@ def test_an_undescribed_vision_language_family_is_counted_by_capture(perfsdk_cli
     assert (got["flops_encode"], got["flops_prefill"], got["flops_decode"]) == (
         real.flops_encode, real.flops_prefill, real.flops_decode)
     assert "analytic cross-check: not available for model type paligemma" in got["notes"]
+

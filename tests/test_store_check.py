@@ -54,6 +54,8 @@ def test_check_and_repair_every_kind_of_mismatch(tmp_path: Path, perfsdk_cli) ->
     res = perfsdk_cli(["store", "repair", "--store", str(store.root)])
     assert res.exit_code == 0, res.output
     assert "4 problem(s) repaired" in res.output
+    # it says where the damaged run went
+    assert f"moved damaged run run-2 to {store.runs_dir / '.damaged-run-2'}" in res.output
     assert store.check() == {"unindexed": [], "missing": [], "unreadable": [], "temporary": []}
     assert store.indexed_ids() == ["run-0", "run-3"]
     assert (store.runs_dir / ".damaged-run-2" / "result.json").is_file()  # moved aside, not deleted

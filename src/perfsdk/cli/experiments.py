@@ -393,11 +393,12 @@ def compare_cmd(ids: tuple[str, ...], store_dir: str, metrics: tuple[str, ...], 
 @click.command("report")
 @click.argument("ident")
 @click.option("--store", "store_dir", default="perfsdk-results", show_default=True, help="Result store folder.")
-@click.option("--output", "-o", default="report.html", show_default=True,
-              help="HTML file; the PNGs go to a folder next to it (<name>_files/).")
+@click.option("--output", "-o", default=None,
+              help="HTML file; the PNGs go to a folder next to it (<name>_files/). Default: "
+                   "<store>/reports/<id>.html, never the current folder.")
 @click.option("--heatmap", "heatmaps", multiple=True, metavar="x=AXIS,y=AXIS,metric=FIELD",
               help="Sweeps: a heat map of FIELD over two axes (repeatable; axes by path or last part).")
-def report_cmd(ident: str, store_dir: str, output: str, heatmaps: tuple[str, ...]) -> None:
+def report_cmd(ident: str, store_dir: str, output: str | None, heatmaps: tuple[str, ...]) -> None:
     """Write an HTML report (figures inline) for a run or a sweep, plus its PNGs.
 
     IDENT is a run id, a unique prefix of one, 'latest', or a sweep id.
@@ -415,6 +416,8 @@ def report_cmd(ident: str, store_dir: str, output: str, heatmaps: tuple[str, ...
     except ValueError as err:
         _usage(f"--heatmap {err}")
         return
+    if output is None:
+        output = str(store.root / "reports" / f"{ident}.html")
     try:
         path, pngs = write_report(store, ident, output, heatmaps=maps)
     except ReportError as err:

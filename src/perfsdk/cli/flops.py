@@ -75,7 +75,7 @@ def flops_command(model: str, batch_size: int, input_tokens: int, output_tokens:
     t.add_column("value", justify="right")
     t.add_column("exact", justify="right")
     keys = ["flops_total", "flops_prefill", "flops_decode", "macs_total", "flops_per_output_token",
-            "analytic_flops_total"]
+            "flops_per_decode_token", "analytic_flops_total"]
     if res["flops_encode"]:
         keys.insert(1, "flops_encode")
     for key in keys:

@@ -80,9 +80,13 @@ def repair_cmd(store_dir: str, as_json: bool) -> None:
     report = store.repair()
     after = store.check()
     if as_json:
-        click.echo(json.dumps({"repaired": report, "remaining": after, "runs": len(store.run_ids())}, indent=2))
+        moved = {rid: str(store.runs_dir / f".damaged-{rid}") for rid in report.get("unreadable", [])}
+        click.echo(json.dumps({"repaired": report, "moved": moved, "remaining": after, "runs": len(store.run_ids())},
+                              indent=2))
     else:
         _print(report, len(store.run_ids()), "repaired")
+        for rid in report.get("unreadable", []):
+            click.echo(f"moved damaged run {rid} to {store.runs_dir / f'.damaged-{rid}'}")
         if any(after.values()):
             click.echo("still inconsistent after repair:")
             _print(after, len(store.run_ids()), "")

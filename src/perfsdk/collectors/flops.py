@@ -84,7 +84,11 @@ class FlopsResult(CollectorResult):
     macs_encode: int | None = None
     macs_prefill: int | None = None
     macs_decode: int | None = None
-    flops_per_output_token: float | None = None
+    flops_per_output_token: float | None = Field(
+        default=None, description="all FLOPs (encode and prefill included) over the output tokens")
+    flops_per_decode_token: float | None = Field(
+        default=None, description="decode FLOPs over the tokens the decode steps produced (output tokens less the "
+                                  "first of each request, which the prefill produced)")
     analytic_flops_total: int | None = None
     deviation_pct: float | None = None
     deviation_flagged: bool | None = None
@@ -105,7 +109,8 @@ class FlopsResult(CollectorResult):
     notes: list[str] = Field(default_factory=list)
 
 
-def result_fields(count: FlopsCount, analytic_total: int | None, *, output_tokens: int | None, top_n: int = 10,
+def result_fields(count: FlopsCount, analytic_total: int | None, *, output_tokens: int | None,
+                  decode_tokens: int | None = None, top_n: int = 10,
                   time_s: float | None = None, peak_tflops: float | None = None) -> dict[str, Any]:
     """The result fields shared by the collector and ``perfsdk flops --json``."""
     dev = deviation_pct(count.flops_total, analytic_total) if analytic_total is not None else None
@@ -122,6 +127,7 @@ def result_fields(count: FlopsCount, analytic_total: int | None, *, output_token
         "macs_prefill": count.macs_prefill,
         "macs_decode": count.macs_decode,
         "flops_per_output_token": (count.flops_total / output_tokens) if output_tokens else None,
+        "flops_per_decode_token": (count.flops_decode / decode_tokens) if decode_tokens else None,
         "analytic_flops_total": analytic_total,
         "deviation_pct": dev,
         "deviation_flagged": (abs(dev) > FLAG_THRESHOLD_PCT) if dev is not None else None,
@@ -410,7 +416,7 @@ class FlopsCollector(Collector):
                                backend=self.cfg.backend)
         total = FlopsCount(backend=self._counted[0][1].backend, method=self._counted[0][1].method)
         analytic_total: int | None = 0
-        output_tokens = 0
+        output_tokens = decode_tokens = 0
         time_s = 0.0
         slowed = False
         counted_ids = {s.index for s, _, _, _ in self._counted}
@@ -421,6 +427,7 @@ class FlopsCollector(Collector):
                 total.method = "mixed: " + ", ".join(sorted({c.method for _, c, _, _ in self._counted}))
             analytic_total = None if analytic is None or analytic_total is None else analytic_total + analytic
             output_tokens += sum(step.output_tokens or [])
+            decode_tokens += sum(max(0, n - 1) for n in step.output_tokens or [])
             positions = len(step.token_times_ns)
             twins = [s.duration_s for s in measured if s.index not in counted_ids and _step_shape(s) == key
                      and len(s.token_times_ns) == positions and s.duration_s]
@@ -440,7 +447,8 @@ class FlopsCollector(Collector):
         if slowed:
             total.notes.append("achieved FLOP/s uses a counted step's own duration, which includes the counter's "
                                "overhead (no uncounted step of the same shape was measured)")
-        fields = result_fields(total, analytic_total, output_tokens=output_tokens or None, top_n=self.cfg.top_n,
+        fields = result_fields(total, analytic_total, output_tokens=output_tokens or None,
+                               decode_tokens=decode_tokens or None, top_n=self.cfg.top_n,
                                time_s=time_s or None, peak_tflops=self._peak(session))
         fields["notes"] = list(fields["notes"]) + self._notes
         if self._forward_rows:

@@ -43,7 +43,8 @@ def count_model(model: str, *, batch_size: int = 1, input_tokens: int = 128, out
             count.method += " on the meta device"
         count.notes.append(why)
         out_tokens = batch_size * output_tokens if output_tokens > 0 else None
-        fields = result_fields(count, None, output_tokens=out_tokens, top_n=top_n)
+        fields = result_fields(count, None, output_tokens=out_tokens, top_n=top_n,
+                               decode_tokens=batch_size * (output_tokens - 1) if output_tokens > 1 else None)
         return {"model": model, "source": source, "architecture": _kind(cfg, shape.images),
                 "batch_size": batch_size, "input_tokens": input_tokens, "output_tokens": output_tokens,
                 "images": shape.images, "image_tokens": shape.image_tokens, "encoder_tokens": shape.encoder_tokens,
@@ -59,7 +60,8 @@ def count_model(model: str, *, batch_size: int = 1, input_tokens: int = 128, out
         count = count_third_party(backend, m, batch_size, input_tokens, output_tokens)
         count.method += " on the meta device"
     out_tokens = batch_size * output_tokens if output_tokens > 0 else None
-    fields = result_fields(count, analytic.flops_total, output_tokens=out_tokens, top_n=top_n)
+    fields = result_fields(count, analytic.flops_total, output_tokens=out_tokens, top_n=top_n,
+                           decode_tokens=batch_size * (output_tokens - 1) if output_tokens > 1 else None)
     return {"model": model, "source": source, "architecture": arch.kind, "batch_size": batch_size,
             "input_tokens": input_tokens, "output_tokens": output_tokens, "images": analytic.images,
             "image_tokens": analytic.image_tokens, "encoder_tokens": analytic.encoder_tokens,

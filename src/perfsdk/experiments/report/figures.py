@@ -167,9 +167,11 @@ def utilization_over_time(rows: list[dict[str, Any]]) -> bytes | None:
     rows.sort(key=lambda r: r["t_s"])
     t = [r["t_s"] for r in rows]
     panels: list[tuple[str, list[tuple[str, list[float | None]]]]] = []
-    cpu = [(k, [_num(r.get(k)) for r in rows]) for k in ("cpu_process_pct", "cpu_system_pct") if any(k in r for r in rows)]
-    if cpu:
-        panels.append(("CPU (%)", cpu))
+    # two scales: this process's CPU is % of one core (up to 100 x cores), the system's % of all
+    # CPUs (up to 100): each on its own axis
+    for key, label in (("cpu_process_pct", "process CPU (% of one core)"), ("cpu_system_pct", "system CPU (% of all)")):
+        if any(key in r for r in rows):
+            panels.append((label, [(key, [_num(r.get(key)) for r in rows])]))
     if any("rss_bytes" in r for r in rows):
         panels.append(("RSS (MiB)", [("rss", [(_num(r.get("rss_bytes")) or 0) / 2**20 if r.get("rss_bytes") is not None else None for r in rows])]))
     keys = sorted({k for r in rows for k in r if k.startswith("gpu")})

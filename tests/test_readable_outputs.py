@@ -1,0 +1,61 @@
+"""Figures and files that say what they are: per-token FLOPs named for what they divide, reports
+that never land in the current folder, CPU figures on the axis of their own unit."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from test_any_family import write_config
+
+
+def test_per_token_flops_say_what_they_include(perfsdk_cli, tmp_path):
+    """flops_per_output_token divides every FLOP, the prefill included; flops_per_decode_token
+    divides the decode FLOPs by the tokens decode steps produced."""
+    folder = write_config(tmp_path, "opt")
+    got = json.loads(perfsdk_cli(["flops", folder, "-b", "2", "-t", "8", "-g", "5", "--json"]).output)
+    assert got["flops_per_output_token"] == got["flops_total"] / (2 * 5)
+    assert got["flops_per_decode_token"] == got["flops_decode"] / (2 * 4)
+    assert got["flops_per_decode_token"] < got["flops_per_output_token"]
+
+
+def test_report_without_output_never_writes_into_the_current_folder(tmp_path, monkeypatch, perfsdk_cli):
+    import perfsdk
+
+    with perfsdk.session({"workload": {"num_prompts": 2}, "collectors": {"utilization": False, "energy": False}},
+                         store=str(tmp_path / "store")) as s:
+        model, tok = s.load()
+        s.generate(model, **s.tokenize(tok, ["hello there"]), max_new_tokens=3)
+    cwd = tmp_path / "elsewhere"
+    cwd.mkdir()
+    monkeypatch.chdir(cwd)
+    r = perfsdk_cli(["report", s.result.run_id, "--store", str(tmp_path / "store")])
+    assert r.exit_code == 0, r.output
+    page = tmp_path / "store" / "reports" / f"{s.result.run_id}.html"
+    assert page.is_file() and f"wrote {page}" in r.output
+    assert list(cwd.iterdir()) == []
+
+
+def test_utilisation_figure_draws_process_and_system_cpu_on_their_own_axes():
+    """Process CPU is % of one core (up to 200 % on 2 cores), system CPU % of all CPUs: two
+    panels, never one axis."""
+    pytest.importorskip("matplotlib")
+    from unittest import mock
+
+    from perfsdk.experiments.report import figures
+
+    rows = [{"t_s": i * 0.1, "phase": "decode", "cpu_process_pct": 180.0, "cpu_system_pct": 95.0} for i in range(5)]
+    made = []
+    real = figures._figure
+
+    def spy(nrows=1, ncols=1, **kw):
+        fig, axes = real(nrows, ncols, **kw)
+        made.append(axes)
+        return fig, axes
+
+    with mock.patch.object(figures, "_figure", spy):
+        assert figures.utilization_over_time(rows)
+    axes = made[0][:, 0]
+    assert [ax.get_ylabel() for ax in axes] == ["process CPU (% of one core)", "system CPU (% of all)"]
+    assert [len(ax.get_lines()) for ax in axes] == [1, 1]
