@@ -59,3 +59,26 @@ def test_utilisation_figure_draws_process_and_system_cpu_on_their_own_axes():
     axes = made[0][:, 0]
     assert [ax.get_ylabel() for ax in axes] == ["process CPU (% of one core)", "system CPU (% of all)"]
     assert [len(ax.get_lines()) for ax in axes] == [1, 1]
+
+
+def test_the_torch_profiler_collector_prints_no_native_lines(tmp_path):
+    """The native profiler writes `USDT: … profiler_start/stop` to file descriptor 2 when it
+    starts and stops; a run with the collector prints none of them."""
+    import subprocess
+    import sys
+
+    script = (
+        "import perfsdk\n"
+        "cfg = {'workload': {'num_prompts': 2}, 'collectors': {'torch_profiler': {}, 'utilization': False,"
+        " 'energy': False}}\n"
+        "with perfsdk.session(cfg, store=None) as s:\n"
+        "    m, t = s.load()\n"
+        "    for _ in range(2):\n"
+        "        s.generate(m, **s.tokenize(t, ['hello there']), max_new_tokens=3)\n"
+        "    s.run_instrumented()\n"
+        "print('profiled', s.result.collectors['torch_profiler']['status'])\n")
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300,
+                         env={**__import__("os").environ, "HF_HUB_OFFLINE": "1"})
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "profiled ok" in out.stdout
+    assert "USDT:" not in out.stdout + out.stderr

@@ -19,8 +19,11 @@ step is not representative, and it is left out of every statistic. Profile a few
 
 from __future__ import annotations
 
+import contextlib
 import os
+import sys
 import tempfile
+from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 import structlog
@@ -41,6 +44,27 @@ log = structlog.get_logger("perfsdk.collectors.torch_profiler")
 
 Activity = Literal["cpu", "cuda"]
 
+
+
+@contextlib.contextmanager
+def native_stderr_quiet() -> Iterator[None]:
+    """Silence the native profiler's own lines (``USDT: … profiler_start``) while it starts or
+    stops: file descriptor 2 points at ``/dev/null`` for that call only."""
+    try:
+        sys.stderr.flush()
+        saved = os.dup(2)
+    except (OSError, ValueError):  # no real stderr (captured, closed): nothing to silence
+        yield
+        return
+    try:
+        with open(os.devnull, "w") as null:
+            os.dup2(null.fileno(), 2)
+            try:
+                yield
+            finally:
+                os.dup2(saved, 2)
+    finally:
+        os.close(saved)
 
 class TorchProfilerConfig(CollectorConfig):
     """Settings of the ``torch_profiler`` collector."""
@@ -194,7 +218,8 @@ class TorchProfilerCollector(InstrumentsSelectedSteps, Collector):
             return
         prof = profile(activities=acts, record_shapes=self.cfg.record_shapes,
                        profile_memory=self.cfg.profile_memory, with_stack=self.cfg.with_stack)
-        prof.start()
+        with native_stderr_quiet():
+            prof.start()
         self._prof = prof
         self._prof_step = step.index
 
@@ -231,7 +256,8 @@ class TorchProfilerCollector(InstrumentsSelectedSteps, Collector):
     def _stop(self) -> Any:
         prof, self._prof, self._prof_step = self._prof, None, None
         try:
-            prof.stop()
+            with native_stderr_quiet():
+                prof.stop()
         except Exception as exc:
             log.warning("could not stop the torch profiler", error=repr(exc))
             raise
