@@ -70,8 +70,9 @@ def test_the_output_names_the_estimator(store: Path, perfsdk_cli: Any) -> None:
     r = perfsdk_cli(["compare", "est-a", "est-b", "--store", str(store), "--metric", "ttft_s", "--metric",
                      "output_tokens_per_s", "--metric", "memory.rss_peak_bytes"])
     assert r.exit_code == 0, r.output
-    assert "per-request samples: ttft_s: mean of the per-request samples, steps resampled whole" in r.output
+    flat = " ".join(r.output.split())  # notes wrap at the terminal's width
+    assert "per-request samples: ttft_s: mean of the per-request samples, steps resampled whole" in flat
     assert ("per-step samples: output_tokens_per_s: mean of one sample per step (a rate is each step's own, not "
-            "the run's total over its wall time)") in r.output
+            "the run's total over its wall time)") in flat
     assert ("run totals: collectors.memory.rss_peak_bytes: the figure stored with each run; no samples, no "
-            "interval") in r.output
+            "interval") in flat

@@ -173,12 +173,13 @@ def test_compare_says_when_a_run_is_not_valid_and_does_not_judge_invalid_ones(tm
     # a noisy run is judged, and the output says it is noisy and why
     r = perfsdk_cli(["compare", "base", "slow-noisy", "--store", str(tmp_path / "s"), "--fail-if-slower", "5%"])
     assert r.exit_code == 1, r.output
-    assert "validity: slow-noisy is noisy: contention: other processes used 48.0% of the CPUs" in r.output
+    assert "validity: slow-noisy is noisy: contention: other processes used 48.0% of the CPUs" in " ".join(
+        r.output.split())
     # an invalid run is not judged: its own exit status
     r = perfsdk_cli(["compare", "base", "slow-invalid", "--store", str(tmp_path / "s"), "--fail-if-slower", "5%"])
     assert r.exit_code == 3, r.output
-    assert "NOT JUDGED: invalid run(s) slow-invalid" in r.output
-    assert "validity: slow-invalid is invalid: few-samples: no timed step finished" in r.output
+    assert "NOT JUDGED: invalid run(s) slow-invalid" in " ".join(r.output.split())
+    assert "validity: slow-invalid is invalid: few-samples: no timed step finished" in " ".join(r.output.split())
     res = compare(store, ["base", "slow-invalid"], seed=0)
     assert all(c.candidate_verdict == "invalid" and not c.judged for c in res) and not slower_than(res, 0.05)
     # a judged regression beside an unjudged comparison still fails

@@ -209,3 +209,59 @@ def test_doctor_keeps_names_whole(perfsdk_cli, narrow):
         assert c.name in seen
         for word in f"{c.reason or ''} {c.fix or ''}".split():
             assert word in seen, word
+
+
+@pytest.fixture(scope="module")
+def two_runs(tmp_path_factory):
+    """Two stored runs of the embedded model (small), for the commands that read a store."""
+    import perfsdk
+
+    store = tmp_path_factory.mktemp("store80")
+    ids = []
+    for n in (2, 3):
+        with perfsdk.session({"name": f"w{n}", "workload": {"num_prompts": 2},
+                              "collectors": {"utilization": False, "energy": False}}, store=str(store)) as s:
+            m, t = s.load()
+            for _ in range(3):
+                s.generate(m, **s.tokenize(t, ["hello there"]), max_new_tokens=n)
+        ids.append(s.result.run_id)
+    return store, ids
+
+
+@pytest.mark.parametrize("command", ["compare", "flops", "store check", "runs", "export markdown", "served run"])
+def test_more_commands_at_80_columns(perfsdk_cli, narrow, two_runs, command, tmp_path):
+    """Each command's output fits 80 columns, and the values and names it prints stay whole."""
+    store, ids = two_runs
+    if command == "compare":
+        r = perfsdk_cli(["compare", ids[0], ids[1], "--store", str(store), "--allow-different"])
+        whole = [ids[0], ids[1]]
+    elif command == "flops":
+        r = perfsdk_cli(["flops", "llama-2-7b", "-t", "512", "-g", "128"])
+        whole = ["flops_per_decode_token", "flops_per_output_token", "deviation_pct"]
+    elif command == "store check":
+        r = perfsdk_cli(["store", "check", "--store", str(store)])
+        whole = ["2 run(s);"]
+    elif command == "runs":
+        r = perfsdk_cli(["runs", "--store", str(store)])
+        whole = [ids[0][-12:], ids[1][-12:]]
+    elif command == "export markdown":
+        r = perfsdk_cli(["export", "--format", "markdown", "--store", str(store), "--output", "-"])
+        assert r.exit_code == 0, r.output
+        assert ids[0] in r.output  # a markdown table is data, not a terminal table: only whole ids
+        return
+    else:
+        from servers import FakeServer, completion_events
+
+        fake = FakeServer(lambda body: completion_events(["a", "b"], usage=2))
+        try:
+            r = perfsdk_cli(["run", "--set", f"model.endpoint={fake.url}", "--set", "model.id=fake-model",
+                             "--set", "workload.num_prompts=3", "--set", "workload.slo={ttft_s: 1}",
+                             "--set", "collectors.utilization=false", "--set", "collectors.energy=false",
+                             "--store", str(tmp_path / "s")])
+        finally:
+            fake.stop()
+        whole = ["goodput", "concurrency reached", "token counts from"]
+    assert r.exit_code in (0, 1), r.output
+    _check_80(r.output)
+    for w in whole:
+        assert w in r.output, (w, r.output)

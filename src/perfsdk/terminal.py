@@ -165,6 +165,19 @@ def _wrap(text: str, width: int) -> str:
     return "\n".join(lines)
 
 
+def echo_wrapped(text: str, err: bool = False, indent: str = "  ") -> None:
+    """Print ``text`` wrapped between whole words at the terminal's width (COLUMNS when set,
+    80 when piped); a number keeps its unit; lines after the first are indented by ``indent``."""
+    import textwrap
+
+    width = make_console(stderr=err).width
+    lead = text[: len(text) - len(text.lstrip(" "))]
+    glued = [w.replace(" ", "\u00a0") for w in words(text)]
+    out = textwrap.fill(" ".join(glued), width=width, initial_indent=lead, subsequent_indent=lead + indent,
+                        break_long_words=False, break_on_hyphens=False)
+    click.echo(out.replace("\u00a0", " "), err=err)
+
+
 def _word_width(console: Console, cell: Any) -> int:
     text = _plain(console, cell)
     if text is not None:

@@ -16,7 +16,7 @@ from rich.console import Console
 from rich.table import Table
 
 from perfsdk.plugins import hookimpl
-from perfsdk.terminal import echo_error, fail, make_console
+from perfsdk.terminal import echo_wrapped, echo_error, fail, make_console
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 #: ``perfsdk compare --fail-if-slower``: a baseline or candidate run is ``invalid``, so (part of)
@@ -331,9 +331,10 @@ def compare_cmd(ids: tuple[str, ...], store_dir: str, metrics: tuple[str, ...], 
         return
     unlike = _differences(store, results)
     if unlike and not allow_different and not as_json:
-        click.echo("the runs compared did not measure the same thing (--allow-different: compare anyway, quietly):")
+        echo_wrapped("the runs compared did not measure the same thing (--allow-different: compare anyway, "
+                     "quietly):")
         for text, cands in unlike.items():
-            click.echo(f"  {cands[0] if len(cands) == 1 else f'{len(cands)} candidates'}: {text}")
+            echo_wrapped(f"  {cands[0] if len(cands) == 1 else f'{len(cands)} candidates'}: {text}", indent="    ")
     if unlike and threshold is not None and not allow_different:
         _usage("--fail-if-slower judges like with like; these runs differ as listed (pass --allow-different "
                "when the difference is what you compare)")
@@ -375,16 +376,16 @@ def compare_cmd(ids: tuple[str, ...], store_dir: str, metrics: tuple[str, ...], 
             t.add_row(*row)
         make_console().print(t)
         for line in estimator_notes(results, stat):
-            click.echo(line)
+            echo_wrapped(line)
         for note in notes:
-            click.echo(f"validity: {note}", err=True)
+            echo_wrapped(f"validity: {note}", err=True)
         if failing:
             worst = max(failing, key=lambda c: c.slowdown or 0)
-            click.echo(f"FAIL: {worst.candidate} {worst.metric} is {worst.slowdown * 100:.1f}% worse than "  # type: ignore[operator]
-                       f"{worst.baseline} (limit {threshold * 100:.1f}%)", err=True)  # type: ignore[operator]
+            echo_wrapped(f"FAIL: {worst.candidate} {worst.metric} is {worst.slowdown * 100:.1f}% worse than "  # type: ignore[operator]
+                         f"{worst.baseline} (limit {threshold * 100:.1f}%)", err=True)  # type: ignore[operator]
         elif threshold is not None and not_judged:
-            click.echo(f"NOT JUDGED: invalid run(s) {', '.join(not_judged)}: --fail-if-slower passes no judgement "
-                       "on them (exit 3)", err=True)
+            echo_wrapped(f"NOT JUDGED: invalid run(s) {', '.join(not_judged)}: --fail-if-slower passes no judgement "
+                         "on them (exit 3)", err=True)
     if failing:
         sys.exit(EXIT_FAILED)
     sys.exit(EXIT_NOT_JUDGED if threshold is not None and not_judged else EXIT_OK)
