@@ -55,8 +55,10 @@ def test_the_sweep_table_shows_validity_records_and_what_the_constraint_removed(
     lines = r.output.splitlines()
     header = next(i for i, line in enumerate(lines) if "validity" in line and "status" in line)
     assert "records.perplexity" in lines[header]
-    rows = [line for line in lines[header + 1:] if any(x.run_id in line for x in runs)]
-    for x, line in zip(runs, rows):
+    rows = {x.run_id: line for line in lines[header + 1:] for x in runs if x.run_id in line}
+    assert len(rows) == len(runs)
+    for x in runs:  # each run's own row (run ids started in the same second do not sort by time)
+        line = rows[x.run_id]
         bs = int(x.tags["workload.batching.batch_size"])
         assert line.split()[0] == str(bs)
         assert f"{10.0 + bs:.4g}" in line.split() and x.validity.verdict in line.split()  # type: ignore[union-attr]

@@ -26,7 +26,6 @@ from __future__ import annotations
 import asyncio
 import gc
 import math
-import multiprocessing as mp
 import os
 import sys
 import threading
@@ -156,12 +155,17 @@ async def send_share(job: dict[str, Any]) -> dict[str, Any]:
     return {"records": out, "loop_lag_ns": loop_lag, "cpu_s": time.process_time() - cpu0}
 
 
-def _worker(conn: Any) -> None:
-    """A worker process: take its share of the requests, send them, send back their records."""
-    conn.send("ready")  # imports done
-    job: dict[str, Any] = conn.recv()
-    conn.send(asyncio.run(send_share(job)))
-    conn.close()
+def _worker_main() -> None:
+    """A worker process (``python -m perfsdk.backends.client_pool``): says it is ready, reads its
+    job (one JSON line on standard input), sends the requests, writes the records (JSON)."""
+    import json
+
+    sys.stdout.write("ready\n")
+    sys.stdout.flush()
+    job: dict[str, Any] = json.loads(sys.stdin.readline())
+    result = asyncio.run(send_share(job))
+    sys.stdout.write(json.dumps(result) + "\n")
+    sys.stdout.flush()
 
 
 class RayClient:
@@ -241,32 +245,50 @@ def run_ray_pool(processes: int, base_job: dict[str, Any], requests: list[tuple[
 def run_pool(processes: int, base_job: dict[str, Any], requests: list[tuple[int, float | None, dict[str, Any]]],
              lead_s: float = 0.2) -> tuple[list[dict[str, Any]], list[int], float]:
     """Run ``requests`` — (index, offset seconds or None for closed loop, request body) — over
-    ``processes`` workers; returns (records, loop lags, the workers' CPU seconds)."""
-    ctx = mp.get_context("spawn")
-    workers = []
-    for w in range(processes):
-        parent, child = ctx.Pipe()
-        share = requests[w::processes]
-        job = dict(base_job)
-        workers.append((ctx.Process(target=_worker, args=(child,), daemon=True), parent, share, job))
-    for proc, _, _, _ in workers:
-        proc.start()
-    for _, conn, _, _ in workers:
-        if conn.recv() != "ready":
-            raise RuntimeError("a client process did not start")
-    start = time.perf_counter_ns() + int(lead_s * 1e9)  # every worker is up: one schedule for all
-    for w, (proc, conn, share, job) in enumerate(workers):
-        job["requests"] = [(k, start + int(off * 1e9) if off is not None else 0, body) for k, off, body in share]
-        job["users"] = max(1, base_job.get("users", 1) // processes + (1 if w < base_job.get("users", 1) % processes else 0))
-    for _, conn, _, job in workers:
-        conn.send(job)
-    records: list[dict[str, Any]] = []
-    lags: list[int] = []
-    cpu = 0.0
-    for proc, conn, _, _ in workers:
-        got = conn.recv()
-        records += got["records"]
-        lags += got["loop_lag_ns"]
-        cpu += got["cpu_s"]
-        proc.join(30)
+    ``processes`` worker processes; returns (records, loop lags, the workers' CPU seconds).
+
+    Workers are plain child processes of this interpreter talking JSON over their standard
+    streams (no helper process outlives the run)."""
+    import json
+    import subprocess
+
+    cmd = [sys.executable, "-m", "perfsdk.backends.client_pool"]
+    procs = [subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+             for _ in range(processes)]
+    try:
+        for proc in procs:
+            assert proc.stdout is not None
+            if proc.stdout.readline().strip() != "ready":
+                raise RuntimeError(f"a client process did not start (exit {proc.poll()})")
+        start = time.perf_counter_ns() + int(lead_s * 1e9)  # every worker is up: one schedule for all
+        users = base_job.get("users", 1)
+        for w, proc in enumerate(procs):
+            job = dict(base_job, users=max(1, users // processes + (1 if w < users % processes else 0)),
+                       requests=[(k, start + int(off * 1e9) if off is not None else 0, body)
+                                 for k, off, body in requests[w::processes]])
+            assert proc.stdin is not None
+            proc.stdin.write(json.dumps(job) + "\n")
+            proc.stdin.close()
+        records: list[dict[str, Any]] = []
+        lags: list[int] = []
+        cpu = 0.0
+        for proc in procs:
+            assert proc.stdout is not None
+            line = proc.stdout.readline()
+            if not line:
+                raise RuntimeError(f"a client process ended without its records (exit {proc.wait()})")
+            got = json.loads(line)
+            records += got["records"]
+            lags += got["loop_lag_ns"]
+            cpu += got["cpu_s"]
+            proc.wait(30)
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
     return sorted(records, key=lambda r: (r["scheduled_ns"], r["send_ns"])), lags, cpu
+
+
+if __name__ == "__main__":
+    _worker_main()
