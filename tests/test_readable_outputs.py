@@ -82,3 +82,29 @@ def test_the_torch_profiler_collector_prints_no_native_lines(tmp_path):
     assert out.returncode == 0, out.stderr[-2000:]
     assert "profiled ok" in out.stdout
     assert "USDT:" not in out.stdout + out.stderr
+
+
+def test_sweep_panel_titles_wrap_instead_of_being_cut_off():
+    """A sweep's per-metric panels are 4 inches wide: a long title wraps between words."""
+    pytest.importorskip("matplotlib")
+    from unittest import mock
+
+    from perfsdk.experiments.report import figures, sweep
+
+    rows = [{"workload.batch_size": bs, "collectors.latency.output_tokens_per_s": 10.0 * bs,
+             "collectors.latency.ttft_s.p50": 0.1 * bs, "collectors.latency.ttft_s.p95": 0.2 * bs,
+             "collectors.memory.rss_peak_bytes": 2.0 ** 28} for bs in (1, 2, 4)]
+    made = []
+    real = figures._figure
+
+    def spy(nrows=1, ncols=1, **kw):
+        fig, axes = real(nrows, ncols, **kw)
+        made.append(axes)
+        return fig, axes
+
+    with mock.patch.object(sweep, "_figure", spy):
+        assert sweep.batch_size_panels(rows, [])
+    titles = [ax.get_title() for ax in made[0][0]]
+    assert titles and all(len(line) <= sweep.PANEL_TITLE_CHARS for t in titles for line in t.split("\n"))
+    assert sweep.panel_title("latency: output tokens per s and something much longer") == \
+        "latency: output tokens per s and\nsomething much longer"

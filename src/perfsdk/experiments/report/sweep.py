@@ -63,6 +63,17 @@ def metric_panels(rows: list[dict[str, Any]], registry: Any = None) -> list[tupl
     return out
 
 
+#: Characters a panel title of a 4-inch panel holds on one line at font size 10.
+PANEL_TITLE_CHARS = 34
+
+
+def panel_title(text: str, width: int = PANEL_TITLE_CHARS) -> str:
+    """``text`` wrapped between words to fit a panel (a long title is never cut off)."""
+    import textwrap
+
+    return "\n".join(textwrap.wrap(text, width=width, break_long_words=False, break_on_hyphens=False)) or text
+
+
 def _lookup(row: dict[str, Any], key: str) -> float | None:
     v = _num(row.get(key))
     if v is not None:
@@ -101,7 +112,7 @@ def batch_size_panels(rows: list[dict[str, Any]], group_keys: list[str]) -> byte
                 drawn = True
                 ax.plot([x for x, _ in xy], [y for _, y in xy], marker="o", ms=4, color=PALETTE[gi % len(PALETTE)],
                         ls="-" if ki == 0 else "--", label=label if ki == 0 else None)
-        ax.set_title(title, fontsize=10)
+        ax.set_title(panel_title(title), fontsize=10)
         ax.set_xscale("log", base=2)
         ax.set_xlabel("batch size")
         ax.grid(alpha=0.3)
@@ -167,7 +178,7 @@ def vision_token_panels(rows: list[dict[str, Any]], group_keys: list[str]) -> by
             drawn = True
             ax.plot([x for x, _ in xy], [y for _, y in xy], marker="o", ms=4, color=PALETTE[gi % len(PALETTE)],
                     label=label)
-        ax.set_title(title, fontsize=10)
+        ax.set_title(panel_title(title), fontsize=10)
         ax.set_xlabel("vision tokens per request")
         ax.grid(alpha=0.3)
         if not drawn:
@@ -290,7 +301,8 @@ def heatmap_figure(points: list[dict[str, Any]], rows: dict[str, dict[str, Any]]
     ax.set_xlabel(x)
     ax.set_ylabel(y)
     fig.colorbar(im, ax=ax, label=metric.replace("collectors.", ""))
-    ax.set_title(f"{metric.replace('collectors.', '')} over {x.rsplit('.', 1)[-1]} x {y.rsplit('.', 1)[-1]}", fontsize=10)
+    ax.set_title(panel_title(f"{metric.replace('collectors.', '')} over {x.rsplit('.', 1)[-1]} x "
+                             f"{y.rsplit('.', 1)[-1]}", 48), fontsize=10)
     return _png(fig)
 
 
