@@ -10,6 +10,21 @@ import pytest
 from test_any_family import write_config
 
 
+def figure_spy():
+    """A stand-in for the report's figure factory that keeps the axes it made."""
+    from perfsdk.experiments.report import figures
+
+    made = []
+    real = figures._figure
+
+    def spy(nrows=1, ncols=1, **kw):
+        fig, axes = real(nrows, ncols, **kw)
+        made.append(axes)
+        return fig, axes
+
+    return spy, made
+
+
 def test_per_token_flops_say_what_they_include(perfsdk_cli, tmp_path):
     """flops_per_output_token divides every FLOP, the prefill included; flops_per_decode_token
     divides the decode FLOPs by the tokens decode steps produced."""
@@ -46,14 +61,7 @@ def test_utilisation_figure_draws_process_and_system_cpu_on_their_own_axes():
     from perfsdk.experiments.report import figures
 
     rows = [{"t_s": i * 0.1, "phase": "decode", "cpu_process_pct": 180.0, "cpu_system_pct": 95.0} for i in range(5)]
-    made = []
-    real = figures._figure
-
-    def spy(nrows=1, ncols=1, **kw):
-        fig, axes = real(nrows, ncols, **kw)
-        made.append(axes)
-        return fig, axes
-
+    spy, made = figure_spy()
     with mock.patch.object(figures, "_figure", spy):
         assert figures.utilization_over_time(rows)
     axes = made[0][:, 0]
@@ -94,14 +102,7 @@ def test_sweep_panel_titles_wrap_instead_of_being_cut_off():
     rows = [{"workload.batch_size": bs, "collectors.latency.output_tokens_per_s": 10.0 * bs,
              "collectors.latency.ttft_s.p50": 0.1 * bs, "collectors.latency.ttft_s.p95": 0.2 * bs,
              "collectors.memory.rss_peak_bytes": 2.0 ** 28} for bs in (1, 2, 4)]
-    made = []
-    real = figures._figure
-
-    def spy(nrows=1, ncols=1, **kw):
-        fig, axes = real(nrows, ncols, **kw)
-        made.append(axes)
-        return fig, axes
-
+    spy, made = figure_spy()
     with mock.patch.object(sweep, "_figure", spy):
         assert sweep.batch_size_panels(rows, [])
     titles = [ax.get_title() for ax in made[0][0]]

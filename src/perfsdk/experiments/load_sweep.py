@@ -79,8 +79,10 @@ def _p(values: list[float], q: float) -> float | None:
 
 def point_of(session: Any, level: float, repeat: int = 0) -> tuple[LoadPoint, list[Any]]:
     """A point from a finished session's result and its requests (in send order)."""
+    from perfsdk.collectors.latency import LatencyCollector
+
     res = session.result
-    lat = res.collectors.get("latency") or {}
+    lat = LatencyCollector.result_of(res)
     served = sorted((s for s in session.steps if s.served is not None and not s.warmup),
                     key=lambda s: s.served.scheduled_ns)
     ok = [s for s in served if s.error is None and s.token_times_ns]
@@ -89,11 +91,12 @@ def point_of(session: Any, level: float, repeat: int = 0) -> tuple[LoadPoint, li
     tpot = [(s.token_times_ns[-1] - s.token_times_ns[0]) / 1e9 / (s.output_tokens[0] - 1)
             for s in ok if s.output_tokens and s.output_tokens[0] > 1]
     pt = LoadPoint(level=level, run_id=res.run_id, status=res.status, repeat=repeat,
-                   achieved_rate_per_s=lat.get("requests_per_s"), output_tokens_per_s=lat.get("output_tokens_per_s"),
+                   achieved_rate_per_s=lat.requests_per_s if lat else None,
+                   output_tokens_per_s=lat.output_tokens_per_s if lat else None,
                    ttft_p50_s=_p(ttft, 50), ttft_p99_s=_p(ttft, 99), tpot_p50_s=_p(tpot, 50), tpot_p99_s=_p(tpot, 99),
-                   e2e_p50_s=_p(e2e, 50), e2e_p99_s=_p(e2e, 99), goodput=lat.get("goodput"),
-                   goodput_share=lat.get("goodput_share"), errors=lat.get("errors", 0), requests=len(served),
-                   verdict=res.validity.verdict if res.validity else None)
+                   e2e_p50_s=_p(e2e, 50), e2e_p99_s=_p(e2e, 99), goodput=lat.goodput if lat else None,
+                   goodput_share=lat.goodput_share if lat else None, errors=lat.errors if lat else 0,
+                   requests=len(served), verdict=res.validity.verdict if res.validity else None)
     return pt, served
 
 
@@ -182,8 +185,11 @@ class LoadSweep:
             return float(self.load.max_rate_per_s)
         self.progress(f"saturation burst: {self.load.probe_concurrency} users")
         s = self._run({"mode": "concurrency", "concurrency": self.load.probe_concurrency}, "probe")
+        from perfsdk.collectors.latency import LatencyCollector
+
         self.probe_run = s.result.run_id
-        rate = (s.result.collectors.get("latency") or {}).get("requests_per_s")
+        lat = LatencyCollector.result_of(s.result)
+        rate = lat.requests_per_s if lat is not None else None
         if not rate:
             raise RuntimeError("the saturation burst measured no request: is the server answering?")
         return float(rate)

@@ -72,12 +72,14 @@ def goodput_curve(manifest: dict[str, Any]) -> bytes | None:
 
 def server_curves(manifest: dict[str, Any], runs: dict[str, Any]) -> bytes | None:
     """The server's own view per point (``server_metrics``): queue and KV-cache usage peaks."""
+    from perfsdk.collectors.server_metrics import ServerMetricsCollector
+
     rows = []
     for p in manifest["points"]:
         run = runs.get(p["run_id"])
-        sm = (run.collectors.get("server_metrics") if run is not None else None) or {}
-        if sm.get("status") == "ok":
-            rows.append((p["level"], sm.get("peaks") or {}, sm.get("deltas") or {}))
+        sm = ServerMetricsCollector.result_of(run) if run is not None else None
+        if sm is not None and sm.status == "ok":
+            rows.append((p["level"], sm.peaks, sm.deltas))
     keys = sorted({k for _, peaks, _ in rows for k in peaks} | {k for _, _, d in rows for k in d if k == "preemptions"})
     if len(rows) < 2 or not keys:
         return None
