@@ -131,7 +131,9 @@ def test_sampled_decode_steps_match_full() -> None:
 
 
 def test_single_device_energy_is_sum_of_op_energies() -> None:
-    ops = [linear_op(), linear_op()]
+    from dataclasses import replace
+
+    ops = [linear_op(), replace(linear_op(), module_path="model.layers.0.mlp.down_proj")]
     res = Simulator(PROFILE).predict(ops, batch_size=4)
     c = cost_op(ops[0], PROFILE)
     assert res.ttft_s == pytest.approx(2 * c.time_s)
@@ -143,3 +145,24 @@ def test_single_device_energy_is_sum_of_op_energies() -> None:
 def test_rescale_ops_halves_bytes() -> None:
     [op] = rescale_ops([linear_op("float32")], "bfloat16")
     assert op.dtype == "bfloat16" and op.weight_bytes == 2_097_152 and op.bytes_written == 8192
+
+
+def test_captured_calls_of_one_module_are_costed_as_one_module_call() -> None:
+    from dataclasses import replace
+
+    from perfsdk.simulation.predictor import as_module_calls
+
+    prof = PROFILE.model_copy(update={"op_overhead_s": 5e-6, "launch_overhead_s": 1e-6})
+    up = linear_op()
+    norm = replace(up, module_path="model.layers.0.input_layernorm", category="norm", flops=0, op="aten.mul")
+    view = replace(norm, op="aten.view", bytes_read=0, bytes_written=0, weight_bytes=0)
+    ops = [norm, norm, view, norm, up, norm]
+    grouped = as_module_calls(ops)
+    # three calls of the norm (the view between them costs nothing) are one module call; the
+    # linear layer is its own; the norm after it starts a new call
+    assert [o.launches for o in grouped] == [3, 0, 1, 0, 1, 1]
+    res = Simulator(prof).predict(ops, batch_size=4)
+    assert res.phases["prefill"].overhead_s == pytest.approx(3 * 5e-6 + 2 * 1e-6)
+    # analytic ops are costed as written
+    res = Simulator(prof).predict(ops, batch_size=4, op_source="analytic")
+    assert res.phases["prefill"].overhead_s == pytest.approx(5 * 5e-6)
