@@ -59,7 +59,7 @@ def _observations(rng: np.random.Generator, n: int = 24) -> tuple[list[Observati
 
 def test_fit_recovers_small_m_softmax_and_weight_row_terms_between_grid_points() -> None:
     obs, lists = _observations(np.random.default_rng(3))
-    res = fit(obs, cache_bytes=(0.0,), pack_rows=(0.0,))
+    res = fit(obs, cache_bytes=(0.0,), pack_rows=(0.0,), weight_row_term=True)
     # h = x_h / x_f = 7.3: no grid holds it, the linear fit recovers it exactly
     assert res.matmul_half_rows == pytest.approx(7.3, rel=1e-6)
     for name in ("s_per_flop", "s_per_byte", "op_overhead_s", "step_overhead_s", "s_per_row_flop", "s_per_score",
@@ -81,8 +81,8 @@ def test_fit_recovers_small_m_softmax_and_weight_row_terms_between_grid_points()
 def test_robust_fit_is_not_pulled_by_one_interrupted_measurement() -> None:
     obs, _ = _observations(np.random.default_rng(5), n=30)
     obs[4].measured_s *= 1.8  # measured while something else ran
-    robust = fit(obs, cache_bytes=(0.0,), pack_rows=(0.0,))
-    plain = fit(obs, cache_bytes=(0.0,), pack_rows=(0.0,), robust=None)
+    robust = fit(obs, cache_bytes=(0.0,), pack_rows=(0.0,), weight_row_term=True)
+    plain = fit(obs, cache_bytes=(0.0,), pack_rows=(0.0,), robust=None, weight_row_term=True)
     for name in ("s_per_flop", "s_per_byte", "s_per_row_flop", "s_per_score", "s_per_weight_row"):
         assert robust.coefficients[name] == pytest.approx(TRUTH[name], rel=0.02), name
     # the outlier keeps its error instead of spreading it over the others
@@ -95,7 +95,7 @@ def test_robust_fit_is_not_pulled_by_one_interrupted_measurement() -> None:
 
 def test_fixed_small_m_values_are_still_accepted() -> None:
     obs, _ = _observations(np.random.default_rng(3))
-    res = fit(obs, half_rows=(0.0, 8.0), cache_bytes=(0.0,), pack_rows=(0.0,))
+    res = fit(obs, half_rows=(0.0, 8.0), cache_bytes=(0.0,), pack_rows=(0.0,), weight_row_term=True)
     assert res.matmul_half_rows in (0.0, 8.0) and res.coefficients["s_per_row_flop"] == 0.0
 
 
@@ -172,7 +172,7 @@ def test_a_term_no_observation_exercises_stays_zero() -> None:
     for o in obs:
         o.weight_rows = None
         o.measured_s = o.predict(truth)
-    res = fit(obs, cache_bytes=(0.0,), pack_rows=(0.0,))
+    res = fit(obs, cache_bytes=(0.0,), pack_rows=(0.0,), weight_row_term=True)
     assert res.coefficients["s_per_weight_row"] == 0.0
     for name in ("s_per_flop", "s_per_byte", "op_overhead_s", "s_per_row_flop", "s_per_score"):
         assert res.coefficients[name] == pytest.approx(TRUTH[name], rel=1e-6), name
@@ -202,7 +202,7 @@ def test_profile_source_states_the_drift_and_calibrate_warns_above_five_percent(
     from perfsdk.cli.simulate import _warn_drift
 
     obs, _ = _observations(np.random.default_rng(5), 12)
-    res = fit(obs, cache_bytes=None, pack_rows=None)
+    res = fit(obs, cache_bytes=None, pack_rows=None, weight_row_term=True)
     assert res.drift_pct is None  # fitted from given observations: no passes to compare
     res.drift_pct = 7.25
     prof = profile_from_fit(res)
@@ -211,9 +211,17 @@ def test_profile_source_states_the_drift_and_calibrate_warns_above_five_percent(
     err = capsys.readouterr().err
     assert err.startswith("warning: this machine's speed moved while calibrating (passes: the same configurations "
                           "ran 7.2 % slower in the slowest pass than in the fastest)")
-    assert err.endswith("Calibrate with nothing else running, or with --threads 1 --clock cpu on a shared machine\n")
-    _warn_drift(7.25, isolated=True)  # already one thread and the CPU clock: no advice to use them
+    assert err.endswith("Calibrate with nothing else running, or with --threads 1 on a shared machine\n")
+    _warn_drift(7.25, isolated=True)  # already one thread: no advice to use it
     assert capsys.readouterr().err.endswith("may differ by as much. Calibrate with nothing else running\n")
+    # with the reference workload: the drift that remains after normalising decides
+    _warn_drift(12.0, 2.5)
+    assert capsys.readouterr().err == ("passes: the same configurations ran 12.0 % slower in the slowest pass than "
+                                       "in the fastest; 2.5 % once each was divided by the reference workload timed "
+                                       "around it\n")
+    _warn_drift(12.0, 6.0)
+    assert capsys.readouterr().err.startswith("warning: this machine's speed moved while calibrating (passes: the "
+                                              "same configurations ran 12.0 % slower")
     _warn_drift(3.0)
     assert capsys.readouterr().err == ("passes: the same configurations ran 3.0 % slower in the slowest pass than "
                                        "in the fastest\n")

@@ -90,6 +90,51 @@ class PeakTflops(_Strict):
         return {k: v for k in type(self).model_fields if (v := getattr(self, k)) is not None}
 
 
+class CalibrationRecord(_Strict):
+    """What a calibration on a host keeps so that its predictions can state their uncertainty.
+
+    Written by ``perfsdk calibrate``; the simulation turns it into an interval on every predicted
+    time (:mod:`perfsdk.simulation.uncertainty`). Three sources of spread are kept apart:
+
+    - ``replicates``: the cost model's coefficients refitted on bootstrap resamples of the
+      calibration's configurations and passes (how well the timings pin the coefficients);
+    - ``held_out``: relative errors ``(predicted - measured) / measured`` of the prefill and of the
+      decode of each calibration configuration, predicted by a fit that left that configuration's
+      model out (how far the cost model misses a model it was not fitted on);
+    - ``levels``: the reference workload's times over the calibration, relative to their median
+      (how much the machine's own speed moved while it was measured).
+    """
+
+    host: str = Field(min_length=1, description="The machine the calibration ran on (CPU model)")
+    fitted_at: str = Field(min_length=1, description="When (UTC)")
+    level: float = Field(default=0.9, gt=0, lt=1, description="Coverage of the intervals drawn from this record")
+    params: list[str] = Field(min_length=1, description="Names of the coefficients, in the order of the vectors below")
+    coefficients: list[float] = Field(description="The fitted coefficients")
+    replicates: list[list[float]] = Field(default_factory=list,
+                                          description="Coefficients of the bootstrap refits")
+    held_out: list[list[float]] = Field(default_factory=list,
+                                        description="[prefill error, decode error] of each configuration predicted "
+                                                    "without its model, as fractions")
+    levels: list[float] = Field(default_factory=list,
+                                description="The reference workload's times relative to their median")
+    cache_bytes: float = Field(default=0.0, ge=0, description="Cache size the coefficients were fitted at")
+    pack_rows: float = Field(default=0.0, ge=0, description="Repacking size the coefficients were fitted at")
+    reference: str | None = Field(default=None, description="The reference workload timed around every configuration")
+    reference_s: float | None = Field(default=None, gt=0, description="Its median time, s")
+    drift_pct: float | None = Field(default=None, description="Slowest pass over fastest, raw timings, percent")
+    normalised_drift_pct: float | None = Field(
+        default=None, description="The same after each configuration is divided by the adjacent reference, percent")
+
+    @model_validator(mode="after")
+    def _shapes(self) -> CalibrationRecord:
+        n = len(self.params)
+        if len(self.coefficients) != n or any(len(r) != n for r in self.replicates):
+            raise ValueError(f"coefficients and every replicate need {n} values (one per name in params)")
+        if any(len(h) != 2 for h in self.held_out):
+            raise ValueError("each held_out entry is [prefill error, decode error]")
+        return self
+
+
 class HardwareProfile(_Strict):
     """One device (a GPU, a host CPU, a processing-in-memory chip or DIMM, ...).
 
@@ -135,9 +180,10 @@ class HardwareProfile(_Strict):
                     "over short rows runs below the FLOP rate (CPU matrix-vector kernels). Unset: none")
     matmul_pack_rows: float | None = Field(
         default=None, ge=1,
-        description="Matrix products with at least this many rows take a blocked path that first "
-                    "repacks the weights, costed as one more pass over them at matmul_pack_gbs "
-                    "(CPU BLAS). Unset: no repacking")
+        description="P: matrix products with at least this many rows repack their weights and stream them "
+                    "once per block of P rows (ceil(rows / P) more passes over them up to 4P - 1 rows, one from "
+                    "4P rows, when the blocked kernel keeps them in cache), at matmul_pack_gbs (CPU BLAS). "
+                    "Unset: none")
     matmul_pack_gbs: float | None = Field(default=None, gt=0,
                                           description="Rate at which weights are repacked, GB/s (see matmul_pack_rows)")
     cache_mb: float | None = Field(
@@ -157,6 +203,10 @@ class HardwareProfile(_Strict):
     prefill_overhead_s: float = Field(default=0.0, ge=0,
                                       description="Fixed cost once per generate call, in the prefill (input "
                                                   "preparation, cache set-up), s")
+    calibration: CalibrationRecord | None = Field(
+        default=None,
+        description="Written by perfsdk calibrate: what the fit needs to put an interval on its predictions. "
+                    "Unset: the profile is a spec sheet or a hand-written file, and predictions carry no interval")
 
     @model_validator(mode="after")
     def _link(self) -> HardwareProfile:

@@ -22,26 +22,38 @@ from perfsdk.simulation.calibration.fit import (
     HALF_ROWS_GRID,
     PACK_ROWS_GRID,
     PARAMS,
+    ConfigurationSamples,
     FitResult,
     Observation,
+    bootstrap_coefficients,
     cached_fraction,
     fit,
+    held_out_errors,
     profile_from_fit,
 )
 from perfsdk.simulation.calibration.from_store import calibrate_from_store, measurements_of_run, model_config_of_run
 from perfsdk.simulation.calibration.measure import (
     DEFAULT_CALIBRATION_GRID,
     DEFAULT_CALIBRATION_MODELS,
+    REFERENCE_MODEL,
+    REFERENCE_SHAPE,
     Measurement,
+    ReferenceTimer,
     build_random_model,
     calibrate_here,
     measure_generate,
+    measure_in_session,
+    median_of,
     micro_observations,
+    normalised_runs,
     observations_for,
     pass_drift_pct,
+    scaled,
 )
 
 __all__ = [
+    "REFERENCE_MODEL", "REFERENCE_SHAPE", "ConfigurationSamples", "ReferenceTimer", "bootstrap_coefficients",
+    "held_out_errors", "measure_in_session", "median_of", "normalised_runs", "scaled",
     "CACHE_GRID", "DEFAULT_CALIBRATION_GRID", "DEFAULT_CALIBRATION_MODELS", "HALF_ROWS_GRID", "PACK_ROWS_GRID", "PARAMS", "FitResult", "Measurement",
     "Observation", "build_random_model", "cached_fraction", "calibrate_from_store", "calibrate_here", "fit",
     "measure_generate", "measurements_of_run", "micro_observations", "model_config_of_run", "observations_for",

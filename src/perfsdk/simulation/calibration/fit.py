@@ -43,7 +43,7 @@ import structlog
 
 from perfsdk.hardware.profile import HardwareProfile
 from perfsdk.capture.ops import OpRecord
-from perfsdk.simulation.costmodel import matmul_rows, op_bytes, weight_rows
+from perfsdk.simulation.costmodel import matmul_rows, op_bytes, pack_passes, weight_rows
 
 log = structlog.get_logger("perfsdk.simulation.calibration")
 
@@ -157,10 +157,12 @@ class Observation:
         return float(np.sum(self.weights)) if self.ops is None else self.ops
 
     def packed_bytes(self, pack_rows: float) -> np.ndarray:
-        """Weight bytes of the matrix products with at least ``pack_rows`` rows (0: none)."""
+        """Weight bytes each matrix product streams beyond its one pass, at ``pack_rows``
+        (:func:`~perfsdk.simulation.costmodel.pack_passes`; 0: none)."""
         if not pack_rows or self.rows is None or self.weight_bytes is None:
             return np.zeros_like(self.bytes_)
-        return np.where(np.isfinite(self.rows) & (self.rows >= pack_rows), self.weight_bytes, 0.0)
+        rows = np.where(np.isfinite(self.rows), self.rows, 0.0)
+        return pack_passes(rows, pack_rows) * self.weight_bytes
 
     def predict(self, x: np.ndarray, half_rows: float = 0.0, cache_bytes: float = 0.0,
                 pack_rows: float = 0.0) -> float:
@@ -183,6 +185,19 @@ class FitResult:
     #: how far this machine's speed moved between the calibration's passes, in percent
     #: (:func:`~perfsdk.simulation.calibration.measure.pass_drift_pct`); None when not measured
     drift_pct: float | None = None
+    #: the same after each configuration's times are divided by the adjacent reference's
+    normalised_drift_pct: float | None = None
+    #: bootstrap refits' coefficients (PARAMS order), held-out errors ([prefill, decode]) and the
+    #: reference workload's times relative to their median: see
+    #: :class:`~perfsdk.hardware.profile.CalibrationRecord`
+    replicates: list[list[float]] = field(default_factory=list)
+    held_out: list[list[float]] = field(default_factory=list)
+    levels: list[float] = field(default_factory=list)
+    reference: str | None = None
+    reference_s: float | None = None
+    #: what was fitted, for refitting: the configurations (each pass) and the micro-kernels
+    samples: list[Any] = field(default_factory=list, repr=False)
+    micro: list[Observation] = field(default_factory=list, repr=False)
 
     @property
     def flops_per_s(self) -> float | None:
@@ -228,7 +243,8 @@ def cached_fraction(resident: np.ndarray, cache_bytes: float) -> np.ndarray:
 def fit(observations: list[Observation], *, fit_step_overhead: bool = True, max_iter: int = 30,
         half_rows: tuple[float, ...] | None = None,
         cache_bytes: tuple[float, ...] | None = CACHE_GRID,
-        pack_rows: tuple[float, ...] | None = PACK_ROWS_GRID, robust: float | None = 0.1) -> FitResult:
+        pack_rows: tuple[float, ...] | None = PACK_ROWS_GRID, robust: float | None = 0.1,
+        weight_row_term: bool = False) -> FitResult:
     """Fit the coefficients to ``observations`` (see the module docstring).
 
     ``half_rows``: ``None`` (default) fits the small-M slowdown ``h`` as a linear coefficient
@@ -236,6 +252,10 @@ def fit(observations: list[Observation], *, fit_step_overhead: bool = True, max_
     values tries each instead (``(0.0,)``: no small-M term). ``cache_bytes``: candidate cache
     sizes (0: one memory rate for all bytes); ``pack_rows``: candidate sizes from which matrix
     products repack their weights. The combination with the least relative squared error is kept.
+    ``weight_row_term``: also fit a cost per weight row (``matmul_ns_per_weight_row``). Off by
+    default: on the hosts measured, a matrix-vector product's time followed its weight bytes,
+    not its rows ([1408, 512] and [512, 1408] fp32 weights took the same 88 µs), and the term
+    traded itself against the per-op overhead and the bandwidth from one calibration to the next.
     """
     if len(observations) < 3:
         raise ValueError(f"need at least 3 observations to calibrate, got {len(observations)}")
@@ -245,7 +265,7 @@ def fit(observations: list[Observation], *, fit_step_overhead: bool = True, max_
         for pr in pack_rows or (0.0,):
             for h in half_rows if half_rows is not None else (None,):
                 res = _fit_at(observations, h, c, pr, fit_step_overhead=fit_step_overhead, max_iter=max_iter,
-                              robust=robust)
+                              robust=robust, weight_row_term=weight_row_term)
                 k = res.coefficients
                 if c and not 0 < k["s_per_cached_byte"] <= k["s_per_byte"]:
                     # a cache that serves bytes for free, or slower than memory, is not a cache
@@ -268,12 +288,15 @@ def _loss(rel_errors: np.ndarray, robust: float | None) -> float:
 
 
 def _fit_at(observations: list[Observation], h: float | None, c: float = 0.0, pr: float = 0.0, *,
-            fit_step_overhead: bool, max_iter: int, robust: float | None = None) -> FitResult:
+            fit_step_overhead: bool, max_iter: int, robust: float | None = None,
+            weight_row_term: bool = True) -> FitResult:
     """Fit the linear coefficients at cache size ``c`` and repacking size ``pr``; the small-M
     parameter is fitted (``h`` None) or fixed at ``h``."""
     if len(observations) < 3:
         raise ValueError(f"need at least 3 observations to calibrate, got {len(observations)}")
-    free = [0, 1, 2, 3, 4, 7, 9, 10] if fit_step_overhead else [0, 1, 2, 4, 7, 9, 10]
+    free = [0, 1, 2, 3, 4, 7, 9] if fit_step_overhead else [0, 1, 2, 4, 7, 9]
+    if weight_row_term:
+        free.append(10)
     if c:
         free.append(5)
     if pr:
@@ -320,7 +343,9 @@ def _fit_at(observations: list[Observation], h: float | None, c: float = 0.0, pr
     else:
         h_fit = hf
     return FitResult(coefficients=dict(zip(PARAMS, (float(v) for v in x))), errors_pct=errors, iterations=it,
-                     observations=len(observations), fixed=[] if fit_step_overhead else ["step_overhead_s"],
+                     observations=len(observations),
+                     fixed=([] if fit_step_overhead else ["step_overhead_s"])
+                     + ([] if weight_row_term else ["s_per_weight_row"]),
                      matmul_half_rows=h_fit, cache_bytes=c, pack_rows=pr)
 
 
@@ -357,12 +382,23 @@ def profile_from_fit(result: FitResult, *, name: str = "host-calibrated", base: 
               f"(least squares on the simulation's own cost model). {note}".strip())
     if result.drift_pct is not None:
         source += (f" The same configurations ran {result.drift_pct:.1f} % slower in the calibration's slowest "
-                   "pass than in its fastest (median over configurations).")
+                   "pass than in its fastest (median over configurations)")
+        if result.normalised_drift_pct is not None:
+            source += (f"; {result.normalised_drift_pct:.1f} % once each was divided by the reference workload "
+                       "timed around it")
+        source += "."
     if missing:
         source += f" Not identifiable from the data, kept from {base.name}: {', '.join(missing)}."
     source += f" Energy, static power and efficiency-free rates: energy figures copied from {base.name} (estimates)."
     peak = fps / 1e12
     k = result.coefficients
+    from perfsdk.hardware.profile import CalibrationRecord
+
+    record = CalibrationRecord(
+        host=cpu, fitted_at=when, params=list(PARAMS), coefficients=[float(k[p]) for p in PARAMS],
+        replicates=result.replicates, held_out=result.held_out, levels=result.levels,
+        cache_bytes=result.cache_bytes, pack_rows=result.pack_rows, reference=result.reference,
+        reference_s=result.reference_s, drift_pct=result.drift_pct, normalised_drift_pct=result.normalised_drift_pct)
     cached = bool(result.cache_bytes) and k.get("s_per_cached_byte", 0) > 0
     return HardwareProfile(
         name=name, kind="cpu", variant=f"{cpu}, fitted rates", source=source,
@@ -383,5 +419,89 @@ def profile_from_fit(result: FitResult, *, name: str = "host-calibrated", base: 
         cache_bandwidth_gbs=1e-9 / k["s_per_cached_byte"] if cached else None,
         softmax_ns_per_element=k.get("s_per_score", 0.0) * 1e9 or None,
         matmul_ns_per_weight_row=k.get("s_per_weight_row", 0.0) * 1e9 or None,
+        calibration=record,
     )
 
+
+
+@dataclass
+class ConfigurationSamples:
+    """One calibration configuration: its observations (measured at the central estimate) and,
+    for each of them, the value measured in every pass (what the bootstrap resamples)."""
+
+    model: str
+    observations: list[Observation]
+    per_pass: list[list[float]]
+    #: the model's width (hidden size): see :func:`held_out_errors`
+    width: int | None = None
+
+
+def _refit(result: FitResult, observations: list[Observation], *, fit_step_overhead: bool,
+           robust: float | None) -> np.ndarray:
+    """The coefficients (in :data:`PARAMS` order) fitted to ``observations`` at ``result``'s
+    cache and repacking sizes, the small-M term fitted as in ``result``."""
+    res = _fit_at(observations, None, result.cache_bytes, result.pack_rows, fit_step_overhead=fit_step_overhead,
+                  max_iter=30, robust=robust, weight_row_term="s_per_weight_row" not in result.fixed)
+    return np.array([res.coefficients[p] for p in PARAMS])
+
+
+def bootstrap_coefficients(result: FitResult, configs: list[ConfigurationSamples], fixed: list[Observation], *,
+                           replicates: int = 40, seed: int = 0, fit_step_overhead: bool = True,
+                           robust: float | None = 0.1) -> list[list[float]]:
+    """Coefficients refitted on ``replicates`` bootstrap resamples: the configurations drawn with
+    replacement and, for each, its passes drawn with replacement (the median of the drawn passes
+    is the measurement). ``fixed`` observations (the micro-kernels) are in every resample."""
+    from dataclasses import replace
+
+    rng = np.random.default_rng(seed)
+    out: list[list[float]] = []
+    n = len(configs)
+    if n < 2:
+        return out
+    for _ in range(replicates):
+        obs = list(fixed)
+        for i in rng.integers(0, n, n):
+            c = configs[int(i)]
+            for ob, values in zip(c.observations, c.per_pass):
+                vals = np.asarray(values, dtype=float)
+                pick = vals[rng.integers(0, len(vals), len(vals))] if len(vals) > 1 else vals
+                obs.append(replace(ob, measured_s=float(np.median(pick))))
+        if len(obs) < 3:
+            continue
+        out.append(_refit(result, obs, fit_step_overhead=fit_step_overhead, robust=robust).tolist())
+    return out
+
+
+def held_out_errors(result: FitResult, configs: list[ConfigurationSamples], fixed: list[Observation], *,
+                    fit_step_overhead: bool = True, robust: float | None = 0.1) -> list[list[float]]:
+    """``[prefill error, decode error]`` (fractions, ``(predicted - measured) / measured``) of
+    every configuration, predicted by a fit on the other models' configurations only: how far
+    the cost model misses a model it was not fitted on. Needs at least two models.
+
+    The models of the most common width are held out one at a time; models of other widths stay
+    in every fit. They are there to pin what one width alone cannot (the fixed costs that dominate
+    a very narrow model), and leaving one out measures how well the remaining design identifies
+    those costs, not how far the model misses a model like the ones predicted."""
+    models = list(dict.fromkeys(c.model for c in configs))
+    out: list[list[float]] = []
+    if len(models) < 2:
+        return out
+    widths = {c.model: c.width for c in configs}
+    counts: dict[Any, int] = {}
+    for m in models:
+        counts[widths[m]] = counts.get(widths[m], 0) + 1
+    common = max(counts, key=lambda w: counts[w])
+    held = [m for m in models if widths[m] == common] if counts[common] > 1 else models
+    for model in held:
+        train = list(fixed) + [ob for c in configs if c.model != model for ob in c.observations]
+        if len(train) < 3:
+            continue
+        x = _refit(result, train, fit_step_overhead=fit_step_overhead, robust=robust)
+        for c in configs:
+            if c.model != model:
+                continue
+            errs = {ob.phase: (ob.predict(x, 0.0, result.cache_bytes, result.pack_rows) - ob.measured_s)
+                    / ob.measured_s for ob in c.observations}
+            if "prefill" in errs and "decode" in errs:
+                out.append([float(errs["prefill"]), float(errs["decode"])])
+    return out

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from perfsdk.simulation.calibration.fit import FitResult, Observation, fit
+from perfsdk.simulation.calibration.fit import (ConfigurationSamples, FitResult, Observation, bootstrap_coefficients, fit,
+                                              held_out_errors)
 from perfsdk.simulation.calibration.measure import Measurement, observations_for
 
 
@@ -73,6 +74,7 @@ def calibrate_from_store(store_dir: str, run_ids: list[str] | None = None, *,
     if not ids:
         raise ValueError(f"{store_dir}: no runs")
     obs: list[Observation] = []
+    samples: list[ConfigurationSamples] = []
     used: list[Measurement] = []
     skipped: list[str] = []
     for rid in ids:
@@ -98,9 +100,16 @@ def calibrate_from_store(store_dir: str, run_ids: list[str] | None = None, *,
         dtype = (run.model.dtype if run.model and run.model.dtype else "float32").removeprefix("torch.")
         shape = architecture_from_config(cfg)
         for m in meas:
-            obs.extend(observations_for(shape, m, dtype=dtype))
+            o = observations_for(shape, m, dtype=dtype)
+            obs.extend(o)
+            samples.append(ConfigurationSamples(model=m.model, observations=o,
+                                                per_pass=[[x.measured_s] for x in o]))
         used.extend(meas)
     if len(obs) < 3:
         raise ValueError(f"{store_dir}: {len(obs)} usable measured phases in {len(ids)} run(s); at least 3 needed "
                          f"(skipped: {'; '.join(skipped) or 'none'})")
-    return fit(obs, fit_step_overhead=fit_step_overhead), used, skipped
+    result = fit(obs, fit_step_overhead=fit_step_overhead)
+    # each stored configuration is one measurement: the bootstrap draws configurations only
+    result.replicates = bootstrap_coefficients(result, samples, [], fit_step_overhead=fit_step_overhead)
+    result.held_out = held_out_errors(result, samples, [], fit_step_overhead=fit_step_overhead)
+    return result, used, skipped

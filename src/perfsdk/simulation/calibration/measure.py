@@ -70,24 +70,25 @@ class _Stamps:
 
 def measure_generate(model: Any, batch_size: int, input_tokens: int, output_tokens: int, *, repeats: int = 3,
                      warmup: int = 1, label: str = "model", seed: int = 0, estimator: str = "min",
-                     clock: str = "wall", min_time_s: float = 0.0, max_repeats: int = 64) -> Measurement:
+                     clock: str = "wall", min_time_s: float = 0.0, max_repeats: int = 64,
+                     pause_gc: bool = True) -> Measurement:
     """Time ``model.generate`` on random token ids, forcing exactly ``output_tokens`` tokens.
 
     TTFT = generate start to the first generated position; decode = first to last position
     (one clock: ``time.perf_counter_ns``), over ``repeats`` calls after ``warmup``. The default
     estimator is the minimum: on a shared machine other processes only ever add time, so the
-    fastest repeat is the best estimate of the machine's own speed (``estimator="median"``
-    for the median). The decode time is taken step by step: each decode step's time is the
-    estimator over the repeats of that step (same position, same context length), and the
-    decode time their sum, so an interruption in one step of one call does not cost that call
-    all its other steps. ``clock="cpu"`` times with this process's CPU time instead of the wall
+    fastest repeat is the best estimate of the machine's own speed. The decode time is then taken
+    step by step: each decode step's fastest time over the repeats (same position, same context
+    length), summed, so an interruption in one step of one call does not cost that call all its
+    other steps. ``estimator="median"`` takes the median call instead (the TTFT and the decode
+    time of whole calls, as a session's p50 reads them): what a run typically sees, not its best. ``clock="cpu"`` times with this process's CPU time instead of the wall
     clock: with one torch thread it leaves out the time the process waited for a core that other
     processes held, which is what makes timings on a busy shared machine comparable.
 
     ``min_time_s``: keep repeating (up to ``max_repeats``) until the timed calls add up to at
     least this long, so that a cheap configuration gets as many chances at a quiet moment as an
     expensive one (its fixed costs are what the per-call overheads are fitted from). The garbage
-    collector is paused while timing, as ``timeit`` does.
+    collector is paused while timing (``pause_gc``), as ``timeit`` does.
     """
     import torch
 
@@ -102,7 +103,8 @@ def measure_generate(model: Any, batch_size: int, input_tokens: int, output_toke
     clk = time.process_time_ns if clock == "cpu" else time.perf_counter_ns
     spent = 0.0
     was_enabled = gc.isenabled()
-    gc.disable()
+    if pause_gc:
+        gc.disable()
     try:
         with torch.inference_mode():
             i = 0
@@ -120,10 +122,50 @@ def measure_generate(model: Any, batch_size: int, input_tokens: int, output_toke
     finally:
         if was_enabled:
             gc.enable()
-    pick = min if estimator == "min" else statistics.median
-    per_step = [pick(col) for col in zip(*steps)]
+    if estimator == "median":
+        return Measurement(model=label, batch_size=batch_size, input_tokens=input_tokens,
+                           output_tokens=output_tokens, ttft_s=statistics.median(ttft),
+                           decode_s=statistics.median(sum(row) for row in steps), repeats=len(ttft))
+    per_step = [min(col) for col in zip(*steps)]
     return Measurement(model=label, batch_size=batch_size, input_tokens=input_tokens, output_tokens=output_tokens,
-                       ttft_s=pick(ttft), decode_s=sum(per_step), repeats=len(ttft), decode_steps_s=per_step)
+                       ttft_s=min(ttft), decode_s=sum(per_step), repeats=len(ttft), decode_steps_s=per_step)
+
+
+def measure_in_session(model: Any, batch_size: int, input_tokens: int, output_tokens: int, *, calls: int = 3,
+                       label: str = "model", seed: int = 0, min_time_s: float = 0.0,
+                       max_calls: int = 64) -> Measurement:
+    """TTFT and decode time of ``model.generate`` as a perfsdk session measures them: inside a
+    session with the default collectors (no store), on the session clock, after one warm-up call;
+    the median over ``calls`` calls (more while they add up to less than ``min_time_s``, up to
+    ``max_calls``). What a user's run reads as its p50, so a profile fitted to these predicts it."""
+    import torch
+
+    import perfsdk
+
+    g = torch.Generator().manual_seed(seed)
+    vocab = int(model.config.vocab_size)
+    ids = torch.randint(4, vocab, (batch_size, input_tokens), generator=g)
+    kw = dict(input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=output_tokens,
+              min_new_tokens=output_tokens, do_sample=False, pad_token_id=0)
+    cfg = perfsdk.Config.model_validate({"name": "perfsdk-calibrate", "model": {"id": label}, "store": None,
+                                         "workload": {"threads": torch.get_num_threads()}})
+    ttft: list[float] = []
+    decode: list[float] = []
+    with perfsdk.session(cfg) as s:
+        s.load(model=model)
+        with s.warmup():
+            s.generate(model, **kw)
+        spent = 0.0
+        while len(ttft) < calls or (spent < min_time_s and len(ttft) < max_calls):
+            s.generate(model, **kw)
+            step = s.steps[-1]
+            t = step.token_times_ns
+            ttft.append((t[0] - step.start_ns) / 1e9)
+            decode.append((t[-1] - t[0]) / 1e9)
+            spent += ((step.end_ns or t[-1]) - step.start_ns) / 1e9
+    return Measurement(model=label, batch_size=batch_size, input_tokens=input_tokens, output_tokens=output_tokens,
+                       ttft_s=float(statistics.median(ttft)), decode_s=float(statistics.median(decode)),
+                       repeats=len(ttft))
 
 
 def build_random_model(spec: str) -> Any:
@@ -185,7 +227,7 @@ def observations_for(shape: Any, m: Measurement, dtype: str = "float32") -> list
     return obs
 
 
-def micro_observations(repeats: int = 7, clock: str = "wall") -> list[Observation]:
+def micro_observations(repeats: int = 7, clock: str = "wall", estimator: str = "min") -> list[Observation]:
     """Three micro-kernels that anchor the rates: a large fp32 matmul (compute), a large
     elementwise add (memory) and a chain of kernels on tiny tensors (the cost of one kernel
     call), timed with torch on the current thread setting."""
@@ -200,7 +242,7 @@ def micro_observations(repeats: int = 7, clock: str = "wall") -> list[Observatio
             t0 = clk()
             fn()
             ts.append((clk() - t0) / 1e9)
-        return min(ts)
+        return min(ts) if estimator == "min" else statistics.median(ts)
 
     n = 1024
     a, b = torch.randn(n, n), torch.randn(n, n)
@@ -239,51 +281,197 @@ DEFAULT_CALIBRATION_MODELS = ["builtin:tiny-llama-medium", "builtin:tiny-llama-m
                               "builtin:tiny-llama-medium@hidden=64@layers=2"]
 
 
+#: The fixed workload timed right before and after every calibration configuration (and every
+#: measured configuration of the accuracy benchmark): the machine's speed at that moment.
+REFERENCE_MODEL = "builtin:tiny-llama-medium@layers=2"
+REFERENCE_SHAPE = (1, 16, 8)
+
+
+class ReferenceTimer:
+    """Times the reference workload (:data:`REFERENCE_MODEL` at :data:`REFERENCE_SHAPE`) on
+    demand, so that other timings can be expressed relative to the machine's speed of the moment.
+
+    :meth:`around` times a measurement between two reference timings (the reference timed after
+    one measurement is the one before the next) and returns it with its index. The machine's
+    speed around measurement ``i`` is :meth:`level_at` ``i``: the median of the four reference
+    times nearest to it (two before, two after), so that one reference call that met a busy
+    moment does not move it. A measurement divided by its level and multiplied by :attr:`median`
+    is in seconds at the machine's typical speed over the whole session: a drift of the
+    machine's speed over minutes cancels to first order.
+    """
+
+    def __init__(self, *, clock: str = "wall", repeats: int = 5, pause_gc: bool = False, model: Any = None) -> None:
+        self.model = model if model is not None else build_random_model(REFERENCE_MODEL)
+        self.clock = clock
+        self.repeats = repeats
+        self.pause_gc = pause_gc
+        self.times: list[float] = []
+
+    @property
+    def label(self) -> str:
+        b, i, o = REFERENCE_SHAPE
+        return f"{REFERENCE_MODEL} batch {b} in {i} out {o}"
+
+    def tick(self) -> float:
+        """Time the reference once (median of ``repeats`` calls; TTFT + decode), and keep it."""
+        warm = 0 if self.times else 1
+        m = measure_generate(self.model, *REFERENCE_SHAPE, repeats=self.repeats, warmup=warm, label="reference",
+                             estimator="median", clock=self.clock, pause_gc=self.pause_gc)
+        t = m.ttft_s + m.decode_s
+        self.times.append(t)
+        return t
+
+    def around(self, fn: Any) -> tuple[Any, int]:
+        """``(fn(), index)``: ``fn`` timed between two reference timings; ``index`` is that of the
+        reference right before it (see :meth:`level_at`)."""
+        if not self.times:
+            self.tick()
+        index = len(self.times) - 1
+        out = fn()
+        self.tick()
+        return out, index
+
+    def level_at(self, index: int) -> float:
+        """The reference time around the measurement taken after reference ``index``: the median
+        of references ``index - 1`` to ``index + 2``."""
+        near = self.times[max(0, index - 1): index + 3]
+        return float(statistics.median(near))
+
+    @property
+    def median(self) -> float:
+        return float(statistics.median(self.times))
+
+    def levels(self) -> list[float]:
+        """The machine's level around every measurement (:meth:`level_at`) relative to the
+        reference's median."""
+        med = self.median
+        return [self.level_at(i) / med for i in range(max(0, len(self.times) - 1))]
+
+
+def scaled(m: Measurement, factor: float) -> Measurement:
+    """``m`` with its times multiplied by ``factor`` (a drift normalisation)."""
+    steps = [t * factor for t in m.decode_steps_s] if m.decode_steps_s is not None else None
+    return Measurement(model=m.model, batch_size=m.batch_size, input_tokens=m.input_tokens,
+                       output_tokens=m.output_tokens, ttft_s=m.ttft_s * factor, decode_s=m.decode_s * factor,
+                       repeats=m.repeats, decode_steps_s=steps)
+
+
+def median_of(runs: list[Measurement]) -> Measurement:
+    """One measurement of a configuration from its passes: the median TTFT and decode time."""
+    first = runs[0]
+    return Measurement(model=first.model, batch_size=first.batch_size, input_tokens=first.input_tokens,
+                       output_tokens=first.output_tokens, ttft_s=float(statistics.median(m.ttft_s for m in runs)),
+                       decode_s=float(statistics.median(m.decode_s for m in runs)),
+                       repeats=sum(m.repeats for m in runs))
+
+
+def normalised_runs(raw: dict[Any, list[tuple[Measurement, float]]], reference_s: float) -> dict[Any, list[Measurement]]:
+    """Each pass of each configuration divided by its adjacent reference time and brought back
+    to seconds with ``reference_s`` (the reference's median)."""
+    return {key: [scaled(m, reference_s / adj) for m, adj in runs] for key, runs in raw.items()}
+
+
 def calibrate_here(models: list[str], grid: list[tuple[int, int, int]] | None = None, *, repeats: int = 3,
                    threads: int | None = None, fit_step_overhead: bool = True, micro: bool = True,
                    progress: Any = None, clock: str = "wall", passes: int = 3,
-                   min_time_s: float = 0.2) -> tuple[FitResult, list[Measurement]]:
+                   min_time_s: float = 0.2, normalise: bool = True, estimator: str = "median",
+                   pause_gc: bool = False, replicates: int = 40,
+                   seed: int = 0) -> tuple[FitResult, list[Measurement]]:
     """Measure ``models`` (random weights) on a grid of (batch, input tokens, output tokens),
     plus the micro-kernels (``micro``), and fit.
 
-    Every configuration is measured ``repeats`` times (after a warm-up call) in each of
-    ``passes`` round-robin passes over all of them, and the fastest TTFT and decode steps are
-    kept (:meth:`Measurement.merged`); a configuration faster than ``min_time_s`` over its
-    repeats is repeated until it has taken that long (:func:`measure_generate`): spreading the repeats over time lets each configuration meet a quiet moment, which is
-    what makes two calibrations of the same machine agree. The micro-kernels are timed at the
-    start and at the end, and the faster of the two kept.
+    Every configuration is measured ``repeats`` times (after a warm-up call; more while under
+    ``min_time_s``) in each of ``passes`` round-robin passes over all of them; each pass keeps the
+    median call (``estimator``). On the wall clock with the median (the defaults) the calls run
+    inside a perfsdk session (:func:`measure_in_session`), so the profile predicts what a user's
+    run measures, session included; otherwise in a bare loop (:func:`measure_generate`: ``clock``
+    ``cpu`` times process CPU time, ``estimator`` ``min`` keeps the fastest call, ``pause_gc``).
+
+    With ``normalise``, the reference workload (:class:`ReferenceTimer`) is timed right before
+    and after every configuration; each pass of a configuration is divided by the mean of its
+    two adjacent reference times and multiplied by the reference's median over the whole
+    calibration, so a drift of the machine's speed cancels to first order. The configuration's
+    time is the median over its passes. The drift is reported both ways (``drift_pct`` raw,
+    ``normalised_drift_pct`` after normalising).
+
+    The fit then keeps what it needs to state its own uncertainty: ``replicates`` bootstrap
+    refits over configurations and passes, every configuration's errors when its model is left
+    out of the fit, and the reference's levels (see
+    :class:`~perfsdk.hardware.profile.CalibrationRecord`).
     """
     import torch
 
     from perfsdk.models.arch import architecture_from_config
+    from perfsdk.simulation.calibration.fit import ConfigurationSamples, bootstrap_coefficients, held_out_errors
 
     if threads:
         torch.set_num_threads(threads)
     built = {spec: build_random_model(spec) for spec in models}
     shapes = {spec: architecture_from_config(model.config) for spec, model in built.items()}
     configs = [(spec, b, i, o) for spec in models for b, i, o in (grid or DEFAULT_CALIBRATION_GRID)]
-    best: dict[tuple[str, int, int, int], Measurement] = {}
-    by_pass: dict[tuple[str, int, int, int], list[Measurement]] = {}
-    micro_runs = [micro_observations(clock=clock)] if micro else []
+    ref = ReferenceTimer(clock=clock, pause_gc=pause_gc) if normalise else None
+    raw: dict[tuple[str, int, int, int], list[tuple[Measurement, int]]] = {key: [] for key in configs}
+    micro_runs = [micro_observations(clock=clock, estimator=estimator)] if micro else []
     for p in range(max(1, passes)):
         for key in configs:
             spec, b, i, o = key
-            m = measure_generate(built[spec], b, i, o, repeats=repeats, label=spec, clock=clock, seed=p,
-                                 min_time_s=min_time_s)
-            by_pass.setdefault(key, []).append(m)
-            prev = best.get(key)
-            best[key] = m if prev is None else prev.merged(m)
+
+            def one() -> Measurement:
+                if clock == "wall" and estimator == "median":
+                    return measure_in_session(built[spec], b, i, o, calls=repeats, label=spec, seed=p,
+                                              min_time_s=min_time_s)
+                return measure_generate(built[spec], b, i, o, repeats=repeats, label=spec, clock=clock, seed=p,
+                                        min_time_s=min_time_s, estimator=estimator, pause_gc=pause_gc)
+
+            if ref is not None:
+                m, index = ref.around(one)
+                raw[key].append((m, index))
+            else:
+                raw[key].append((one(), -1))
             if progress is not None and p == max(1, passes) - 1:
                 progress(m)
     if micro:
-        micro_runs.append(micro_observations(clock=clock))
-    obs: list[Observation] = [min(pair, key=lambda ob: ob.measured_s) for pair in zip(*micro_runs)]
-    meas = [best[key] for key in configs]
+        micro_runs.append(micro_observations(clock=clock, estimator=estimator))
+    pick = min if estimator == "min" else _median_observation
+    fixed: list[Observation] = [pick(pair, key=lambda ob: ob.measured_s) for pair in zip(*micro_runs)]
+    ref_s = ref.median if ref is not None else 1.0
+    runs = (normalised_runs({k: [(m, ref.level_at(i)) for m, i in v] for k, v in raw.items()}, ref_s)
+            if ref is not None else {k: [m for m, _ in v] for k, v in raw.items()})
+    merge = _best_of if estimator == "min" else median_of
+    meas = [merge(runs[key]) for key in configs]
+    samples: list[ConfigurationSamples] = []
+    obs: list[Observation] = list(fixed)
     for key, m in zip(configs, meas):
-        obs.extend(observations_for(shapes[key[0]], m))
+        phase_obs = observations_for(shapes[key[0]], m)
+        per_pass = [[r.ttft_s for r in runs[key]], [r.decode_s for r in runs[key]]][: len(phase_obs)]
+        samples.append(ConfigurationSamples(model=key[0], observations=phase_obs, per_pass=per_pass,
+                                            width=shapes[key[0]].hidden_size))
+        obs.extend(phase_obs)
     result = fit(obs, fit_step_overhead=fit_step_overhead)
-    result.drift_pct = pass_drift_pct(list(by_pass.values()))
+    result.drift_pct = pass_drift_pct([[m for m, _ in raw[key]] for key in configs])
+    if ref is not None:
+        result.normalised_drift_pct = pass_drift_pct([runs[key] for key in configs])
+        result.levels = ref.levels()
+        result.reference, result.reference_s = ref.label, ref_s
+    result.replicates = bootstrap_coefficients(result, samples, fixed, replicates=replicates, seed=seed,
+                                               fit_step_overhead=fit_step_overhead)
+    result.held_out = held_out_errors(result, samples, fixed, fit_step_overhead=fit_step_overhead)
+    result.samples, result.micro = samples, fixed
     return result, meas
+
+
+def _best_of(runs: list[Measurement]) -> Measurement:
+    out = runs[0]
+    for m in runs[1:]:
+        out = out.merged(m)
+    return out
+
+
+def _median_observation(pair: Any, key: Any) -> Observation:
+    """The micro-kernel observation with the median time (of its runs at the start and the end:
+    the lower median of two)."""
+    ordered = sorted(pair, key=key)
+    return ordered[(len(ordered) - 1) // 2]
 
 
 def pass_drift_pct(runs: list[list[Measurement]]) -> float | None:
