@@ -121,7 +121,8 @@ def html_table(headers: list[str], rows: list[list[Any]], cls: str = "", caption
 
 
 def rich_table_html(table: Any) -> str:
-    """A ``rich`` table as an HTML table (title as a caption line, cell text without markup)."""
+    """A ``rich`` table as an HTML table (title as a line above it, caption as a line below,
+    cell text without markup)."""
     from rich.text import Text
 
     def text(v: Any) -> str:
@@ -133,7 +134,8 @@ def rich_table_html(table: Any) -> str:
     cells = [[text(x) for x in c._cells] for c in table.columns]
     rows = [list(r) for r in zip(*cells)] if cells else []
     title = f"<p><b>{_html.escape(text(table.title))}</b></p>" if table.title else ""
-    return title + html_table(headers, rows)
+    caption = f"<p>{_html.escape(text(table.caption))}</p>" if table.caption else ""
+    return title + html_table(headers, rows) + caption
 
 
 #: Why a collector that needs the model object has nothing for a served model.

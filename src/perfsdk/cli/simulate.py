@@ -135,22 +135,39 @@ def _print_simulation(res: SimulationResult) -> None:
     con = make_console()
     con.print(f"[bold]{res.model}[/] on [bold]{res.hardware}[/] — batch {res.batch_size}, "
               f"{res.input_tokens} in / {res.output_tokens} out tokens, {res.dtype} ({res.op_source} ops)")
+    level = res.interval_level
     t = Table(show_header=True)
-    for c in ("metric", "value"):
+    for c in ("metric", "value") + ((f"{100 * level:.0f} % interval",) if level else ()):
         t.add_column(c)
+
+    def row(label: str, value: str, metric: str | None = None, fmt: Any = _fmt_s) -> None:
+        cells = [label, value]
+        if level:
+            b = res.interval(metric) if metric else None
+            cells.append("-" if b is None else f"{fmt(b[0])} – {fmt(b[1])}")
+        t.add_row(*cells)
+
     if res.ttft_s is not None:
-        t.add_row("TTFT", _fmt_s(res.ttft_s))
-        t.add_row("TPOT", _fmt_s(res.tpot_s))
+        row("TTFT", _fmt_s(res.ttft_s), "ttft_s")
+        row("TPOT", _fmt_s(res.tpot_s), "tpot_s")
     if res.output_tokens_per_s is not None:
-        t.add_row("output tokens/s", f"{res.output_tokens_per_s:.1f}")
+        row("output tokens/s", f"{res.output_tokens_per_s:.1f}", "output_tokens_per_s", lambda v: f"{v:.1f}")
     if res.energy_j_per_output_token is not None:
-        t.add_row("energy per output token", f"{res.energy_j_per_output_token:.4g} J")
+        row("energy per output token", f"{res.energy_j_per_output_token:.4g} J")
     if res.forward_s is not None:
-        t.add_row("forward pass", _fmt_s(res.forward_s))
+        row("forward pass", _fmt_s(res.forward_s), "forward_s")
     if res.energy_j_per_forward is not None:
-        t.add_row("energy per forward pass", f"{res.energy_j_per_forward:.4g} J")
-    t.add_row("fits in memory", f"{_yes(res.fits_in_memory)} ({res.memory_required_bytes / 1e9:.2f} GB needed)")
+        row("energy per forward pass", f"{res.energy_j_per_forward:.4g} J")
+    row("fits in memory", f"{_yes(res.fits_in_memory)} ({res.memory_required_bytes / 1e9:.2f} GB needed)")
     con.print(t)
+    con.print(f"times: {res.origin_detail or res.origin}")
+    if level:
+        con.print(f"interval: {100 * level:.0f} % of the measurements this calibration allows for (its coefficients "
+                  "refitted on resampled timings, its errors on models left out of the fit, the machine's drift)")
+    elif res.interval_note:
+        con.print(res.interval_note)
+    if res.energy_origin:
+        con.print(f"energy: {res.energy_origin}")
     pt = Table(title="phases", show_header=True)
     for c in ("phase", "time", "energy J", "avg power W", "bound", "compute", "memory", "transfer", "overhead"):
         pt.add_column(c)
@@ -276,19 +293,35 @@ def hardware_convert(path: str, output: str | None) -> None:
 CALIBRATION_DRIFT_WARN_PCT = 5.0
 
 
-def _warn_drift(drift_pct: float | None, *, isolated: bool = False) -> None:
-    """Say how steady the machine was while calibrating, and warn when it was not.
+def _warn_drift(drift_pct: float | None, normalised_pct: float | None = None, *, isolated: bool = False) -> None:
+    """Say how steady the machine was while calibrating, and warn when the drift that remains
+    after normalising to the reference workload (or, without one, the raw drift) is large.
 
     ``isolated``: the calibration already ran on one thread with the CPU clock, so the advice to
     do that is left out."""
     if drift_pct is None:
         return
     msg = f"passes: the same configurations ran {drift_pct:.1f} % slower in the slowest pass than in the fastest"
-    if drift_pct > CALIBRATION_DRIFT_WARN_PCT:
-        msg = (f"warning: this machine's speed moved while calibrating ({msg}); the fitted rates carry that, "
-               "and a calibration repeated now may differ by as much. Calibrate with nothing else running"
-               + ("" if isolated else ", or with --threads 1 --clock cpu on a shared machine"))
+    remaining = drift_pct
+    if normalised_pct is not None:
+        msg += f"; {normalised_pct:.1f} % once each was divided by the reference workload timed around it"
+        remaining = normalised_pct
+    if remaining > CALIBRATION_DRIFT_WARN_PCT:
+        msg = (f"warning: this machine's speed moved while calibrating ({msg}): the fitted rates carry what the "
+               "reference could not follow, and a calibration repeated now may differ by as much. Calibrate with "
+               "nothing else running" + ("" if isolated else ", or with --threads 1 on a shared machine"))
     click.echo(msg, err=True)
+
+
+def _say_uncertainty(result: Any) -> None:
+    """What the calibration keeps for the intervals of its predictions."""
+    if not result.replicates and not result.held_out:
+        return
+    held = sorted(abs(x) for pair in result.held_out for x in pair)
+    typical = f", median |error| {100 * held[len(held) // 2]:.1f} %" if held else ""
+    click.echo(f"uncertainty: {len(result.replicates)} bootstrap refits over configurations and passes; "
+               f"{len(result.held_out)} configurations predicted with their model left out of the fit{typical}; "
+               f"{len(result.levels)} reference timings", err=True)
 
 
 @click.command("calibrate")
@@ -298,12 +331,12 @@ def _warn_drift(drift_pct: float | None, *, isolated: bool = False) -> None:
 @click.option("--repeats", default=3, show_default=True, type=click.IntRange(min=1),
               help="Timed calls per configuration in each pass (after a warm-up call)")
 @click.option("--passes", default=3, show_default=True, type=click.IntRange(min=1),
-              help="Round-robin passes over all configurations; the fastest time of each is kept")
+              help="Round-robin passes over all configurations; each configuration's time is the median over them")
 @click.option("--min-time", "min_time", default=0.2, show_default=True, type=click.FloatRange(min=0.0),
               help="Seconds each configuration is timed for at least, per pass (cheap ones are repeated more)")
 @click.option("--threads", type=click.IntRange(min=1), help="torch threads (default: torch's)")
 @click.option("--clock", type=click.Choice(["wall", "cpu"]), default="wall", show_default=True,
-              help="cpu: time with process CPU time (use with --threads 1 on a busy shared machine)")
+              help="wall: what a run measures, and what predictions are of; cpu: process CPU time")
 @click.option("--name", default="host-calibrated", show_default=True, help="Name of the fitted profile")
 @click.option("--output", "-o", type=click.Path(dir_okay=False), help="Write the profile YAML here (default: stdout)")
 @click.option("--json", "as_json", is_flag=True, help="Print the fit (coefficients, in-sample errors) as JSON")
@@ -338,7 +371,8 @@ def calibrate_command(models: tuple[str, ...], repeats: int, passes: int, min_ti
             result, _ = calibrate_here(list(models), repeats=repeats, threads=threads, progress=progress, clock=clock,
                                        passes=passes, min_time_s=min_time)
             note = f"Models: {', '.join(models)}."
-            _warn_drift(result.drift_pct, isolated=threads == 1 and clock == "cpu")
+            _warn_drift(result.drift_pct, result.normalised_drift_pct, isolated=threads == 1)
+            _say_uncertainty(result)
         profile = profile_from_fit(result, name=name, note=note)
     except ValueError as exc:
         _fail(str(exc))
@@ -352,6 +386,9 @@ def calibrate_command(models: tuple[str, ...], repeats: int, passes: int, min_ti
         click.echo(json.dumps({"coefficients": result.coefficients, "errors_pct": result.errors_pct,
                                "matmul_half_rows": result.matmul_half_rows, "matmul_pack_rows": result.pack_rows,
                                "cache_bytes": result.cache_bytes, "drift_pct": result.drift_pct,
+                               "normalised_drift_pct": result.normalised_drift_pct,
+                               "reference": result.reference, "reference_s": result.reference_s,
+                               "bootstrap_refits": len(result.replicates), "held_out": result.held_out,
                                "observations": result.observations}, indent=2))
     elif not output:
         click.echo(text, nl=False)

@@ -114,12 +114,35 @@ class TargetPrediction(CollectorResult):
     decode_avg_power_w: float | None = None
     devices: list[DeviceSummary] = Field(default_factory=list)
     top_layers: list[LayerSummary] = Field(default_factory=list)
+    origin: str | None = Field(default=None, description="calibrated, spec sheet or user file (see "
+                               "perfsdk.simulation.uncertainty)")
+    origin_detail: str | None = None
+    energy_origin: str | None = None
+    interval_level: float | None = Field(default=None, description="Coverage of the *_low/*_high bounds; None: "
+                                         "no interval (interval_note says why)")
+    interval_note: str | None = None
+    ttft_s_low: float | None = None
+    ttft_s_high: float | None = None
+    tpot_s_low: float | None = None
+    tpot_s_high: float | None = None
+    output_tokens_per_s_low: float | None = None
+    output_tokens_per_s_high: float | None = None
+    forward_s_low: float | None = None
+    forward_s_high: float | None = None
+    prefill_time_s_low: float | None = None
+    prefill_time_s_high: float | None = None
+    decode_time_s_low: float | None = None
+    decode_time_s_high: float | None = None
 
 
 class PhaseError(CollectorResult):
     measured_s: float | None
     predicted_s: float | None
     error_pct: float | None
+    predicted_low_s: float | None = Field(default=None, description="The prediction's interval (calibrated profile)")
+    predicted_high_s: float | None = None
+    inside_interval: bool | None = Field(default=None, description="Whether the measurement falls inside the "
+                                         "interval; None without an interval")
 
 
 _NOTES = {
@@ -190,12 +213,27 @@ def _summarize(res: SimulationResult, top_n: int) -> TargetPrediction:
                                memory_efficiency=d.memory_efficiency, peak_assumed=d.peak_assumed,
                                fits_in_memory=d.fits_in_memory) for d in res.devices],
         top_layers=layers,
+        origin=res.origin, origin_detail=res.origin_detail, energy_origin=res.energy_origin,
+        interval_level=res.interval_level, interval_note=res.interval_note,
+        ttft_s_low=res.ttft_s_low, ttft_s_high=res.ttft_s_high, tpot_s_low=res.tpot_s_low,
+        tpot_s_high=res.tpot_s_high, output_tokens_per_s_low=res.output_tokens_per_s_low,
+        output_tokens_per_s_high=res.output_tokens_per_s_high, forward_s_low=res.forward_s_low,
+        forward_s_high=res.forward_s_high,
+        prefill_time_s_low=ph["prefill"].time_s_low if "prefill" in ph else None,
+        prefill_time_s_high=ph["prefill"].time_s_high if "prefill" in ph else None,
+        decode_time_s_low=ph["decode"].time_s_low if "decode" in ph else None,
+        decode_time_s_high=ph["decode"].time_s_high if "decode" in ph else None,
     )
 
 
-def _err(pred: float | None, meas: float | None) -> PhaseError:
+def _err(pred: float | None, meas: float | None, low: float | None = None,
+         high: float | None = None) -> PhaseError:
+    """Predicted against measured: the signed error and, with an interval, whether the
+    measurement falls inside it."""
     e = 100.0 * (pred - meas) / meas if pred is not None and meas else None
-    return PhaseError(measured_s=meas, predicted_s=pred, error_pct=e)
+    inside = None if pred is None or meas is None or low is None or high is None else low <= meas <= high
+    return PhaseError(measured_s=meas, predicted_s=pred, error_pct=e, predicted_low_s=low if pred is not None else None,
+                      predicted_high_s=high if pred is not None else None, inside_interval=inside)
 
 
 class _Target:
@@ -446,15 +484,17 @@ class SimulationCollector(Collector):
         if measured_name in preds:
             p = preds[measured_name]
             if forward:
-                comparison = {"forward": _err(p.forward_s, step.duration_s)}
+                comparison = {"forward": _err(p.forward_s, step.duration_s, p.forward_s_low, p.forward_s_high)}
             else:
                 ttft = (step.token_times_ns[0] - step.start_ns) / 1e9
                 n = len(step.token_times_ns)
                 decode = (step.token_times_ns[-1] - step.token_times_ns[0]) / 1e9 if n > 1 else None
                 comparison = {
-                    "prefill": _err(p.prefill_time_s, ttft),
-                    "decode": _err(p.decode_time_s if n > 1 else None, decode),
-                    "tpot": _err(p.tpot_s, decode / (n - 1) if decode is not None else None),
+                    "prefill": _err(p.prefill_time_s, ttft, p.prefill_time_s_low, p.prefill_time_s_high),
+                    "decode": _err(p.decode_time_s if n > 1 else None, decode, p.decode_time_s_low,
+                                   p.decode_time_s_high),
+                    "tpot": _err(p.tpot_s, decode / (n - 1) if decode is not None else None, p.tpot_s_low,
+                                 p.tpot_s_high),
                 }
         try:
             session.add_artifact("simulation.json", json.dumps(full, indent=1))
@@ -477,6 +517,27 @@ def _eff(d: dict[str, Any]) -> str:
     if d.get("peak_assumed"):
         return f"{d['name']}: peak"
     return f"{d['name']}: {d['compute_efficiency']:.2f} compute, {d['memory_efficiency']:.2f} memory"
+
+
+def _with_interval(p: dict[str, Any], metric: str) -> str:
+    """``9.1 ms`` or, with an interval, ``9.1 ms (8.4–10.2)``."""
+    value = _fmt_s(p.get(metric))
+    lo, hi = p.get(f"{metric}_low"), p.get(f"{metric}_high")
+    if lo is None or hi is None or p.get(metric) is None:
+        return value
+    return f"{value} ({_fmt_s(lo)}–{_fmt_s(hi)})"
+
+
+def _origin_caption(predictions: dict[str, Any]) -> str:
+    """Where each prediction's figures come from, and the intervals' coverage."""
+    parts = []
+    for name, p in predictions.items():
+        origin = p.get("origin") or "?"
+        if p.get("interval_level"):
+            parts.append(f"{name}: {origin}, {100 * p['interval_level']:.0f} % interval in brackets")
+        else:
+            parts.append(f"{name}: {origin}, no interval")
+    return "; ".join(parts)
 
 
 def _summary_tables(res: dict[str, Any]) -> list[Any]:
@@ -502,21 +563,32 @@ def _summary_tables(res: dict[str, Any]) -> list[Any]:
         eff = "; ".join(_eff(d) for d in p.get("devices", []))
         if forward:
             j = p.get("energy_j_per_forward")
-            pt.add_row(label, _fmt_s(p.get("forward_s")), "-" if j is None else f"{j:.3g}",
+            pt.add_row(label, _with_interval(p, "forward_s"), "-" if j is None else f"{j:.3g}",
                        _yes(p.get("fits_in_memory")), eff)
         else:
             tps, j = p.get("output_tokens_per_s"), p.get("energy_j_per_output_token")
-            pt.add_row(label, _fmt_s(p.get("ttft_s")), _fmt_s(p.get("tpot_s")), "-" if tps is None else f"{tps:.1f}",
-                       "-" if j is None else f"{j:.3g}", _yes(p.get("fits_in_memory")), eff)
+            pt.add_row(label, _with_interval(p, "ttft_s"), _with_interval(p, "tpot_s"),
+                       "-" if tps is None else f"{tps:.1f}", "-" if j is None else f"{j:.3g}",
+                       _yes(p.get("fits_in_memory")), eff)
+    pt.caption = _origin_caption(res.get("predictions", {}))
     tables = [pt]
     comp = res.get("comparison") or {}
     if comp:
         ct = Table(title=f"Predicted vs measured on {res.get('measured_profile')}", show_edge=False)
-        for c in ("phase", "measured", "predicted", "error"):
-            ct.add_column(c, justify="right" if c != "phase" else "left")
+        level = (res.get("predictions", {}).get(res.get("measured_profile")) or {}).get("interval_level")
+        heads = ["phase", "measured", "predicted", "error"]
+        if level:
+            heads += [f"{100 * level:.0f} % interval", "inside"]
+        for h in heads:
+            ct.add_column(h, justify="right" if h != "phase" else "left")
         for ph, e in comp.items():
             err = "-" if e.get("error_pct") is None else f"{e['error_pct']:+.1f}%"
-            ct.add_row(ph, _fmt_s(e.get("measured_s")), _fmt_s(e.get("predicted_s")), err)
+            row = [ph, _fmt_s(e.get("measured_s")), _fmt_s(e.get("predicted_s")), err]
+            if level:
+                lo, hi = e.get("predicted_low_s"), e.get("predicted_high_s")
+                row += ["-" if lo is None or hi is None else f"{_fmt_s(lo)}–{_fmt_s(hi)}",
+                        "-" if e.get("inside_interval") is None else ("yes" if e["inside_interval"] else "NO")]
+            ct.add_row(*row)
         tables.append(ct)
     if forward:
         for name, p in res.get("predictions", {}).items():

@@ -44,6 +44,9 @@ class PhasePrediction(_Frozen):
     flops: float = 0.0
     bytes_moved: float = 0.0
     bound: str = "memory"
+    time_s_low: float | None = Field(default=None, description="Lower bound of the interval on time_s (calibrated "
+                                     "profiles; see SimulationResult.interval_level)")
+    time_s_high: float | None = None
 
 
 class LayerPrediction(_Frozen):
@@ -104,6 +107,29 @@ class SimulationResult(_Frozen):
     layers: list[LayerPrediction]
     categories: dict[str, dict[str, float]] = Field(default_factory=dict, description="phase -> category -> time_s")
     notes: list[str] = Field(default_factory=list)
+    origin: str = Field(default="user file", description="What the times rest on: calibrated (on a host, with an "
+                        "interval), spec sheet (catalogue figures and efficiency estimates) or user file")
+    origin_detail: str = Field(default="", description="The origin as a sentence (host and date of a calibration)")
+    energy_origin: str = Field(default="", description="What the energy figures rest on (never calibrated by timing)")
+    interval_level: float | None = Field(default=None, description="Coverage of the *_low/*_high bounds (0.9: 90 %); "
+                                         "None: no interval")
+    interval_note: str | None = Field(default=None, description="Why there is no interval, when there is none")
+    ttft_s_low: float | None = None
+    ttft_s_high: float | None = None
+    tpot_s_low: float | None = None
+    tpot_s_high: float | None = None
+    e2e_s_low: float | None = None
+    e2e_s_high: float | None = None
+    output_tokens_per_s_low: float | None = None
+    output_tokens_per_s_high: float | None = None
+    forward_s_low: float | None = None
+    forward_s_high: float | None = None
+
+    def interval(self, metric: str) -> tuple[float, float] | None:
+        """``(low, high)`` of ``metric`` (``ttft_s``, ``tpot_s``, ``e2e_s``, ``output_tokens_per_s``,
+        ``forward_s``), or None without an interval."""
+        lo, hi = getattr(self, f"{metric}_low", None), getattr(self, f"{metric}_high", None)
+        return None if lo is None or hi is None else (lo, hi)
 
 
 @dataclass
@@ -205,6 +231,8 @@ class Simulator:
         """
         if not ops:
             raise ValueError("no operations to simulate")
+        if op_source != "analytic":
+            ops = as_module_calls(ops)
         devs = {name: _DevState(p) for name, p in self.profiles.items()}
         present = {_phase_of(op) for op in ops}
         names: list[PhaseName] = []
@@ -331,7 +359,11 @@ class Simulator:
                     energy_j=a.energy_j, bound=a.bound(), compute_s=a.compute_s, memory_s=a.memory_s,
                     transfer_s=a.transfer_s, flops=a.flops, bytes_moved=a.bytes_moved, ops=a.ops))
 
+        bounds_ = self._interval(ops, out_phases, step_weights, n_decode, out_tokens, n_fwd)
+        for ph, (lo, hi) in bounds_.pop("phase_bounds", {}).items():
+            out_phases[ph] = out_phases[ph].model_copy(update={"time_s_low": lo, "time_s_high": hi})
         return SimulationResult(
+            **bounds_,
             hardware=self.hardware.name if len(self.profiles) == 1 else
             ", ".join(d if normalize_name(d) == p.name else f"{d}={p.name}" for d, p in self.profiles.items()),
             devices=dev_out,
@@ -356,6 +388,92 @@ class Simulator:
             categories={ph: dict(v) for ph, v in cats.items() if ph in out_phases},
             notes=notes,
         )
+
+    def _interval(self, ops: list[OpRecord], phases: dict[str, PhasePrediction],
+                  step_weights: dict[int, float] | None, n_decode: float, out_tokens: float,
+                  n_fwd: float) -> dict[str, Any]:
+        """Origin fields, and the interval bounds where every device is calibrated
+        (:mod:`perfsdk.simulation.uncertainty`)."""
+        from perfsdk.simulation.uncertainty import bounds, no_interval_reason, origin_text, profile_origin
+
+        profiles = list({id(p): p for p in self.profiles.values()}.values())
+        origins = {profile_origin(p) for p in profiles}
+        out: dict[str, Any] = {
+            "origin": origins.pop() if len(origins) == 1 else "mixed",
+            "origin_detail": "; ".join(f"{p.name}: {origin_text(p)}" for p in profiles),
+            "energy_origin": "; ".join(
+                f"{p.name}: " + ("energy figures copied from host-cpu (estimates; timing cannot measure them)"
+                                 if p.calibration is not None else f"{origin_text(p)}") for p in profiles),
+        }
+        reason = no_interval_reason(profiles)
+        if reason is None and len(profiles) > 1:
+            reason = "no interval: the mapping spreads the work over several devices (one calibration each)"
+        if reason is not None:
+            out["interval_note"] = reason
+            return out
+        from perfsdk.simulation.uncertainty import time_interval_samples
+
+        cal = profiles[0].calibration
+        assert cal is not None
+        by_phase: dict[str, list[OpRecord]] = defaultdict(list)
+        for op in ops:
+            by_phase[_phase_of(op)].append(op)
+        times = {ph: p.time_s for ph, p in phases.items()}
+        smp = time_interval_samples(cal, {ph: by_phase[ph] for ph in times if by_phase.get(ph)}, times,
+                                    step_weights).phases
+        level = cal.level
+        out["interval_level"] = level
+        out["phase_bounds"] = {ph: bounds(v, level) for ph, v in smp.items()}
+        if "prefill" in smp:
+            ttft = smp["prefill"] + smp.get("encode", 0.0)
+            e2e = ttft + smp.get("decode", 0.0)
+            out["ttft_s_low"], out["ttft_s_high"] = bounds(ttft, level)
+            out["e2e_s_low"], out["e2e_s_high"] = bounds(e2e, level)
+            if n_decode > 0 and "decode" in smp:
+                out["tpot_s_low"], out["tpot_s_high"] = bounds(smp["decode"] / n_decode, level)
+            if out_tokens:
+                out["output_tokens_per_s_low"], out["output_tokens_per_s_high"] = bounds(out_tokens / e2e, level)
+        if "forward" in smp and n_fwd > 0:
+            out["forward_s_low"], out["forward_s_high"] = bounds(smp["forward"] / n_fwd, level)
+            if "prefill" not in smp:
+                out["e2e_s_low"], out["e2e_s_high"] = bounds(smp["forward"], level)
+        return out
+
+
+def as_module_calls(ops: list[OpRecord]) -> list[OpRecord]:
+    """Captured ATen ops costed as the module calls they come from.
+
+    A profile's ``op_overhead_s`` is the fixed cost of one operation as the analytic generator
+    writes it (a linear layer, a normalisation, a rotary embedding: one module-level call of
+    Python and framework code) and ``launch_overhead_s`` that of each further kernel call it
+    makes. A capture sees every kernel call on its own; consecutive calls of one module in one
+    forward pass are one such operation: the first stands for all of them (``launches`` the
+    count), the others keep their compute and bytes and add no fixed cost (``launches`` 0).
+    Ops that cost nothing (views) and analytic ops (``launches`` other than 1) are left alone.
+    """
+    from dataclasses import replace
+
+    out = list(ops)
+    run_start: int | None = None
+    run_len = 0
+
+    def close() -> None:
+        if run_start is not None and run_len > 1:
+            out[run_start] = replace(out[run_start], launches=run_len)
+
+    prev: tuple[str, int, str] | None = None
+    for i, op in enumerate(ops):
+        if op.launches != 1 or not (op.flops or op_bytes(op)):
+            continue
+        key = (op.module_path, op.step, op.phase)
+        if key == prev:
+            out[i] = replace(op, launches=0)
+            run_len += 1
+            continue
+        close()
+        prev, run_start, run_len = key, i, 1
+    close()
+    return out
 
 
 _FLOAT_DTYPES = {"float32", "float16", "bfloat16", "float8_e4m3fn", "float8_e5m2"}

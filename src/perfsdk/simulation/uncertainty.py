@@ -1,0 +1,136 @@
+"""How far a prediction can be trusted: its origin, and an interval where a calibration allows one.
+
+A prediction rests on one of three kinds of profile (:func:`profile_origin`):
+
+- ``calibrated`` — fitted by ``perfsdk calibrate`` on a host; the profile carries a
+  :class:`~perfsdk.hardware.profile.CalibrationRecord`, from which every predicted time gets an
+  interval (:func:`time_interval_samples`);
+- ``spec sheet`` — a built-in catalogue profile: peak figures from the vendor's sheet and
+  efficiency factors that are literature estimates. No interval is invented for it;
+- ``user file`` — any other profile (a YAML file, a plugin, a device-keyed architecture file):
+  its figures are whatever its author wrote, so no interval either.
+
+The interval of a predicted time ``p`` on a calibrated profile is drawn from three independent
+sources of spread, each kept by the calibration: the coefficients refitted on bootstrap
+resamples (the phase re-costed with each refit, as a ratio to the central fit), the errors of
+predictions of configurations whose model was left out of the fit (model error), and the
+reference workload's times relative to their median (the machine's own drift). Every combination
+of the three is one possible measurement, ``p * ratio / (1 + error) * level``; the interval is the
+central ``level`` share of them (90 % by default).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import lru_cache
+from typing import Any
+
+import numpy as np
+
+from perfsdk.capture.ops import OpRecord
+from perfsdk.hardware.profile import CalibrationRecord, HardwareProfile
+
+ORIGINS = ("calibrated", "spec sheet", "user file")
+
+
+@lru_cache(maxsize=1)
+def _builtins() -> dict[str, HardwareProfile]:
+    from perfsdk.hardware.catalog import builtin_profiles
+
+    return builtin_profiles()
+
+
+def profile_origin(profile: HardwareProfile) -> str:
+    """``calibrated``, ``spec sheet`` (a built-in profile, unchanged) or ``user file``."""
+    if profile.calibration is not None:
+        return "calibrated"
+    if _builtins().get(profile.name) == profile:
+        return "spec sheet"
+    return "user file"
+
+
+def origin_text(profile: HardwareProfile) -> str:
+    """The origin as a user reads it: ``calibrated on <host>, <when>``, ``spec sheet with
+    efficiency factors`` or ``user file``."""
+    origin = profile_origin(profile)
+    if origin == "calibrated":
+        cal = profile.calibration
+        assert cal is not None
+        return f"calibrated on {cal.host}, {cal.fitted_at}"
+    if origin == "spec sheet":
+        return "spec sheet with efficiency factors (estimates)"
+    return "user file"
+
+
+def no_interval_reason(profiles: list[HardwareProfile]) -> str | None:
+    """Why the predictions on these device profiles carry no interval (None: they all do)."""
+    bare = [p for p in profiles if p.calibration is None]
+    if bare:
+        names = ", ".join(f"{p.name} ({profile_origin(p)})" for p in bare)
+        return f"no interval: {names} not calibrated on a host, so there is no measured spread to draw one from"
+    blind = [p.name for p in profiles if p.calibration is not None and not p.calibration.held_out]
+    if blind:
+        return (f"no interval: the calibration of {', '.join(blind)} predicted no model it was not fitted on "
+                "(it needs measurements of at least two models), so it cannot say how far it misses one")
+    return None
+
+
+@dataclass
+class Samples:
+    """Possible measurements of each predicted phase time, one array per phase (same length)."""
+
+    phases: dict[str, np.ndarray]
+    level: float
+
+
+def _phase_observation(ops: list[OpRecord], phase: str, step_weights: dict[int, float] | None) -> Any:
+    from perfsdk.simulation.calibration.fit import Observation
+
+    return Observation.from_ops(phase, "prefill" if phase in ("prefill", "encode") else phase, 1.0, ops,
+                                step_weights)
+
+
+def time_interval_samples(cal: CalibrationRecord, phase_ops: dict[str, list[OpRecord]],
+                          phase_times: dict[str, float], step_weights: dict[int, float] | None = None,
+                          max_samples: int = 20000) -> Samples:
+    """Possible measured times of each phase (``phase_times``: the central prediction).
+
+    Each phase is re-costed by the calibration's own cost model with every bootstrap replicate's
+    coefficients; the ratio to the central coefficients scales the central prediction. The
+    held-out errors of the same configuration (prefill and decode together) and the machine's
+    levels are combined with every replicate. ``encode`` and ``forward`` take the prefill's
+    held-out error (a full pass over the inputs), ``decode`` the decode's.
+    """
+    from perfsdk.simulation.calibration.fit import PARAMS
+
+    order = [cal.params.index(p) if p in cal.params else None for p in PARAMS]
+
+    def vec(values: list[float]) -> np.ndarray:
+        return np.array([values[i] if i is not None else 0.0 for i in order])
+
+    central = vec(cal.coefficients)
+    reps = [vec(r) for r in cal.replicates] or [central]
+    held = np.array(cal.held_out, dtype=float) if cal.held_out else np.zeros((1, 2))
+    levels = np.array(cal.levels, dtype=float) if cal.levels else np.ones(1)
+    # keep the product set bounded: thin the levels (they are a distribution, evenly spaced
+    # quantiles keep its shape)
+    room = max(1, max_samples // max(1, len(reps) * len(held)))
+    if len(levels) > room:
+        levels = np.quantile(levels, np.linspace(0.0, 1.0, room))
+    out: dict[str, np.ndarray] = {}
+    for phase, ops in phase_ops.items():
+        obs = _phase_observation(ops, phase, step_weights)
+        base = obs.predict(central, 0.0, cal.cache_bytes, cal.pack_rows)
+        ratios = np.array([obs.predict(r, 0.0, cal.cache_bytes, cal.pack_rows) / base if base > 0 else 1.0
+                           for r in reps])
+        err = held[:, 1] if phase == "decode" else held[:, 0]
+        # every (replicate, held-out configuration, level): p * ratio / (1 + error) * level
+        s = (phase_times[phase] * ratios[:, None, None] / (1.0 + err)[None, :, None] * levels[None, None, :])
+        out[phase] = s.reshape(-1)
+    return Samples(phases=out, level=cal.level)
+
+
+def bounds(values: np.ndarray, level: float) -> tuple[float, float]:
+    """The central ``level`` share of ``values``: (low, high)."""
+    lo, hi = np.quantile(values, [(1.0 - level) / 2.0, (1.0 + level) / 2.0])
+    return float(lo), float(hi)

@@ -1,0 +1,207 @@
+"""Predictions that carry their uncertainty: the calibration record (bootstrap refits, held-out
+errors, reference levels), drift normalisation, the intervals and origins the simulation gives."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+
+import numpy as np
+import pytest
+import yaml
+
+from perfsdk.hardware.catalog import builtin_profiles
+from perfsdk.hardware.profile import CalibrationRecord, parse_profile, profile_to_yaml
+from perfsdk.models.tiny import tiny_llama_config
+from perfsdk.simulation.calibration import (PARAMS, ConfigurationSamples, Measurement, bootstrap_coefficients, fit,
+                                            held_out_errors, median_of, normalised_runs, profile_from_fit)
+from perfsdk.simulation.predictor import simulate_config
+from perfsdk.simulation.uncertainty import profile_origin
+from tests.test_simulation_fit import TRUTH, _observations
+
+
+def _calibrated(held_out: list[list[float]], levels: list[float], replicates: int = 1):
+    """A profile fitted to noise-free observations, with the given held-out errors and levels;
+    every bootstrap replicate equal to the central coefficients (no parameter spread)."""
+    obs, _ = _observations(np.random.default_rng(7), 16)
+    res = fit(obs, cache_bytes=(0.0,), pack_rows=(0.0,), weight_row_term=True)
+    central = [res.coefficients[p] for p in PARAMS]
+    res.replicates = [list(central) for _ in range(replicates)]
+    res.held_out = held_out
+    res.levels = levels
+    return profile_from_fit(res, name="my-host")
+
+
+def _m(ttft: float, decode: float, model: str = "m") -> Measurement:
+    return Measurement(model=model, batch_size=1, input_tokens=8, output_tokens=3, ttft_s=ttft, decode_s=decode,
+                       repeats=3)
+
+
+def test_each_pass_is_divided_by_its_adjacent_reference_and_brought_back_with_the_median() -> None:
+    # the machine ran 10 % slower during the second pass: the reference saw it, so both passes
+    # give the same time once normalised, at the reference's median level
+    raw = {"cfg": [(_m(2.0, 4.0), 1.0), (_m(2.2, 4.4), 1.1), (_m(1.8, 3.6), 0.9)]}
+    runs = normalised_runs(raw, reference_s=1.0)
+    assert [r.ttft_s for r in runs["cfg"]] == pytest.approx([2.0, 2.0, 2.0])
+    assert [r.decode_s for r in runs["cfg"]] == pytest.approx([4.0, 4.0, 4.0])
+    runs = normalised_runs(raw, reference_s=1.05)
+    assert median_of(runs["cfg"]).ttft_s == pytest.approx(2.1)
+    assert median_of(runs["cfg"]).decode_s == pytest.approx(4.2)
+    assert median_of(runs["cfg"]).repeats == 9
+
+
+def test_bootstrap_and_held_out_on_noise_free_timings_reproduce_the_fit() -> None:
+    obs, _ = _observations(np.random.default_rng(11), 18)
+    res = fit(obs, cache_bytes=(0.0,), pack_rows=(0.0,), weight_row_term=True)
+    # three "models" of six configurations, each measured identically in three passes
+    configs = [ConfigurationSamples(model=f"m{i // 6}", observations=[o], per_pass=[[o.measured_s] * 3])
+               for i, o in enumerate(obs)]
+    reps = bootstrap_coefficients(res, configs, [], replicates=5, seed=1)
+    assert len(reps) == 5
+    truth = np.array([TRUTH[p] for p in PARAMS])
+    for rep in reps:
+        for o in obs:
+            assert o.predict(np.array(rep)) == pytest.approx(o.predict(truth), rel=1e-5)
+    # decode-only observations have no prefill to pair with: nothing held out
+    assert held_out_errors(res, configs, []) == []
+    pairs = []
+    for i in range(0, len(obs) - 1, 2):
+        pre = replace(obs[i], phase="prefill")
+        pairs.append(ConfigurationSamples(model=f"m{i // 6}", observations=[pre, obs[i + 1]],
+                                          per_pass=[[pre.measured_s], [obs[i + 1].measured_s]]))
+    held = held_out_errors(res, pairs, [])
+    assert len(held) == len(pairs)
+    assert max(abs(x) for pair in held for x in pair) < 0.05
+
+
+def test_calibration_record_round_trips_through_the_profile_yaml() -> None:
+    prof = _calibrated([[0.1, -0.05], [-0.2, 0.15]], [0.95, 1.0, 1.05], replicates=3)
+    cal = prof.calibration
+    assert cal is not None and cal.params == list(PARAMS) and len(cal.replicates) == 3
+    assert cal.held_out == [[0.1, -0.05], [-0.2, 0.15]]
+    text = profile_to_yaml(prof)
+    again = parse_profile(yaml.safe_load(text), "my-host.yaml")
+    assert again == prof
+    with pytest.raises(Exception, match="one per name in params"):
+        CalibrationRecord(host="h", fitted_at="now", params=["a", "b"], coefficients=[1.0])
+
+
+def test_interval_is_the_central_share_of_prediction_over_one_plus_error_times_level() -> None:
+    # no parameter spread; held-out errors +25 % and 0 % (prefill), -20 % and 0 % (decode); levels 0.9 and 1.1
+    prof = _calibrated([[0.25, -0.2], [0.0, 0.0]], [0.9, 1.1])
+    res = simulate_config(tiny_llama_config("tiny-llama"), prof, batch_size=1, input_tokens=16, output_tokens=9,
+                          dtype="float32")
+    assert res.origin == "calibrated" and res.interval_level == 0.9 and res.interval_note is None
+    assert res.origin_detail.startswith("my-host: calibrated on ")
+    ttft = res.ttft_s
+    # prefill samples: ttft/1.25 * {0.9, 1.1}, ttft * {0.9, 1.1}
+    expect = np.quantile([ttft / 1.25 * 0.9, ttft / 1.25 * 1.1, ttft * 0.9, ttft * 1.1], [0.05, 0.95])
+    assert (res.ttft_s_low, res.ttft_s_high) == pytest.approx(tuple(expect), rel=1e-9)
+    tpot = res.tpot_s
+    expect = np.quantile([tpot / 0.8 * 0.9, tpot / 0.8 * 1.1, tpot * 0.9, tpot * 1.1], [0.05, 0.95])
+    assert (res.tpot_s_low, res.tpot_s_high) == pytest.approx(tuple(expect), rel=1e-9)
+    assert res.phases["decode"].time_s_low == pytest.approx(res.tpot_s_low * 8, rel=1e-9)
+    # throughput falls where the times rise
+    assert res.output_tokens_per_s_low < res.output_tokens_per_s < res.output_tokens_per_s_high
+    assert res.e2e_s_low < res.e2e_s < res.e2e_s_high
+    # energy is never calibrated by timing: no interval, and the origin says so
+    assert "energy figures copied from host-cpu" in res.energy_origin
+    data = json.loads(res.model_dump_json())
+    assert {"ttft_s_low", "ttft_s_high", "tpot_s_low", "tpot_s_high", "origin", "interval_level"} <= set(data)
+
+
+def test_spec_sheet_and_user_file_profiles_say_so_instead_of_an_interval() -> None:
+    h100 = builtin_profiles()["h100-sxm"]
+    assert profile_origin(h100) == "spec sheet"
+    res = simulate_config(tiny_llama_config("tiny-llama"), h100, batch_size=1, input_tokens=16, output_tokens=4)
+    assert res.origin == "spec sheet" and res.interval_level is None and res.ttft_s_low is None
+    assert res.interval_note == ("no interval: h100-sxm (spec sheet) not calibrated on a host, so there is no "
+                                 "measured spread to draw one from")
+    mine = h100.model_copy(update={"name": "my-gpu", "memory_efficiency": 0.8})
+    assert profile_origin(mine) == "user file"
+    res = simulate_config(tiny_llama_config("tiny-llama"), mine, batch_size=1, input_tokens=16, output_tokens=4)
+    assert res.origin == "user file" and res.tpot_s_high is None
+    assert res.interval_note.startswith("no interval: my-gpu (user file)")
+
+
+def test_session_run_with_a_calibrated_host_judges_the_measurement_with_the_interval(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    import csv
+
+    import torch
+    from click.testing import CliRunner
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    import perfsdk
+    from perfsdk.cli.main import cli
+    from perfsdk.experiments.report.page import build_report
+    from perfsdk.store import Store
+
+    # wide enough to hold any measurement of this tiny model on any machine: half the held-out
+    # errors -99 %, half +9900 % (measurements from a hundredth to a hundred times the prediction)
+    host = tmp_path / "my-host.yaml"
+    held = [[-0.99, -0.99]] * 10 + [[99.0, 99.0]] * 10
+    host.write_text(profile_to_yaml(_calibrated(held, [1.0])), encoding="utf-8")
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(LlamaConfig(hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+                                         num_key_value_heads=2, intermediate_size=128, vocab_size=256,
+                                         max_position_embeddings=256)).eval()
+    ids = torch.randint(4, 256, (1, 10))
+    cfg = {"collectors": {"simulation": {"targets": ["h100-sxm"], "host": str(host)}},
+           "store": str(tmp_path / "store"), "exporters": ["json", "csv"]}
+    with perfsdk.session(cfg) as s:
+        s.load(model=model)
+        s.generate(model, input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=4, min_new_tokens=4,
+                   pad_token_id=0)
+    res = s.result.collectors["simulation"]
+    here = res["predictions"][str(host)] if str(host) in res["predictions"] else res["predictions"][res["measured_profile"]]
+    assert here["origin"] == "calibrated" and here["interval_level"] == 0.9
+    assert here["ttft_s_low"] < here["ttft_s"] < here["ttft_s_high"]
+    h100 = res["predictions"]["h100-sxm"]
+    assert h100["origin"] == "spec sheet" and h100["ttft_s_low"] is None
+    assert h100["interval_note"].startswith("no interval: h100-sxm (spec sheet)")
+    for phase in ("prefill", "decode", "tpot"):
+        e = res["comparison"][phase]
+        assert e["predicted_low_s"] <= e["predicted_s"] <= e["predicted_high_s"]
+        assert e["inside_interval"] is (e["predicted_low_s"] <= e["measured_s"] <= e["predicted_high_s"])
+        assert e["inside_interval"] is True
+    # the stored run: the report's simulation section and the CSV export carry them
+    store = Store(tmp_path / "store")
+    _, sections = build_report(store, s.result.run_id)
+    sim = next(sec for sec in sections if getattr(sec, "slug", None) == "simulation")
+    html = "".join(sim.html)
+    assert "90 % interval" in html and "inside" in html
+    assert "h100-sxm: spec sheet, no interval" in html
+    r = CliRunner().invoke(cli, ["export", "--store", str(tmp_path / "store"), "--format", "csv", "-o",
+                                 str(tmp_path / "runs.csv")])
+    assert r.exit_code == 0, r.output
+    with open(tmp_path / "runs.csv", newline="", encoding="utf-8") as fh:
+        row = next(csv.DictReader(fh))
+    measured = res["measured_profile"]
+    assert float(row[f"collectors.simulation.predictions.{measured}.ttft_s_low"]) == pytest.approx(here["ttft_s_low"])
+    assert row["collectors.simulation.comparison.tpot.inside_interval"] in ("True", "true")
+
+
+def test_simulate_command_prints_the_interval_and_origin(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    from click.testing import CliRunner
+
+    from perfsdk.cli.simulate import simulate_command
+
+    host = tmp_path / "my-host.yaml"
+    host.write_text(profile_to_yaml(_calibrated([[0.1, -0.1], [-0.1, 0.1]], [0.95, 1.05])), encoding="utf-8")
+    args = ["--model", "builtin:tiny-llama", "--hardware", str(host), "--output-tokens", "4", "--input-tokens", "8"]
+    r = CliRunner().invoke(simulate_command, [*args, "--json"], env={"COLUMNS": "120"})
+    assert r.exit_code == 0, r.output
+    data = json.loads(r.output)
+    assert data["origin"] == "calibrated" and data["interval_level"] == 0.9
+    assert data["ttft_s_low"] < data["ttft_s"] < data["ttft_s_high"]
+    r = CliRunner().invoke(simulate_command, args, env={"COLUMNS": "120"})
+    assert r.exit_code == 0, r.output
+    assert "90 % interval" in r.output
+    assert "times: my-host: calibrated on " in r.output
+    assert "energy: my-host: energy figures copied from host-cpu" in r.output
+    r = CliRunner().invoke(simulate_command, ["--model", "builtin:tiny-llama", "--hardware", "l4",
+                                              "--output-tokens", "4"], env={"COLUMNS": "120"})
+    assert r.exit_code == 0, r.output
+    assert "interval" not in r.output.split("times:")[0]
+    assert "times: l4: spec sheet with efficiency factors (estimates)" in r.output
+    assert "no interval: l4 (spec sheet) not calibrated on a host" in " ".join(r.output.split())
