@@ -47,6 +47,9 @@ FAMILY_MODELS = ["family:gpt2", "family:qwen2-tied", "family:phi3", "family:mixt
 # (Gemma), four norms per layer and capped eager attention (Gemma 2), parallel residual with
 # partial rotary (GPT-NeoX), biased plain MLP with GQA (StarCoder2), full query/key norms (OLMo 2),
 # scaled residuals (Granite), shared expert with a gate (Qwen2-MoE)
+# families only the any-model path describes (captured from their own code on the meta device,
+# no hand-written description): OPT, Falcon, Bloom, GPT-J, StableLM
+ANY_FAMILY_MODELS = ["family:opt", "family:falcon", "family:bloom", "family:gptj", "family:stablelm"]
 EXTRA_FAMILY_MODELS = ["family:qwen3", "family:gemma", "family:gemma2", "family:gpt-neox", "family:starcoder2",
                        "family:olmo2", "family:granite", "family:qwen2-moe"]
 
@@ -83,6 +86,19 @@ def family_config(name: str) -> object:
                                 shared_expert_intermediate_size=512, num_experts=4, num_experts_per_tok=2,
                                 num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2, **common)
 
+    if name == "opt":
+        return t.OPTConfig(hidden_size=256, ffn_dim=1024, num_hidden_layers=4, num_attention_heads=4,
+                           word_embed_proj_dim=256, **common)
+    if name == "falcon":
+        return t.FalconConfig(hidden_size=256, num_hidden_layers=4, num_attention_heads=4, new_decoder_architecture=False,
+                              multi_query=True, vocab_size=8192)
+    if name == "bloom":
+        return t.BloomConfig(hidden_size=256, n_layer=4, n_head=4, vocab_size=8192)
+    if name == "gptj":
+        return t.GPTJConfig(n_embd=256, n_layer=4, n_head=4, rotary_dim=32, vocab_size=8192, n_positions=512)
+    if name == "stablelm":
+        return t.StableLmConfig(hidden_size=256, intermediate_size=768, num_hidden_layers=4, num_attention_heads=4,
+                                num_key_value_heads=4, **common)
     if name == "gpt2":
         return GPT2Config(n_embd=384, n_layer=4, n_head=6, vocab_size=8192, n_positions=512)
     if name == "qwen2-tied":
@@ -121,52 +137,77 @@ OUTPUTS = [8, 32]
 INPUT_TOKENS = 32
 
 
+def _inside(value: float, low: float | None, high: float | None) -> bool | None:
+    return None if low is None or high is None else low <= value <= high
+
+
+def _summary(rows: list[dict], k: int | None = None) -> dict:
+    """Median and worst |error|, share inside the interval and median interval width (percent of
+    the prediction) of ``rows``, for calibration ``k`` (None: the first)."""
+    k = k or 0
+    errs, inside, widths = [], [], []
+    for r in rows:
+        for x in ("ttft", "tpot"):
+            errs.append(abs(r[f"{x}_error_pct_each"][k]))
+            flag = r[f"{x}_inside_each"][k]
+            if flag is not None:
+                inside.append(flag)
+                widths.append(r[f"{x}_width_pct_each"][k])
+    return {"median_abs_error_pct": statistics.median(errs) if errs else None,
+            "max_abs_error_pct": max(errs) if errs else None,
+            "inside_share": sum(inside) / len(inside) if inside else None,
+            "median_width_pct": statistics.median(widths) if widths else None, "figures": len(errs)}
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--threads", type=int, default=1, help="torch threads (1: least sensitive to a shared machine)")
-    ap.add_argument("--repeats", type=int, default=2)
+    ap.add_argument("--calls", type=int, default=5, help="measured generate calls per configuration and pass")
     ap.add_argument("--passes", type=int, default=3)
     ap.add_argument("--calibration-passes", type=int, default=3, help="round-robin passes of the calibration (perfsdk calibrate's default)")
     ap.add_argument("--calibration-repeats", type=int, default=3,
                     help="repeats per configuration and pass of the calibration (perfsdk calibrate's default)")
     ap.add_argument("--min-time", type=float, default=0.2,
-                    help="seconds each configuration is timed for at least, per pass, in the calibration and the "
-                         "measurement (cheap configurations get more repeats)")
+                    help="seconds each calibration configuration is timed for at least, per pass")
     ap.add_argument("--calibrations", type=int, default=2,
                     help="independent calibrations, one after the other: the table uses the first, and their "
                          "predictions are compared (reproducibility)")
-    ap.add_argument("--clock", choices=["wall", "cpu"], default="cpu",
-                    help="cpu: process CPU time (with 1 thread, immune to other processes holding the cores)")
-    ap.add_argument("--models", choices=["all", "llama", "families", "extra"], default="all",
-                    help="which predicted models: the llama sizes, the four other families, both (all), or "
-                         "eight more families (extra)")
+    ap.add_argument("--clock", choices=["wall", "cpu"], default="wall",
+                    help="the calibration's clock (wall: what a run measures)")
+    ap.add_argument("--no-normalise", action="store_true",
+                    help="leave out the reference workload (no drift normalisation) in calibration and measurement")
+    ap.add_argument("--models", choices=["all", "llama", "families", "any", "extra"], default="all",
+                    help="which predicted models: the llama sizes, the four other families, the five families only "
+                         "the any-model path describes (any), all of these (all), or eight more families (extra)")
     ap.add_argument("--json", help="write the rows as JSON here")
     ap.add_argument("--markdown", help="write the table as Markdown here")
-    ap.add_argument("--profile-out", help="write the calibrated profile YAML here")
+    ap.add_argument("--profile-out", help="write the first calibrated profile YAML here")
     args = ap.parse_args(argv)
 
     import torch
 
     from perfsdk.hardware.profile import profile_to_yaml
-    from perfsdk.simulation.calibration import (DEFAULT_CALIBRATION_MODELS, Measurement, calibrate_here,
-                                                measure_generate, profile_from_fit)
-    from perfsdk.simulation.predictor import simulate_model
-    from perfsdk.models.arch import architecture_from_config
+    from perfsdk.simulation.calibration import (DEFAULT_CALIBRATION_MODELS, ReferenceTimer, calibrate_here,
+                                                measure_in_session, profile_from_fit)
+    from perfsdk.simulation.predictor import simulate_config
 
     torch.set_num_threads(args.threads)
     t0 = time.time()
-    specs = {"all": TEST_MODELS + FAMILY_MODELS, "llama": TEST_MODELS, "families": FAMILY_MODELS,
-             "extra": EXTRA_FAMILY_MODELS}[args.models]
+    specs = {"all": TEST_MODELS + FAMILY_MODELS + ANY_FAMILY_MODELS, "llama": TEST_MODELS,
+             "families": FAMILY_MODELS, "any": ANY_FAMILY_MODELS, "extra": EXTRA_FAMILY_MODELS}[args.models]
     models = {spec: build_model(spec) for spec in specs}
     configs = [(spec, b, o) for spec in specs for b in BATCHES for o in OUTPUTS]
-    best: dict[tuple[str, int, int], Measurement] = {}
+    ref = None if args.no_normalise else ReferenceTimer()
+    raw: dict[tuple[str, int, int], list[tuple[tuple[float, float], int]]] = {c: [] for c in configs}
 
     def measure_pass(p: int) -> None:
         for spec, b, o in configs:
-            m = measure_generate(models[spec], b, INPUT_TOKENS, o, repeats=args.repeats, label=spec, seed=p,
-                                 clock=args.clock, min_time_s=args.min_time)
-            prev = best.get((spec, b, o))
-            best[(spec, b, o)] = m if prev is None else prev.merged(m)
+            def one() -> tuple[float, float]:
+                m = measure_in_session(models[spec], b, INPUT_TOKENS, o, calls=args.calls, seed=p, label=spec)
+                return m.ttft_s, m.tpot_s or 0.0
+
+            m, index = ref.around(one) if ref is not None else (one(), -1)
+            raw[(spec, b, o)].append((m, index))
         print(f"measurement pass {p + 1}/{args.passes} done at {time.time() - t0:.0f} s", file=sys.stderr,
               flush=True)
 
@@ -174,19 +215,18 @@ def main(argv: list[str] | None = None) -> int:
         tc = time.time()
         fit, _ = calibrate_here(list(DEFAULT_CALIBRATION_MODELS), repeats=args.calibration_repeats,
                                 threads=args.threads, clock=args.clock, passes=args.calibration_passes,
-                                min_time_s=args.min_time)
+                                min_time_s=args.min_time, normalise=not args.no_normalise, seed=k)
         fits.append(fit)
         profiles.append(profile_from_fit(fit, name="host-calibrated", note="benchmarks/simulation_accuracy.py"))
+        walls.append(time.time() - tc)
         print(f"calibration {k + 1} in {time.time() - tc:.0f} s: {json.dumps(fit.coefficients)}, "
               f"matmul_half_rows {fit.matmul_half_rows:.2f}, pack_rows {fit.pack_rows}, "
-              f"cache {fit.cache_bytes / 1e6:g} MB, passes {fit.drift_pct or 0:.1f} % apart", file=sys.stderr)
-        print("in-sample errors %: " + ", ".join(f"{k}: {v:+.1f}" for k, v in fit.errors_pct.items()),
-              file=sys.stderr)
+              f"cache {fit.cache_bytes / 1e6:g} MB, passes {fit.drift_pct or 0:.1f} % apart "
+              f"({fit.normalised_drift_pct or 0:.1f} % normalised)", file=sys.stderr)
 
     # measurement passes and calibrations alternate (measure, calibrate, measure, calibrate,
-    # measure …): this machine's speed drifts over minutes, and alternating lets both sides see
-    # the same moments instead of the calibration one period and the measurement the next
-    profiles, fits = [], []
+    # measure …), so that both sides see the same stretch of the machine's time
+    profiles, fits, walls = [], [], []
     p = 0
     for k in range(max(args.calibrations, args.passes)):
         if p < args.passes:
@@ -197,29 +237,39 @@ def main(argv: list[str] | None = None) -> int:
     while p < args.passes:
         measure_pass(p)
         p += 1
-    fit, profile = fits[0], profiles[0]
     if args.profile_out:
         with open(args.profile_out, "w", encoding="utf-8") as fh:
-            fh.write(profile_to_yaml(profile))
+            fh.write(profile_to_yaml(profiles[0]))
+    ref_s = ref.median if ref is not None else 1.0
+    raw = {k: [(m, ref.level_at(i) if ref is not None else 1.0) for m, i in v] for k, v in raw.items()}
+    measured = {}
+    for key, runs in raw.items():
+        measured[key] = (statistics.median(t * ref_s / adj for (t, _), adj in runs),
+                         statistics.median(t * ref_s / adj for (_, t), adj in runs))
+    raw_drift = _pass_drift({k: [m for m, _ in v] for k, v in raw.items()})
+    norm_drift = _pass_drift({k: [(a * ref_s / adj, b * ref_s / adj) for (a, b), adj in v] for k, v in raw.items()})
     rows = []
     for spec, b, o in configs:
-        shape = architecture_from_config(models[spec].config)
-        preds = [simulate_model(shape, prof, name=spec, batch_size=b, input_tokens=INPUT_TOKENS, output_tokens=o,
-                                dtype="float32") for prof in profiles]
-        pred = preds[0]
-        ttft, tpot = best[(spec, b, o)].ttft_s, best[(spec, b, o)].tpot_s or 0.0
-        row = {
-            "model": spec.split(":", 1)[-1], "family": spec.startswith("family:"), "batch": b, "input_tokens": INPUT_TOKENS, "output_tokens": o,
-            "ttft_measured_ms": ttft * 1e3, "ttft_predicted_ms": pred.ttft_s * 1e3,
-            "ttft_error_pct": 100 * (pred.ttft_s - ttft) / ttft,
-            "tpot_measured_ms": tpot * 1e3, "tpot_predicted_ms": (pred.tpot_s or 0) * 1e3,
-            "tpot_error_pct": 100 * ((pred.tpot_s or 0) - tpot) / tpot,
-            # every calibration's predictions, and their largest relative difference
-            "ttft_predicted_ms_each": [q.ttft_s * 1e3 for q in preds],
-            "tpot_predicted_ms_each": [(q.tpot_s or 0) * 1e3 for q in preds],
-            "ttft_error_pct_each": [100 * (q.ttft_s - ttft) / ttft for q in preds],
-            "tpot_error_pct_each": [100 * ((q.tpot_s or 0) - tpot) / tpot for q in preds],
-        }
+        cfg = models[spec].config
+        preds = [simulate_config(cfg, prof, batch_size=b, input_tokens=INPUT_TOKENS, output_tokens=o,
+                                 dtype="float32", name=spec) for prof in profiles]
+        ttft, tpot = measured[(spec, b, o)]
+        row = {"model": spec.split(":", 1)[-1], "family": spec.startswith("family:"), "batch": b,
+               "input_tokens": INPUT_TOKENS, "output_tokens": o, "ttft_measured_ms": ttft * 1e3,
+               "tpot_measured_ms": tpot * 1e3}
+        for x, meas in (("ttft", ttft), ("tpot", tpot)):
+            vals = [getattr(q, f"{x}_s") or 0.0 for q in preds]
+            lows = [getattr(q, f"{x}_s_low") for q in preds]
+            highs = [getattr(q, f"{x}_s_high") for q in preds]
+            row[f"{x}_predicted_ms"] = vals[0] * 1e3
+            row[f"{x}_low_ms"] = None if lows[0] is None else lows[0] * 1e3
+            row[f"{x}_high_ms"] = None if highs[0] is None else highs[0] * 1e3
+            row[f"{x}_error_pct"] = 100 * (vals[0] - meas) / meas
+            row[f"{x}_predicted_ms_each"] = [v * 1e3 for v in vals]
+            row[f"{x}_error_pct_each"] = [100 * (v - meas) / meas for v in vals]
+            row[f"{x}_inside_each"] = [_inside(meas, lo, hi) for lo, hi in zip(lows, highs)]
+            row[f"{x}_width_pct_each"] = [None if lo is None else 100 * (hi - lo) / v
+                                          for lo, hi, v in zip(lows, highs, vals)]
         row["calibration_spread_pct"] = max(
             100 * (max(v) / min(v) - 1) for v in (row["ttft_predicted_ms_each"], row["tpot_predicted_ms_each"]))
         rows.append(row)
@@ -229,45 +279,60 @@ def main(argv: list[str] | None = None) -> int:
               f"({row['tpot_error_pct']:+6.1f}%)  calibrations differ by {row['calibration_spread_pct']:.1f}%",
               file=sys.stderr, flush=True)
 
-    errs = [abs(r[k]) for r in rows for k in ("ttft_error_pct", "tpot_error_pct")]
     fam_rows = [r for r in rows if r["family"]]
-    fam = [abs(r[k]) for r in fam_rows for k in ("ttft_error_pct", "tpot_error_pct")]
-    per_cal = []
-    for k in range(len(profiles)):
-        e = [abs(r[f"{x}_error_pct_each"][k]) for r in fam_rows for x in ("ttft", "tpot")]
-        per_cal.append({"family_median_abs_error_pct": statistics.median(e) if e else None,
-                        "family_max_abs_error_pct": max(e) if e else None})
-    summary = {"family_median_abs_error_pct": statistics.median(fam) if fam else None,
-               "family_max_abs_error_pct": max(fam) if fam else None,"median_abs_error_pct": statistics.median(errs), "max_abs_error_pct": max(errs),
-               "ttft_median_abs_error_pct": statistics.median(abs(r["ttft_error_pct"]) for r in rows),
-               "tpot_median_abs_error_pct": statistics.median(abs(r["tpot_error_pct"]) for r in rows),
-               "per_calibration": per_cal,
-               "family_calibration_spread_pct": max((r["calibration_spread_pct"] for r in fam_rows), default=None),
-               "calibration_spread_pct": max(r["calibration_spread_pct"] for r in rows),
-               "threads": args.threads, "repeats": args.repeats, "passes": args.passes, "clock": args.clock,
-               "calibration_drift_pct": [f.drift_pct for f in fits],
-               "wall_s": time.time() - t0, "calibration": {**fit.coefficients,
-                                                          "matmul_half_rows": fit.matmul_half_rows,
-                                                          "pack_rows": fit.pack_rows, "cache_bytes": fit.cache_bytes}}
-    lines = ["| model | batch | out | TTFT meas. ms | TTFT pred. ms | TTFT err % | TPOT meas. ms | TPOT pred. ms | TPOT err % |",
-             "|---|---|---|---|---|---|---|---|---|"]
+    by_family = {}
+    for r in fam_rows:
+        by_family.setdefault(r["model"], []).append(r)
+    summary = {
+        "families": {k: _summary(fam_rows, k) for k in range(len(profiles))},
+        "per_family": {name: _summary(rs) for name, rs in by_family.items()},
+        "llama": {k: _summary([r for r in rows if not r["family"]], k) for k in range(len(profiles))},
+        "family_calibration_spread_pct": max((r["calibration_spread_pct"] for r in fam_rows), default=None),
+        "calibration_spread_pct": max(r["calibration_spread_pct"] for r in rows),
+        "calibration_drift_pct": [f.drift_pct for f in fits],
+        "calibration_normalised_drift_pct": [f.normalised_drift_pct for f in fits],
+        "calibration_wall_s": walls,
+        "measurement_drift_pct": raw_drift, "measurement_normalised_drift_pct": norm_drift,
+        "reference_s": {"measurement": ref_s if ref is not None else None,
+                        "calibrations": [f.reference_s for f in fits]},
+        "threads": args.threads, "calls": args.calls, "passes": args.passes, "clock": args.clock,
+        "wall_s": time.time() - t0,
+    }
+    lines = ["| model | batch | out | TTFT meas. ms | TTFT pred. ms (90 %) | err % | TPOT meas. ms | "
+             "TPOT pred. ms (90 %) | err % |", "|---|---|---|---|---|---|---|---|---|"]
+
+    def cell(r: dict, x: str) -> str:
+        lo, hi = r[f"{x}_low_ms"], r[f"{x}_high_ms"]
+        mark = "" if r[f"{x}_inside_each"][0] in (None, True) else " ✗"
+        rng = "" if lo is None else f" ({lo:.2f}–{hi:.2f})"
+        return f"{r[f'{x}_predicted_ms']:.2f}{rng}{mark}"
+
     for r in rows:
         lines.append(f"| {r['model']} | {r['batch']} | {r['output_tokens']} | {r['ttft_measured_ms']:.2f} | "
-                     f"{r['ttft_predicted_ms']:.2f} | {r['ttft_error_pct']:+.1f} | {r['tpot_measured_ms']:.2f} | "
-                     f"{r['tpot_predicted_ms']:.2f} | {r['tpot_error_pct']:+.1f} |")
+                     f"{cell(r, 'ttft')} | {r['ttft_error_pct']:+.1f} | {r['tpot_measured_ms']:.2f} | "
+                     f"{cell(r, 'tpot')} | {r['tpot_error_pct']:+.1f} |")
     lines.append("")
-    lines.append(f"Median |error| {summary['median_abs_error_pct']:.1f}% (TTFT {summary['ttft_median_abs_error_pct']:.1f}%, "
-                 f"TPOT {summary['tpot_median_abs_error_pct']:.1f}%), worst {summary['max_abs_error_pct']:.1f}%.")
-    if fam:
-        lines.append(f"Other families: median |error| {statistics.median(fam):.1f}%, worst {max(fam):.1f}%.")
+
+    def said(s: dict) -> str:
+        inside = "-" if s["inside_share"] is None else f"{100 * s['inside_share']:.0f} %"
+        width = "-" if s["median_width_pct"] is None else f"{s['median_width_pct']:.0f} %"
+        return (f"median |error| {s['median_abs_error_pct']:.1f} %, worst {s['max_abs_error_pct']:.1f} %, "
+                f"inside the 90 % interval {inside}, median interval width {width}")
+
+    for k, s_ in summary["families"].items():
+        lines.append(f"Unseen families, calibration {k + 1}: {said(s_)}.")
+    for name, s_ in summary["per_family"].items():
+        lines.append(f"- {name}: {said(s_)}.")
+    for k, s_ in summary["llama"].items():
+        if s_["figures"]:
+            lines.append(f"Llama sizes, calibration {k + 1}: {said(s_)}.")
     if len(profiles) > 1:
-        lines.append("Each calibration, other families: " + "; ".join(
-            f"median {c['family_median_abs_error_pct']:.1f}%, worst {c['family_max_abs_error_pct']:.1f}%"
-            for c in per_cal if c["family_median_abs_error_pct"] is not None) + ".")
-        lines.append(f"Calibrations' predictions differ by at most {summary['calibration_spread_pct']:.1f}% "
-                     f"(other families {summary['family_calibration_spread_pct'] or 0:.1f}%).")
-    lines.append("Each calibration's slowest pass over its fastest (median over configurations): " + ", ".join(
-        f"+{d:.1f}%" for d in summary["calibration_drift_pct"] if d is not None) + ".")
+        lines.append(f"Calibrations' predictions differ by at most {summary['calibration_spread_pct']:.1f} % "
+                     f"(unseen families {summary['family_calibration_spread_pct'] or 0:.1f} %).")
+    lines.append("Drift, slowest pass over fastest: calibrations " + ", ".join(
+        f"{a or 0:.1f} % raw / {b or 0:.1f} % normalised" for a, b in
+        zip(summary["calibration_drift_pct"], summary["calibration_normalised_drift_pct"]))
+        + f"; measurement {raw_drift or 0:.1f} % raw / {norm_drift or 0:.1f} % normalised.")
     table = "\n".join(lines)
     print(table)
     if args.markdown:
@@ -277,6 +342,14 @@ def main(argv: list[str] | None = None) -> int:
         with open(args.json, "w", encoding="utf-8") as fh:
             json.dump({"rows": rows, "summary": summary}, fh, indent=2)
     return 0
+
+
+def _pass_drift(runs: dict) -> float | None:
+    """Slowest measurement pass over the fastest (``pass_drift_pct`` of TTFT + TPOT), percent."""
+    from perfsdk.simulation.calibration import Measurement, pass_drift_pct
+
+    return pass_drift_pct([[Measurement(model="", batch_size=1, input_tokens=0, output_tokens=2, ttft_s=a,
+                                        decode_s=b, repeats=1) for a, b in v] for v in runs.values()])
 
 
 if __name__ == "__main__":
