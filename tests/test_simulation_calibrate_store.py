@@ -140,6 +140,10 @@ def test_calibrate_from_store_predicts_its_runs(tmp_path: Path) -> None:
     assert {(m.batch_size, m.input_tokens, m.output_tokens) for m in used} == {(1, 16, 6), (2, 32, 6), (4, 16, 6),
                                                                               (1, 64, 6)}
     prof = profile_from_fit(result, name="from-store")
+    # what the intervals are drawn from: bootstrap refits over the stored configurations, and each
+    # of the two models' four configurations predicted by a fit on the other model's
+    assert prof.calibration is not None and len(prof.calibration.replicates) == 40
+    assert len(prof.calibration.held_out) == 8 and prof.calibration.levels == []
     # the fitted profile predicts the runs it was fitted on: tolerance for timing on a shared
     # machine: the median error within 40%, and every TTFT and TPOT within a factor of 2 but
     # for at most two (the robust fit leaves a measurement disturbed by other load out, rather
@@ -168,6 +172,14 @@ def test_calibrate_from_store_predicts_its_runs(tmp_path: Path) -> None:
     prof2 = HardwareProfile.model_validate(yaml.safe_load(out.read_text(encoding="utf-8")))
     assert prof2.name == "my-host" and "Stored runs" in prof2.source and ids[0] in prof2.source
     assert "using builtin:tiny-llama-small batch 4 in 16 out 6" in r.output
+    # one model: nothing held out, so its predictions carry no interval and say why
+    assert prof2.calibration is not None and prof2.calibration.held_out == []
+    p2 = simulate_model(architecture_from_config(tiny_llama_config("tiny-llama-small")), prof2, batch_size=1,
+                        input_tokens=16, output_tokens=6, dtype="float32")
+    assert p2.origin == "calibrated" and p2.ttft_s_low is None
+    assert p2.interval_note == ("no interval: the calibration of my-host predicted no model it was not fitted on "
+                                "(it needs measurements of at least two models), so it cannot say how far it "
+                                "misses one")
 
 
 def test_calibrate_from_store_errors(tmp_path: Path) -> None:
