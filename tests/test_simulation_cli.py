@@ -129,6 +129,15 @@ def test_calibrate_command_writes_profile(tmp_path: Path, monkeypatch: pytest.Mo
     assert re.search(r"passes: the same configurations ran \d+\.\d % slower in the slowest pass than in the fastest",
                      r.stderr)
     assert re.search(r"ran \d+\.\d % slower in the calibration's slowest pass than in its fastest", d["source"])
+    # timed in sessions around the reference workload: both drifts said, and what the intervals need kept
+    assert re.search(r"; \d+\.\d % once each was divided by the reference workload timed around it", r.stderr)
+    assert re.search(r"uncertainty: 40 bootstrap refits over configurations and passes; 4 configurations predicted "
+                     r"with their model left out of the fit, median \|error\| \d+\.\d %; \d+ reference timings", r.stderr)
+    cal = d["calibration"]
+    assert len(cal["replicates"]) == 40 and len(cal["held_out"]) == 4
+    assert cal["reference"] == "builtin:tiny-llama-medium@layers=2 batch 1 in 16 out 8" and cal["reference_s"] > 0
+    # two models x two shapes in three passes: a machine level around each of the 12 measurements
+    assert len(cal["levels"]) == 12 and cal["normalised_drift_pct"] is not None
 
 
 def test_simulate_kv_heads_and_sliding_window_overrides() -> None:
