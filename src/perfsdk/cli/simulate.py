@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import statistics
 from typing import Any
 
 import click
@@ -317,8 +318,8 @@ def _say_uncertainty(result: Any) -> None:
     """What the calibration keeps for the intervals of its predictions."""
     if not result.replicates and not result.held_out:
         return
-    held = sorted(abs(x) for pair in result.held_out for x in pair)
-    typical = f", median |error| {100 * held[len(held) // 2]:.1f} %" if held else ""
+    held = [abs(x) for pair in result.held_out for x in pair]
+    typical = f", median |error| {100 * statistics.median(held):.1f} %" if held else ""
     click.echo(f"uncertainty: {len(result.replicates)} bootstrap refits over configurations and passes; "
                f"{len(result.held_out)} configurations predicted with their model left out of the fit{typical}; "
                f"{len(result.levels)} reference timings", err=True)

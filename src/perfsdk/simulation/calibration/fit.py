@@ -195,9 +195,6 @@ class FitResult:
     levels: list[float] = field(default_factory=list)
     reference: str | None = None
     reference_s: float | None = None
-    #: what was fitted, for refitting: the configurations (each pass) and the micro-kernels
-    samples: list[Any] = field(default_factory=list, repr=False)
-    micro: list[Observation] = field(default_factory=list, repr=False)
 
     @property
     def flops_per_s(self) -> float | None:

@@ -435,8 +435,8 @@ def calibrate_here(models: list[str], grid: list[tuple[int, int, int]] | None = 
                 progress(m)
     if micro:
         micro_runs.append(micro_observations(clock=clock, estimator=estimator))
-    pick = min if estimator == "min" else _median_observation
-    fixed: list[Observation] = [pick(pair, key=lambda ob: ob.measured_s) for pair in zip(*micro_runs)]
+    # each micro-kernel timed at the start and at the end: the faster of the two
+    fixed: list[Observation] = [min(pair, key=lambda ob: ob.measured_s) for pair in zip(*micro_runs)]
     ref_s = ref.median if ref is not None else 1.0
     runs = (normalised_runs({k: [(m, ref.level_at(i)) for m, i in v] for k, v in raw.items()}, ref_s)
             if ref is not None else {k: [m for m, _ in v] for k, v in raw.items()})
@@ -459,7 +459,6 @@ def calibrate_here(models: list[str], grid: list[tuple[int, int, int]] | None = 
     result.replicates = bootstrap_coefficients(result, samples, fixed, replicates=replicates, seed=seed,
                                                fit_step_overhead=fit_step_overhead)
     result.held_out = held_out_errors(result, samples, fixed, fit_step_overhead=fit_step_overhead)
-    result.samples, result.micro = samples, fixed
     return result, meas
 
 
@@ -468,13 +467,6 @@ def _best_of(runs: list[Measurement]) -> Measurement:
     for m in runs[1:]:
         out = out.merged(m)
     return out
-
-
-def _median_observation(pair: Any, key: Any) -> Observation:
-    """The micro-kernel observation with the median time (of its runs at the start and the end:
-    the lower median of two)."""
-    ordered = sorted(pair, key=key)
-    return ordered[(len(ordered) - 1) // 2]
 
 
 def pass_drift_pct(runs: list[list[Measurement]]) -> float | None:
