@@ -11,6 +11,7 @@ from perfsdk.simulation.costmodel import cost_op
 from perfsdk.simulation.predictor import Simulator, rescale_ops, simulate_model
 from perfsdk.models.arch import architecture_from_config
 from perfsdk.models.resolve import resolve_architecture
+from perfsdk.models.tiny import tiny_llama_config
 
 PROFILE = HardwareProfile.model_validate({
     "name": "testdev", "kind": "gpu", "variant": "v", "source": "s",
@@ -166,3 +167,41 @@ def test_captured_calls_of_one_module_are_costed_as_one_module_call() -> None:
     # analytic ops are costed as written
     res = Simulator(prof).predict(ops, batch_size=4, op_source="analytic")
     assert res.phases["prefill"].overhead_s == pytest.approx(5 * 5e-6)
+
+
+def test_an_embedding_keeps_resident_only_the_rows_it_gathers() -> None:
+    from dataclasses import replace
+
+    from perfsdk.simulation.costmodel import resident_bytes
+
+    # the analytic generator states the whole table as the lookup's weights, a capture only the
+    # rows it gathered: both read (and keep in cache) the rows alone
+    arch = architecture_from_config(tiny_llama_config("tiny-llama-medium"))
+    ops = forward_ops(arch, 2, 1, 31, "float32", "decode", 1)
+    emb = next(o for o in ops if o.category == "embedding")
+    assert emb.weight_bytes == 4096 * 512 * 4
+    assert resident_bytes(emb) == emb.bytes_read == 2 * (512 * 4 + 8)
+    captured = replace(emb, weight_bytes=2 * 512 * 4)
+    assert resident_bytes(captured) == 2 * 512 * 4
+    lin = linear_op()
+    assert resident_bytes(replace(lin, kv_bytes=1000)) == lin.weight_bytes + 1000
+
+
+def test_captured_and_analytic_ops_of_one_model_cost_alike() -> None:
+    """The same Llama, costed from the architecture description and from its own code captured
+    on the meta device, on a profile with a cache its weights straddle."""
+    from perfsdk.simulation.predictor import simulate_captured
+
+    cfg = tiny_llama_config("tiny-llama-medium")
+    cfg.num_hidden_layers = 2  # 2 x 11.8 MB of layers + an 8.4 MB output projection
+    prof = builtin_profiles()["host-cpu"].model_copy(update={
+        "cache_mb": 32.0, "cache_bandwidth_gbs": 40.0, "memory_bandwidth_gbs": 10.0, "op_overhead_s": 1.1e-5,
+        "launch_overhead_s": 9e-7, "step_overhead_s": 4e-4, "compute_efficiency": 1.0, "memory_efficiency": 1.0})
+    for batch in (1, 4):
+        kw = dict(batch_size=batch, input_tokens=32, output_tokens=8, dtype="float32")
+        analytic = simulate_model(cfg, prof, **kw)
+        captured = simulate_captured(cfg, prof, **kw)
+        assert analytic.op_source == "analytic" and captured.op_source == "meta-device capture"
+        # (counting the embedding table as resident on one side only put them 24 % apart)
+        assert captured.tpot_s == pytest.approx(analytic.tpot_s, rel=0.06)
+        assert captured.ttft_s == pytest.approx(analytic.ttft_s, rel=0.06)

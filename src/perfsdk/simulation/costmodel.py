@@ -10,7 +10,8 @@ For one operation on one device (profile ``P``)::
                   inefficiency of short reductions)
     memory_s   = (bytes_read + bytes_written) / (P.memory_bandwidth * P.memory_efficiency)
                  (with P.cache_mb: a forward pass touching R bytes of weights + KV cache has
-                  min(1, cache / R) of its bytes served at P.cache_bandwidth instead)
+                  min(1, cache / R) of its bytes served at P.cache_bandwidth instead; an
+                  embedding lookup touches the rows it gathers, not its table: resident_bytes)
     pack_s     = weight_bytes / P.matmul_pack_gbs  for a matrix product with >= P.matmul_pack_rows rows
     time_s     = max(compute_s, memory_s) + pack_s + overhead_s
     overhead_s = P.op_overhead_s + (launches - 1) * P.launch_overhead_s
@@ -109,6 +110,15 @@ def pack_passes(rows: Any, pack_rows: float) -> Any:
     r = np.asarray(rows, dtype=float)
     out = np.where(r < pack_rows, 0.0, np.where(r < 4 * pack_rows, np.ceil(r / pack_rows), 1.0))
     return out if isinstance(rows, np.ndarray) else float(out)
+
+
+def resident_bytes(op: OpRecord) -> int:
+    """Bytes of weights and KV cache the op touches, what its forward pass keeps resident (the
+    cache model): its weights as far as it reads them (an embedding lookup reads the rows it
+    gathers, not its whole table) plus its KV cache. The same for a captured op, which states
+    only the gathered rows as its weights, and for one the analytic generator writes, which states
+    the whole table."""
+    return min(op.weight_bytes, op.bytes_read) + op.kv_bytes
 
 
 def weight_rows(op: OpRecord) -> int:

@@ -20,7 +20,8 @@ from pydantic import BaseModel, ConfigDict, Field
 from perfsdk.hardware.catalog import Catalog, normalize_name
 from perfsdk.hardware.profile import HardwareProfile
 from perfsdk.capture.ops import OpRecord
-from perfsdk.simulation.costmodel import activation_in_bytes, activation_out_bytes, cost_op, op_bytes, transfer_cost
+from perfsdk.simulation.costmodel import (activation_in_bytes, activation_out_bytes, cost_op, op_bytes,
+                                          resident_bytes, transfer_cost)
 from perfsdk.simulation.mapping import Mapping, MappingError
 
 PhaseName = Literal["encode", "prefill", "decode", "forward"]
@@ -252,7 +253,7 @@ class Simulator:
         if any(p.cache_mb for p in self.profiles.values()):
             for op in ops:
                 dev = self.device_of(op.module_path)[0]
-                resident[(dev, op.phase, op.step)] += op.weight_bytes + op.kv_bytes
+                resident[(dev, op.phase, op.step)] += resident_bytes(op)
 
         for op in ops:
             ph = _phase_of(op)
@@ -537,14 +538,28 @@ def simulate_config(config: Any, hardware: HardwareProfile, *, batch_size: int =
     (:func:`perfsdk.flops.meta.capture_generation_ops`), costed the same way, with the KV cache
     the model builds. Decode steps are sampled as in the fast path.
     """
-    from perfsdk.flops.meta import _architecture_or_none, capture_generation_ops
-    from perfsdk.simulation.analytic import dtype_bytes, sampled_decode_steps
+    from perfsdk.flops.meta import _architecture_or_none
 
     arch = _architecture_or_none(config)
     if arch is not None:
         return simulate_model(arch, hardware, batch_size=batch_size, input_tokens=input_tokens,
                               output_tokens=output_tokens, dtype=dtype, mapping=mapping, top_n=top_n,
                               max_decode_steps=max_decode_steps, catalog=catalog, images=images, name=name)
+    return simulate_captured(config, hardware, batch_size=batch_size, input_tokens=input_tokens,
+                             output_tokens=output_tokens, dtype=dtype, mapping=mapping, top_n=top_n,
+                             max_decode_steps=max_decode_steps, catalog=catalog, images=images, name=name)
+
+
+def simulate_captured(config: Any, hardware: HardwareProfile, *, batch_size: int = 1, input_tokens: int = 128,
+                      output_tokens: int = 128, dtype: str = "bfloat16", mapping: Mapping | None = None,
+                      top_n: int = 10, max_decode_steps: int = 64, catalog: Catalog | None = None,
+                      images: int | None = None, name: str | None = None) -> SimulationResult:
+    """Predict ``generate`` of ``config`` from its own code captured on the meta device, whether
+    or not the architecture description covers its family (:func:`simulate_config` takes the
+    analytic path where it does; both cost a model alike)."""
+    from perfsdk.flops.meta import capture_generation_ops
+    from perfsdk.simulation.analytic import dtype_bytes, sampled_decode_steps
+
     steps, weights = sampled_decode_steps(output_tokens, max_decode_steps)
     cap = capture_generation_ops(config, batch_size, input_tokens, output_tokens, steps, images=images)
     ops = rescale_ops(cap.ops, dtype)

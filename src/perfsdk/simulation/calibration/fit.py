@@ -43,7 +43,7 @@ import structlog
 
 from perfsdk.hardware.profile import HardwareProfile
 from perfsdk.capture.ops import OpRecord
-from perfsdk.simulation.costmodel import matmul_rows, op_bytes, pack_passes, weight_rows
+from perfsdk.simulation.costmodel import matmul_rows, op_bytes, pack_passes, resident_bytes, weight_rows
 
 log = structlog.get_logger("perfsdk.simulation.calibration")
 
@@ -80,7 +80,7 @@ class Observation:
         for o in ops:
             sw = (step_weights or {}).get(o.step, 1.0)
             steps[o.step] = sw
-            resident[o.step] = resident.get(o.step, 0.0) + o.weight_bytes + o.kv_bytes
+            resident[o.step] = resident.get(o.step, 0.0) + resident_bytes(o)
             if o.launches > 0 and (o.flops or op_bytes(o)):
                 calls += sw
                 extra += sw * (o.launches - 1)
