@@ -273,10 +273,13 @@ def micro_observations(repeats: int = 7, clock: str = "wall", estimator: str = "
 
 DEFAULT_CALIBRATION_GRID = [(1, 16, 16), (1, 128, 16), (4, 32, 16), (8, 128, 8), (2, 256, 8)]
 # one configuration at four depths (per-layer vs per-pass costs, 20 to 100 MB of weights per pass:
-# the cache term) and, narrowed to width 64, at two depths: there the framework's fixed costs
-# dominate, which pins the per-operation overhead apart from the bytes
+# the cache term); narrowed to width 64 at two depths, where the framework's fixed costs
+# dominate, which pins the per-operation overhead apart from the bytes; and at width 256, between
+# the two, where neither dominates (most small models a user predicts lie there: without it the
+# split between fixed costs and bytes is extrapolated, and two calibrations disagree more)
 DEFAULT_CALIBRATION_MODELS = ["builtin:tiny-llama-medium", "builtin:tiny-llama-medium@layers=4",
                               "builtin:tiny-llama-medium@layers=2", "builtin:tiny-llama-medium@layers=1",
+                              "builtin:tiny-llama-medium@hidden=256@layers=4",
                               "builtin:tiny-llama-medium@hidden=64@layers=8",
                               "builtin:tiny-llama-medium@hidden=64@layers=2"]
 
