@@ -227,3 +227,33 @@ def test_profile_source_states_the_drift_and_calibrate_warns_above_five_percent(
                                        "in the fastest\n")
     _warn_drift(None)
     assert capsys.readouterr().err == ""
+
+
+def _stream(rate_s_per_byte: float) -> Observation:
+    n = 3 * 64 * 1024 * 1024 * 4
+    return Observation("micro add", "micro", n * rate_s_per_byte, np.zeros(1), np.array([float(n)]), np.ones(1), 0.0,
+                       np.array([np.inf]))
+
+
+def test_the_streaming_micro_kernel_anchors_the_memory_rate_only_where_the_models_leave_it_open() -> None:
+    from perfsdk.simulation.calibration import fit_with_micro
+
+    # models that identify the memory rate: a stream twice as fast is left out of the fit
+    # (one long stream reaches a bandwidth that many separate weight matrices do not)
+    measured, _ = _observations(np.random.default_rng(3))
+    kw = dict(cache_bytes=(0.0,), pack_rows=(0.0,), weight_row_term=True)
+    stream = _stream(TRUTH["s_per_byte"] / 2)
+    res, used = fit_with_micro([stream], measured, **kw)
+    assert used == []
+    assert res.coefficients["s_per_byte"] == pytest.approx(TRUTH["s_per_byte"], rel=1e-6)
+    assert "micro add" not in res.errors_pct
+    # models that move no bytes (fixed costs only) leave it open: then the stream sets it
+    fixed_costs = []
+    for i in range(6):
+        ops, passes = 10.0 * (i + 1) + i * i, float(i + 1)
+        fixed_costs.append(Observation(f"f{i}", "decode", ops * 5e-6 + passes * 1e-4, np.zeros(1), np.zeros(1),
+                                       np.ones(1), passes, np.array([np.inf]), ops=ops))
+    res, used = fit_with_micro([stream], fixed_costs, **kw)
+    assert used == [stream]
+    assert res.coefficients["s_per_byte"] == pytest.approx(TRUTH["s_per_byte"] / 2, rel=1e-6)
+    assert res.coefficients["op_overhead_s"] == pytest.approx(5e-6, rel=1e-6)

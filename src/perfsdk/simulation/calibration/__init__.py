@@ -41,6 +41,7 @@ from perfsdk.simulation.calibration.measure import (
     ReferenceTimer,
     build_random_model,
     calibrate_here,
+    fit_with_micro,
     measure_generate,
     measure_in_session,
     median_of,
@@ -53,7 +54,7 @@ from perfsdk.simulation.calibration.measure import (
 
 __all__ = [
     "REFERENCE_MODEL", "REFERENCE_SHAPE", "ConfigurationSamples", "ReferenceTimer", "bootstrap_coefficients",
-    "held_out_errors", "measure_in_session", "median_of", "normalised_runs", "scaled",
+    "fit_with_micro", "held_out_errors", "measure_in_session", "median_of", "normalised_runs", "scaled",
     "CACHE_GRID", "DEFAULT_CALIBRATION_GRID", "DEFAULT_CALIBRATION_MODELS", "HALF_ROWS_GRID", "PACK_ROWS_GRID", "PARAMS", "FitResult", "Measurement",
     "Observation", "build_random_model", "cached_fraction", "calibrate_from_store", "calibrate_here", "fit",
     "measure_generate", "measurements_of_run", "micro_observations", "model_config_of_run", "observations_for",
