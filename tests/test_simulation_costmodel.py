@@ -205,3 +205,26 @@ def test_captured_and_analytic_ops_of_one_model_cost_alike() -> None:
         # (counting the embedding table as resident on one side only put them 24 % apart)
         assert captured.tpot_s == pytest.approx(analytic.tpot_s, rel=0.06)
         assert captured.ttft_s == pytest.approx(analytic.ttft_s, rel=0.06)
+
+
+def test_small_m_slowdown_applies_from_four_repacking_blocks() -> None:
+    from perfsdk.simulation.calibration import Observation
+    from perfsdk.simulation.costmodel import compute_time_s, small_m_applies
+
+    base = PROFILE.model_copy(update={"matmul_half_rows": 8.0})
+    staircase = base.model_copy(update={"matmul_pack_rows": 4.0, "matmul_pack_gbs": 50.0})
+    peak = 1e12 * 0.5
+    for rows in (1, 3, 4, 15, 16, 64):
+        e = _Emitter("float32", "prefill", 0, rows)
+        e.linear("model.layers.0.mlp.up_proj", batch=1, tokens=rows, k=512, n=1408)
+        op = e.ops[0]
+        plain = 2 * rows * 512 * 1408 / peak
+        # without a repacking size the slowdown is everywhere; with P = 4, from 16 rows only
+        assert compute_time_s(op, base) == pytest.approx(plain * (rows + 8) / rows)
+        slowed = (rows + 8) / rows if rows >= 16 else 1.0
+        assert compute_time_s(op, staircase) == pytest.approx(plain * slowed)
+        assert small_m_applies(rows, 4.0) == (rows >= 16)
+        # the calibration's feature for the fitted slowdown follows the same rule
+        ob = Observation.from_ops("o", "prefill", 1.0, [op])
+        assert ob.row_flops(4.0)[0] == (2 * 512 * 1408 if rows >= 16 else 0.0)
+        assert ob.row_flops()[0] == 2 * 512 * 1408

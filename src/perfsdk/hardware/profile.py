@@ -172,7 +172,8 @@ class HardwareProfile(_Strict):
     matmul_half_rows: float | None = Field(
         default=None, ge=0,
         description="Rows (tokens x batch) at which a matrix product reaches half of the compute rate; "
-                    "compute time is scaled by (rows + this) / rows. Unset: full rate at any size")
+                    "compute time is scaled by (rows + this) / rows (with matmul_pack_rows P: from 4P rows, "
+                    "below which the repacking staircase describes small products). Unset: full rate at any size")
     matmul_ns_per_weight_row: float | None = Field(
         default=None, ge=0,
         description="Fixed cost of each row of a matrix product's weight as stored (the output features of a "

@@ -5,7 +5,8 @@ For one operation on one device (profile ``P``)::
     compute_s  = flops / (P.peak[dtype] * P.compute_efficiency)
                  (softmax / activation / norm ops: elements * ns_per_element, when P gives it;
                   attention adds score elements * softmax ns_per_element; a matrix product with
-                  R output rows is slowed by (R + P.matmul_half_rows) / R, small-M inefficiency,
+                  R output rows is slowed by (R + P.matmul_half_rows) / R, small-M inefficiency
+                  (from 4 * P.matmul_pack_rows rows when that is set: small_m_applies),
                   and one with weights adds P.matmul_ns_per_weight_row per weight row, the
                   inefficiency of short reductions)
     memory_s   = (bytes_read + bytes_written) / (P.memory_bandwidth * P.memory_efficiency)
@@ -121,6 +122,19 @@ def resident_bytes(op: OpRecord) -> int:
     return min(op.weight_bytes, op.bytes_read) + op.kv_bytes
 
 
+def small_m_applies(rows: Any, pack_rows: float | None) -> Any:
+    """Whether the small-M slowdown ``(R + matmul_half_rows) / R`` applies to a matrix product
+    with ``rows`` output rows (a number or a numpy array): for every size when the profile has
+    no ``matmul_pack_rows`` = P, else from 4P rows, where the blocked kernel runs. Below, the
+    matrix-vector kernel and the small-M staircase (:func:`pack_passes`) are the whole story: at
+    1–3 rows a product's time is that of streaming its weights, whatever the rows."""
+    import numpy as np
+
+    if not pack_rows:
+        return np.ones_like(rows, dtype=bool) if isinstance(rows, np.ndarray) else True
+    return np.asarray(rows) >= 4 * pack_rows if isinstance(rows, np.ndarray) else rows >= 4 * pack_rows
+
+
 def weight_rows(op: OpRecord) -> int:
     """Rows of a matrix product's weight as stored (0 for other ops): ``op.weight_rows`` where
     the op states it, else its output features (a linear layer's weight is [out, in])."""
@@ -160,7 +174,8 @@ def compute_time_s(op: OpRecord, profile: HardwareProfile, dtype: str | None = N
     t = op.flops / effective_flops(profile, dtype or op.dtype) if op.flops else 0.0
     if op.category == "matmul" and profile.matmul_half_rows and t:
         rows = matmul_rows(op)
-        t *= (rows + profile.matmul_half_rows) / rows
+        if small_m_applies(rows, profile.matmul_pack_rows):
+            t *= (rows + profile.matmul_half_rows) / rows
     if op.category == "matmul" and profile.matmul_ns_per_weight_row and op.flops:
         t += weight_rows(op) * profile.matmul_ns_per_weight_row * 1e-9
     if op.category == "attention" and profile.softmax_ns_per_element is not None and op.elements:

@@ -10,7 +10,9 @@ decode time for the decode steps). The model being fitted is the simulation's ow
 
 with ``row_i = flops_i / rows_i`` for a matrix product with ``rows_i`` output rows (0 for other
 ops): ``x_h = h * x_f`` is the small-M slowdown ``(rows + h) / rows`` of the cost model written
-as a linear term, so ``h`` is fitted like the rates, not picked on a grid; ``scores_i`` the
+as a linear term, so ``h`` is fitted like the rates, not picked on a grid (with a repacking
+size ``P``, only on products of at least ``4P`` rows: below, the staircase ``pack_i`` describes
+them, and a term on their FLOPs would trade itself against it and against the memory rate); ``scores_i`` the
 softmax elements of attention (``x_sm`` per element); ``wrows_i`` the rows of a matrix
 product's weight as stored (:func:`~perfsdk.simulation.costmodel.weight_rows`), ``x_r`` each (a short reduction runs below the FLOP
 rate: matrix-vector kernels over narrow inputs); ``f_i = min(1, C / resident_i)`` the share
@@ -43,7 +45,8 @@ import structlog
 
 from perfsdk.hardware.profile import HardwareProfile
 from perfsdk.capture.ops import OpRecord
-from perfsdk.simulation.costmodel import matmul_rows, op_bytes, pack_passes, resident_bytes, weight_rows
+from perfsdk.simulation.costmodel import (matmul_rows, op_bytes, pack_passes, resident_bytes, small_m_applies,
+                                          weight_rows)
 
 log = structlog.get_logger("perfsdk.simulation.calibration")
 
@@ -101,12 +104,14 @@ class Observation:
         res = self.resident if self.resident is not None else self.bytes_
         return cached_fraction(res, cache_bytes)
 
-    def row_flops(self) -> np.ndarray:
-        """FLOPs of one output row of each matrix product (``flops / rows``; 0 for other ops)."""
+    def row_flops(self, pack_rows: float = 0.0) -> np.ndarray:
+        """FLOPs of one output row of each matrix product (``flops / rows``; 0 for other ops, and
+        for products the small-M term leaves alone at ``pack_rows``: :func:`small_m_applies`)."""
         if self.rows is None:
             return np.zeros_like(self.flops)
         mm = np.isfinite(self.rows)
-        return np.where(mm, self.flops / np.where(mm, self.rows, 1.0), 0.0)
+        rows = np.where(mm, self.rows, 1.0)
+        return np.where(mm & small_m_applies(rows, pack_rows), self.flops / rows, 0.0)
 
     def features(self, x_f: float, x_b: float, half_rows: float = 0.0, cache_bytes: float = 0.0,
                  x_c: float = 0.0, pack_rows: float = 0.0, x_h: float = 0.0, x_s: float = 0.0,
@@ -127,7 +132,7 @@ class Observation:
         ``x_r`` per weight row (the profile's ``matmul_ns_per_weight_row``).
         """
         flops = self.flops
-        per_row = self.row_flops()
+        per_row = self.row_flops(pack_rows)
         scores = self.scores if self.scores is not None else np.zeros_like(flops)
         wrows = self.weight_rows if self.weight_rows is not None else np.zeros_like(flops)
         if half_rows:
@@ -302,11 +307,11 @@ def _fit_at(observations: list[Observation], h: float | None, c: float = 0.0, pr
         free.append(8)
     hf = h or 0.0
     # start from an additive model: every op both compute- and memory-costed
-    a0 = np.array([[np.sum(o.weights * (o.flops + hf * o.row_flops())),
+    a0 = np.array([[np.sum(o.weights * (o.flops + hf * o.row_flops(pr))),
                     np.sum(o.weights * o.bytes_ * (1 - o.cached_fraction(c))),
                     o.op_count, o.forward_passes, 1.0 if o.phase == "prefill" else 0.0,
                     np.sum(o.weights * o.bytes_ * o.cached_fraction(c)), np.sum(o.weights * o.packed_bytes(pr)),
-                    o.extra_launches, np.sum(o.weights * o.row_flops()) if h is None else 0.0,
+                    o.extra_launches, np.sum(o.weights * o.row_flops(pr)) if h is None else 0.0,
                     np.sum(o.weights * (o.scores if o.scores is not None else 0.0)),
                     np.sum(o.weights * (o.weight_rows if o.weight_rows is not None else 0.0))]
                    for o in observations])
