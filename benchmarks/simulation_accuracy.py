@@ -4,8 +4,8 @@ for fitting and compare with measurement.
 Protocol
 --------
 1. Calibrate (``perfsdk.simulation.calibration``, as ``perfsdk calibrate`` does): the
-   ``builtin:tiny-llama-medium`` configuration (hidden 512) at 8, 4, 2 and 1 layers and narrowed
-   to width 64 at 8 and 2 layers, on a grid of batch sizes and prompt lengths in
+   ``builtin:tiny-llama-medium`` configuration (hidden 512) at 8, 4, 2 and 1 layers, narrowed
+   to width 256 at 4 layers and to width 64 at 8 and 2 layers, on a grid of batch sizes and prompt lengths in
    ``--calibration-passes`` round-robin passes, plus three micro-kernels (a 1024^3 matmul, a
    3 x 64 MiB add, a chain of tiny kernels).
 2. Predict, with the calibrated profile and the analytic op generator (no timing information),
@@ -13,18 +13,21 @@ Protocol
    small Mixtral with a sliding window, built from their ``transformers`` config classes) and three
    other Llama sizes (``tiny-llama-small``, ``tiny-llama``, ``tiny-llama-large``) x batch sizes
    {1, 4} x output lengths {8, 32} at a 32-token prompt (``--models`` picks the sets).
-3. Measure the same configurations (TTFT = generate start to first token, TPOT = decode time
-   / (output tokens - 1)). Each is measured ``--repeats`` times (after one warm-up) in each of
-   ``--passes`` round-robin passes over all configurations, and the fastest time is kept (each
-   decode step's fastest): on a shared machine load comes and goes, and spreading the repeats
-   over time lets each configuration meet a quiet moment. The measurement passes alternate with
-   the ``--calibrations`` calibrations (measure, calibrate, measure, calibrate, measure), so that
-   a drift of the machine's speed over minutes hits both sides alike. Report the signed error ``(predicted - measured) / measured``
-   and the median and worst absolute error over the other families.
+3. Measure the same configurations in a perfsdk session (default collectors, wall clock; TTFT =
+   generate start to first token, TPOT = decode time / (output tokens - 1)): the median of
+   ``--calls`` calls after a warm-up, in each of ``--passes`` round-robin passes over all
+   configurations. The reference workload is timed before and after every configuration; each
+   pass is divided by the machine's level around it and brought back to seconds with the
+   reference's median, and the median of the passes is kept. The measurement passes alternate
+   with the ``--calibrations`` calibrations (measure, calibrate, measure, calibrate, measure), so
+   that a drift of the machine's speed over minutes hits both sides alike. Report the signed error
+   ``(predicted - measured) / measured``, whether the measurement is inside the 90 % interval, and
+   per family and overall the median and worst absolute error, the share inside and the median
+   interval width; and how far the calibrations' predictions are apart.
 
-Run: ``PYTHONPATH=src python benchmarks/simulation_accuracy.py [--threads 1] [--repeats 3]
-[--json out.json] [--markdown out.md]``. Random weights, nothing downloaded; about 75 s on two
-cores.
+Run: ``PYTHONPATH=src python benchmarks/simulation_accuracy.py [--threads 1] [--models all|extra]
+[--json out.json] [--markdown out.md]``. Random weights, nothing downloaded; about six minutes on
+two cores (two calibrations of about 80 s each, three measurement passes).
 """
 
 from __future__ import annotations
