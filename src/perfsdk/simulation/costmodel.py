@@ -128,11 +128,7 @@ def small_m_applies(rows: Any, pack_rows: float | None) -> Any:
     no ``matmul_pack_rows`` = P, else from 4P rows, where the blocked kernel runs. Below, the
     matrix-vector kernel and the small-M staircase (:func:`pack_passes`) are the whole story: at
     1–3 rows a product's time is that of streaming its weights, whatever the rows."""
-    import numpy as np
-
-    if not pack_rows:
-        return np.ones_like(rows, dtype=bool) if isinstance(rows, np.ndarray) else True
-    return np.asarray(rows) >= 4 * pack_rows if isinstance(rows, np.ndarray) else rows >= 4 * pack_rows
+    return True if not pack_rows else rows >= 4 * pack_rows
 
 
 def weight_rows(op: OpRecord) -> int:
