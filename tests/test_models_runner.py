@@ -22,6 +22,7 @@ from perfsdk.models.runner import (
     order_by_length,
     plan_workload,
     run_workload,
+    warmup_count,
 )
 
 
@@ -169,6 +170,30 @@ def test_run_workload_generate() -> None:
     latency = s.result.collectors.get("latency")
     if latency is not None:
         assert latency["output_tokens"] == 32
+
+
+def test_warmup_covers_every_batch_on_cuda_by_default() -> None:
+    w = WorkloadConfig(warmup_runs=2)
+    # auto: every batch once on CUDA (torch.device or a string), warmup_runs elsewhere
+    assert warmup_count(w, 8, torch.device("cuda", 0)) == 8
+    assert warmup_count(w, 8, "cuda:1") == 8
+    assert warmup_count(w, 8, torch.device("cpu")) == 2
+    assert warmup_count(w, 8, None) == 2
+    assert warmup_count(w, 1, torch.device("cuda")) == 2  # never fewer than warmup_runs
+    # warm-up switched off stays off in auto mode; an explicit setting wins on any device
+    assert warmup_count(WorkloadConfig(warmup_runs=0), 8, torch.device("cuda")) == 0
+    assert warmup_count(WorkloadConfig(warmup_runs=0, warmup_every_batch=True), 8, torch.device("cpu")) == 8
+    assert warmup_count(WorkloadConfig(warmup_runs=3, warmup_every_batch=False), 8, torch.device("cuda")) == 3
+
+
+def test_run_workload_warms_every_batch_when_asked() -> None:
+    cfg = _config(warmup_every_batch=True, num_prompts=6)
+    with perfsdk.session(cfg, store=None) as s:
+        info = run_workload(s)
+    # 6 prompts -> 3 batches: 3 warm-up runs (one per batch, in order), then one timed pass
+    assert [(st.warmup, st.input_tokens) for st in s.steps[:3]] == \
+        [(True, st.input_tokens) for st in s.measured_steps]
+    assert (info.warmup_runs, info.timed_runs) == (3, 3)
 
 
 def test_run_workload_filters_and_min_duration() -> None:

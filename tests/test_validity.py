@@ -43,6 +43,33 @@ def test_stability_groups_by_shape_and_measures_drift() -> None:
     assert stability([_step(0, 10.0), _step(1, 20.0, tokens=3)]) == StabilityFigures(steps=0, shapes=0)
 
 
+def test_stability_finds_a_cold_first_run_per_shape() -> None:
+    # two batches alternating, as a runner's passes do: the first run of the long batch took
+    # 4x its later runs (the GPU check saw this with cuDNN attention on an H200); the short
+    # batch was warmed up and is steady
+    steps = [_step(i, (10.0 if i % 2 == 0 else (160.0 if i == 1 else 40.0)), tokens=8 if i % 2 == 0 else 64)
+             for i in range(8)]
+    st = stability(steps)
+    assert (st.shapes, st.cold_shapes, st.cold_ratio) == (2, 1, pytest.approx(4.0))
+    v, r = _judge(stab=st)
+    assert v == "noisy"
+    assert [x.split(":")[0] for x in r] == ["unstable", "cold-start", "drift"]
+    assert r[1] == ("cold-start: the first timed step of 1 of 2 step shapes was its slowest, up to 4.0x the "
+                     "median of that shape's later steps (a first-run cost the warm-up did not cover: set "
+                     "workload.warmup_every_batch: true, or run each shape once in s.warmup())")
+    # two runs of a shape, the first 4x the second: the ratio is to the later run (a median of
+    # both would say 1.6x)
+    pair = [_step(0, 40.0), _step(1, 10.0)]
+    assert stability(pair).cold_ratio == pytest.approx(4.0)
+    # a slow step later on is noise, not a cold start; the threshold is validity.max_cold_ratio
+    late = [_step(i, 10.0 if i != 3 else 40.0) for i in range(6)]
+    assert stability(late).cold_shapes == 0
+    mild = [_step(i, 14.0 if i == 0 else 10.0) for i in range(6)]
+    assert stability(mild).cold_shapes == 0 and stability(mild, cold_ratio=1.3).cold_shapes == 1
+    assert stability(mild, cold_ratio=1.3).cold_ratio == pytest.approx(1.4)
+    assert "cold-start" in KINDS
+
+
 def test_latency_samples_counts_requests_and_forward_steps() -> None:
     gen = Step(kind="generate", index=0, batch_size=3, input_tokens=[4, 4, 4], output_tokens=[5, 0, 2])
     assert latency_samples([gen, _step(1, 1.0), _step(2, 1.0)]) == 2 + 2
@@ -90,8 +117,8 @@ def test_judge_each_kind_and_the_verdict() -> None:
                                            cpu_freq_change_pct=-20.0, gpu_throttle_reasons=["hw-thermal"]))
     assert v == "noisy" and r == ["throttled: CPU clock fell 20.0% (3000 -> 2400 MHz); GPU slowed down: hw-thermal "
                                   "(clock limit 10%)"]
-    # every reason starts with one of the six kinds
-    assert set(KINDS) == {"contention", "unstable", "drift", "few-samples", "instrumented", "throttled"}
+    # every reason starts with one of the seven kinds
+    assert set(KINDS) == {"contention", "unstable", "cold-start", "drift", "few-samples", "instrumented", "throttled"}
     assert all(x.split(":")[0] in KINDS for x in r)
 
 

@@ -207,6 +207,12 @@ class WorkloadConfig(_Strict):
     batching: BatchingConfig = Field(default_factory=BatchingConfig)
     generate: GenerateConfig = Field(default_factory=GenerateConfig)
     warmup_runs: int = Field(default=2, ge=0)
+    warmup_every_batch: bool | None = Field(
+        default=None,
+        description="Warm up on every batch of the workload once (at least warmup_runs runs), so that no timed "
+                    "step is the first to meet its shapes: on CUDA, kernel and attention plans are chosen and "
+                    "cached per shape, and a batch's first run can take several times its later ones. "
+                    "null: on when the model runs on CUDA, off elsewhere")
     min_iterations: int = Field(default=5, ge=1)
     min_duration_s: float = Field(default=0.0, ge=0)
     arrival: ArrivalConfig = Field(default_factory=ArrivalConfig)
@@ -301,6 +307,11 @@ class ValidityConfig(_Strict):
     max_cv: float = Field(
         default=0.15, gt=0,
         description="noisy when the coefficient of variation of step latency (steps of the same shape) is above this")
+    max_cold_ratio: float = Field(
+        default=1.5, gt=1,
+        description="noisy (cold-start) when the first timed step of a shape is its slowest and takes more than "
+                    "this many times the median of the shape's later steps: a first-run cost the warm-up did not "
+                    "cover")
     max_drift_pct: float = Field(
         default=10.0, gt=0,
         description="noisy when the last third of timed steps is slower or faster than the first third by more (%)")

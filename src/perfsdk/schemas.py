@@ -153,6 +153,12 @@ class StabilityFigures(_Frozen):
     cv: float | None = Field(default=None, description="Coefficient of variation (std / mean).")
     drift_pct: float | None = Field(
         default=None, description="Median of the last third of those steps over the first third, minus 1, in %.")
+    cold_shapes: int = Field(
+        default=0, description="Shapes whose first timed step was their slowest and took more than "
+                               "validity.max_cold_ratio times the median of their later steps: first-run costs "
+                               "the warm-up did not cover.")
+    cold_ratio: float | None = Field(
+        default=None, description="The largest first step / median of later steps among those shapes.")
 
 
 class SampleFigures(_Frozen):

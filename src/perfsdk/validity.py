@@ -11,6 +11,9 @@ Like MLPerf LoadGen's VALID/INVALID, every run ends with a verdict — ``valid``
 - ``unstable``: the coefficient of variation of step latency is high. Steps are grouped by shape
   (kind, batch, input tokens, generated positions) and each one's time divided by its shape's
   median, so a run of different batches is not called unstable for being varied.
+- ``cold-start``: the first timed step of a shape was its slowest, by more than
+  ``validity.max_cold_ratio`` times the median of the shape's later steps: it paid a first-run cost (on CUDA, kernel
+  and attention plans chosen per shape) that the warm-up did not cover.
 - ``drift``: the last third of those steps is slower (or faster) than the first third.
 - ``few-samples``: no timed step (invalid), fewer latency samples than the tail percentiles
   need, or timed steps shorter than the sampler's interval.
@@ -73,7 +76,7 @@ GPU_THROTTLE_BITS = {
 }
 TIMED_PHASES = frozenset({"prefill", "decode", "forward"})
 #: The kinds a reason starts with.
-KINDS = ("contention", "unstable", "drift", "few-samples", "instrumented", "throttled")
+KINDS = ("contention", "unstable", "cold-start", "drift", "few-samples", "instrumented", "throttled")
 
 
 # -- seams ----------------------------------------------------------------------------------
@@ -245,14 +248,17 @@ def shape_key(step: Step) -> tuple[Any, ...]:
     return ("forward", step.batch_size, tuple(step.input_tokens), shapes)
 
 
-def stability(steps: Sequence[Step]) -> StabilityFigures:
-    """CV and first-to-last-third drift of step times, each divided by its shape's median."""
+def stability(steps: Sequence[Step], cold_ratio: float = 1.5) -> StabilityFigures:
+    """CV and first-to-last-third drift of step times, each divided by its shape's median, and the
+    shapes whose first step was their slowest and took more than ``cold_ratio`` times the median
+    of their later steps."""
     groups: dict[tuple[Any, ...], list[Step]] = {}
     for st in steps:
         if st.duration_s:
             groups.setdefault(shape_key(st), []).append(st)
     norm: list[tuple[int, float]] = []
     shapes = 0
+    cold: list[float] = []
     for members in groups.values():
         if len(members) < 2:
             continue
@@ -260,7 +266,12 @@ def stability(steps: Sequence[Step]) -> StabilityFigures:
         med = statistics.median(m.duration_s or 0.0 for m in members)
         if med <= 0:
             continue
-        norm.extend((m.start_ns, (m.duration_s or 0.0) / med) for m in members)
+        ordered = sorted(members, key=lambda m: m.start_ns)
+        later = statistics.median(m.duration_s or 0.0 for m in ordered[1:])
+        first = ordered[0].duration_s or 0.0
+        if later > 0 and first / later > cold_ratio and first >= max(m.duration_s or 0.0 for m in ordered):
+            cold.append(first / later)
+        norm.extend((m.start_ns, (m.duration_s or 0.0) / med) for m in ordered)
     norm.sort()
     vals = [v for _, v in norm]
     cv = drift = None
@@ -271,7 +282,8 @@ def stability(steps: Sequence[Step]) -> StabilityFigures:
         k = len(vals) // 3
         first, last = statistics.median(vals[:k]), statistics.median(vals[-k:])
         drift = (last / first - 1.0) * 100.0 if first > 0 else None
-    return StabilityFigures(steps=len(vals), shapes=shapes, cv=cv, drift_pct=drift)
+    return StabilityFigures(steps=len(vals), shapes=shapes, cv=cv, drift_pct=drift, cold_shapes=len(cold),
+                            cold_ratio=max(cold) if cold else None)
 
 
 def _thirds_change(values: list[float]) -> tuple[float | None, float | None, float | None]:
@@ -368,6 +380,10 @@ def judge(cfg: ValidityConfig, *, contention: ContentionFigures, stab: Stability
     if stab.cv is not None and stab.cv > cfg.max_cv:
         noisy.append(f"unstable: step latency varies by {stab.cv * 100:.1f}% (coefficient of variation over "
                      f"{stab.steps} steps; limit {cfg.max_cv * 100:g}%)")
+    if stab.cold_shapes:
+        noisy.append(f"cold-start: the first timed step of {stab.cold_shapes} of {stab.shapes} step shapes was its "
+                     f"slowest, up to {stab.cold_ratio:.1f}x the median of that shape's later steps (a first-run cost the warm-up did "
+                     "not cover: set workload.warmup_every_batch: true, or run each shape once in s.warmup())")
     if stab.drift_pct is not None and abs(stab.drift_pct) > cfg.max_drift_pct:
         word = "slower" if stab.drift_pct > 0 else "faster"
         noisy.append(f"drift: the last third of timed steps is {abs(stab.drift_pct):.1f}% {word} than the first "
@@ -625,7 +641,7 @@ class ValidityMonitor:
             notes.append(f"{instr.copies} instrumented cop{'y' if instr.copies == 1 else 'ies'} of timed steps "
                          f"({', '.join(f'{k}: {v}' for k, v in instr.by_collector.items())}) left out of the statistics")
         served = [st for st in measured if st.served is not None]
-        stab = stability([st for st in measured if st.served is None])
+        stab = stability([st for st in measured if st.served is None], self.cfg.max_cold_ratio)
         if served:
             notes.append("stability not judged on requests to a served model: their latency follows the load")
         verdict, reasons = judge(self.cfg, contention=contention, stab=stab, samples=samples, instr=instr,

@@ -11,7 +11,9 @@
 4. tokenize every batch once with ``s.tokenize`` (with the batch's labels, so that the
    ``quality`` collector can score the timed steps themselves; for a vision-language model with
    its images through the processor: :mod:`perfsdk.models.images`);
-5. run ``warmup_runs`` batches inside ``s.warmup()``;
+5. run ``warmup_runs`` batches inside ``s.warmup()`` — every batch at least once when
+   ``warmup_every_batch`` holds (by default on CUDA, where a batch's first run chooses and
+   caches its kernels and can take several times its later runs);
 6. seed torch, then run timed passes over all batches until both ``min_iterations`` passes and
    ``min_duration_s`` are reached, waiting between batch submissions as the arrival pattern says.
 
@@ -293,6 +295,16 @@ def _resolve_label_map(workload: WorkloadConfig, plan: WorkloadPlan, model: Any)
     return plan
 
 
+def warmup_count(workload: WorkloadConfig, n_batches: int, device: Any) -> int:
+    """Warm-up runs: ``warmup_runs``, raised to one run of every batch when ``warmup_every_batch``
+    holds (``None``: when ``device`` is a CUDA device)."""
+    every = workload.warmup_every_batch
+    if every is None:  # auto: on CUDA, unless warm-up is switched off
+        kind = getattr(device, "type", None) or (str(device) if device is not None else "")
+        every = kind.startswith("cuda") and workload.warmup_runs > 0
+    return max(workload.warmup_runs, n_batches) if every else workload.warmup_runs
+
+
 def _workload_info(workload: WorkloadConfig, plan: WorkloadPlan, warmup: int, timed: int, iterations: int,
                    images: Any = None, vision_tokens: list[int] | None = None) -> WorkloadInfo:
     vision: dict[str, Any] = {}
@@ -388,7 +400,8 @@ def run_in_process(
             session.generate(model, **enc, **gen_kw)
 
     n_batches = len(plan.batches)
-    total = workload.warmup_runs + workload.min_iterations * n_batches
+    n_warmup = warmup_count(workload, n_batches, session.device)
+    total = n_warmup + workload.min_iterations * n_batches
     done = 0
 
     def tick() -> None:
@@ -398,7 +411,7 @@ def run_in_process(
     warm = timed = iterations = 0
     try:
         with session.warmup():
-            for k in range(workload.warmup_runs):
+            for k in range(n_warmup):
                 run_batch(k % n_batches)
                 warm += 1
                 done += 1
