@@ -38,7 +38,8 @@ def _generate(s: perfsdk.Session, tiny: tuple, n: int = 2, warmup: int = 1) -> N
 
 
 def test_fake_nvml_session_reports_joules_per_token_per_phase(tiny: tuple) -> None:
-    reader = FakeNvmlReader(names=["Fake GPU"], energy_mj=[list(range(0, 1_000_000, 1000))])  # +1 J per read
+    # +1 J per read, a counter refreshing every millisecond: the phases hold enough updates for their figures
+    reader = FakeNvmlReader(names=["Fake GPU"], energy_mj=[list(range(0, 1_000_000, 1000))], update_period_s=0.001)
     energy = EnergyCollector(EnergyConfig(codecarbon={"enabled": False}, sources=["nvml"]), nvml_reader=reader)
     util = UtilizationCollector(nvml_reader=reader)
     with perfsdk.session({"collectors": {"utilization": {"interval_s": 0.05}}}, store=None,
@@ -70,6 +71,58 @@ def test_fake_nvml_session_reports_joules_per_token_per_phase(tiny: tuple) -> No
         assert u["gpus"][0]["power_w"]["max"] == 100.0
 
 
+def test_phases_shorter_than_the_counter_updates_give_no_per_token_figure(tiny: tuple) -> None:
+    # NVML's usual 100 ms refresh: a tiny model's prefill windows add up to a few ms; the counter
+    # difference stays in per_phase, flagged, but no J per output token is made of it
+    reader = FakeNvmlReader(names=["Fake GPU"], energy_mj=[[0]])  # the counter never moves
+    energy = EnergyCollector(EnergyConfig(codecarbon={"enabled": False}, sources=["nvml"]), nvml_reader=reader)
+    with perfsdk.session({"collectors": {"utilization": False}}, store=None, collectors=[energy]) as s:
+        _generate(s, tiny)
+    res = s.result.collectors["energy"]
+    pre = res["per_phase"]["prefill"]["nvml:gpu:0"]
+    assert pre["energy_j"] == 0.0 and pre["windows"] == 2 and pre["low_confidence"] is True
+    assert pre["confidence_note"].startswith("2 windows adding up to ")
+    assert pre["confidence_note"].endswith("of the counter's 100 ms update periods (fewer than 10); the counter did "
+                                           "not advance in them")
+    assert res["j_per_output_token_per_phase"]["prefill"] is None
+    assert res["j_per_output_token_per_phase"]["decode"] is None
+    assert res["j_per_output_token"] is None and res["output_tokens_per_j"] is None
+    assert any(n.startswith("prefill J per output token left out: 2 windows adding up to") for n in res["notes"])
+    # the session window lasts longer than the 1 s that 10 updates take only if the run did
+    sess = res["per_phase"]["session"]["nvml:gpu:0"]
+    assert sess["low_confidence"] is (sess["duration_s"] < 1.0)
+
+
+def test_the_phase_switch_is_read_off_the_generating_thread(tiny: tuple) -> None:
+    class Recording(FakeNvmlReader):
+        def __init__(self) -> None:
+            super().__init__(names=["Fake GPU"], energy_mj=[list(range(0, 10**7, 1000))], update_period_s=0.001)
+            self.threads: list[str] = []
+
+        def total_energy_mj(self, index: int) -> int | None:
+            self.threads.append(threading.current_thread().name)
+            return super().total_energy_mj(index)
+
+    reader = Recording()
+    energy = EnergyCollector(EnergyConfig(codecarbon={"enabled": False}, sources=["nvml"]), nvml_reader=reader)
+    with perfsdk.session({"collectors": {"utilization": False}}, store=None, collectors=[energy]) as s:
+        _generate(s, tiny, n=2, warmup=0)
+    me = threading.current_thread().name
+    helper = [t for t in reader.threads if t != me]
+    # one switch (prefill -> decode) per step, read on the helper thread; every other edge here
+    assert len(helper) == 2 and all(t.startswith("perfsdk-energy-edge") for t in helper)
+    res = s.result.collectors["energy"]
+    key = "nvml:gpu:0"
+    rows = {(w["window"], w["step_index"]): w["energy_j"] for w in res["windows"]}
+    for step in (0, 1):
+        # +1 J a read; edges: step open, prefill open, switch (shared by prefill and decode),
+        # decode close, step close: the reading taken on the helper thread serves both windows
+        assert (rows[("prefill", step)], rows[("decode", step)], rows[(f"step:{step}", step)]) == (1.0, 1.0, 4.0)
+    assert res["per_phase"]["prefill"][key]["windows"] == 2
+    assert not s.in_timed_interval and not any(t.is_alive() for t in threading.enumerate()
+                                               if t.name.startswith("perfsdk-energy-edge"))
+
+
 def test_fake_powercap_session_reads_packages_and_dram(tmp_path: Path, tiny: tuple) -> None:
     make_powercap_tree(tmp_path, {
         "intel-rapl:0": ("package-0", 0, 2**32), "intel-rapl:0:0": ("core", 0, 2**32),
@@ -98,7 +151,11 @@ def test_fake_powercap_session_reads_packages_and_dram(tmp_path: Path, tiny: tup
     assert res["energy_j"]["rapl:dram"] == pytest.approx((edges - 1) * 0.001)
     assert res["measured_keys"] == ["rapl:dram", "rapl:package"]
     assert res["measured_energy_j"] == pytest.approx(3 * (edges - 1) * 0.001)
-    assert res["j_per_output_token"] == pytest.approx(res["measured_steps_energy_j"] / 8)
+    # RAPL refreshes every millisecond: a step under 10 ms is too short for a per-token figure
+    if res["per_phase"]["steps"]["rapl:package"]["low_confidence"]:
+        assert res["j_per_output_token"] is None
+    else:
+        assert res["j_per_output_token"] == pytest.approx(res["measured_steps_energy_j"] / 8)
     nv = next(x for x in res["sources"] if x["name"] == "nvml")
     assert nv == {"name": "nvml", "available": False, "reason": "not selected (collectors.energy.sources)"}
 

@@ -32,7 +32,9 @@ TIMELINE = [
 
 def _run() -> tuple[EnergyCollector, SimpleNamespace, FakeNvmlReader]:
     counter = [0] + [mj for *_, mj in TIMELINE]  # the first value is read when the source opens
-    reader = FakeNvmlReader(names=["Fake GPU"], energy_mj=[counter])
+    # a counter that refreshes every millisecond, as the scripted values say (phases of ~100 ms then
+    # hold enough updates for per-token figures)
+    reader = FakeNvmlReader(names=["Fake GPU"], energy_mj=[counter], update_period_s=0.001)
     col = EnergyCollector(EnergyConfig(sources=["nvml"], codecarbon={"enabled": False}), nvml_reader=reader)
     col.meter = EnergyMeter(col._open_sources())
     steps = [

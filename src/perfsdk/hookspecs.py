@@ -148,7 +148,8 @@ def perfsdk_after_generate(session: Session, step: Step) -> None:
 def perfsdk_window_open(session: Session, window: Window) -> None:
     """Called when a measurement window opens: ``session``, ``step:N``, ``encode`` (encoder-
     decoder and multimodal models), ``prefill``, ``decode``, ``stage:<name>``. Read counters
-    here; keep it cheap."""
+    here; keep it cheap. ``session.in_timed_interval`` is true at a phase switch, which happens
+    inside a timed step while ``generate`` waits: do nothing slow there."""
 
 
 @hookspec

@@ -211,6 +211,9 @@ class Session:
         self.interrupted: str | None = None
         self.rank_info: Any = None
         self._warmup_depth = 0
+        #: True while a step's timed interval runs (between its start and end stamps): window edges
+        #: then fall inside what is measured (a phase switch), and hooks must not block at them.
+        self.in_timed_interval = False
         self._session_window: Window | None = None
         self._open_phase_window: Window | None = None
         self._step_window: Window | None = None
@@ -642,6 +645,7 @@ class Session:
         if tracker is not None:  # hooks in place before the start stamp
             tracker.__enter__()
         step.start_ns = self.clock.now_ns(sync=True)
+        self.in_timed_interval = True
         out = None
         try:
             with torch.inference_mode():
@@ -651,6 +655,7 @@ class Session:
             raise
         finally:
             step.end_ns = self.clock.now_ns(sync=True)
+            self.in_timed_interval = False
             if tracker is not None:
                 tracker.__exit__(None, None, None)
             self.phase = prev_phase

@@ -41,6 +41,9 @@ ALL_SOURCES: tuple[SourceName, ...] = ("nvml", "rapl", "codecarbon")
 MEASURING = ("nvml", "rapl")
 #: Scopes that never overlap each other, so their joules may be added (psys contains packages).
 NON_OVERLAPPING = ("gpu", "package", "dram")
+#: A phase's counter windows must add up to this many update periods before its per-token figure
+#: is given: a counter moves in whole updates, so k periods' worth is known to about ±1/sqrt(k).
+MIN_COUNTER_PERIODS = 10
 
 
 class CodeCarbonSettings(CollectorConfig):
@@ -114,6 +117,10 @@ class PhaseEnergy(_Frozen):
     j_per_output_token: float | None = None
     j_per_input_token: float | None = None
     low_confidence_windows: int = 0
+    low_confidence: bool = Field(
+        default=False, description="The windows add up to fewer than MIN_COUNTER_PERIODS update periods of the "
+                                   "counter: their summed difference is quantized to whole updates")
+    confidence_note: str | None = None
     method: str
 
 
@@ -263,13 +270,14 @@ class EnergyCollector(Collector):
     @hookimpl(trylast=True)
     def perfsdk_window_open(self, session: Session, window: Window) -> None:
         if self.meter is not None and self.meter.sources:
+            # an edge inside a timed step (a phase switch) is read off the generating thread
             self.meter.open(id(window), window.name, window.start_ns, window.warmup, window.step_index,
-                            window.instrumented)
+                            window.instrumented, defer=bool(getattr(session, "in_timed_interval", False)))
 
     @hookimpl(tryfirst=True)
     def perfsdk_window_close(self, session: Session, window: Window) -> None:
         if self.meter is not None and self.meter.sources and window.end_ns is not None:
-            self.meter.close(id(window), window.end_ns)
+            self.meter.close(id(window), window.end_ns, defer=bool(getattr(session, "in_timed_interval", False)))
 
     @classmethod
     def report_section(cls, result: EnergyResult, run: Any = None) -> Any:
@@ -372,6 +380,20 @@ def _entry(w: WindowEnergy) -> EnergyWindow:
                         step_index=w.step_index, samples=w.samples)
 
 
+def _aggregate_confidence(channel: Any, duration_s: float, windows: int,
+                          energy_j: float | None) -> tuple[bool, str | None]:
+    """Whether a counter's summed windows are too short to trust: a counter that refreshes every
+    ``update_period_s`` moves in whole updates, so windows adding up to a few periods catch a
+    few updates or none (the difference is then zero however much power was drawn)."""
+    period = getattr(channel, "update_period_s", 0.0) or 0.0
+    if getattr(channel, "method", None) != "counter" or period <= 0 or duration_s >= MIN_COUNTER_PERIODS * period:
+        return False, None
+    moved = "" if energy_j else "; the counter did not advance in them"
+    return True, (f"{windows} window{'s' if windows != 1 else ''} adding up to {duration_s * 1000:.3g} ms, "
+                  f"{duration_s / period:.2g} of the counter's {period * 1000:g} ms update periods "
+                  f"(fewer than {MIN_COUNTER_PERIODS}){moved}")
+
+
 def _phase_of(name: str) -> list[str]:
     """The per-phase buckets a window counts in (a served run's requests window stands for its
     overlapping steps)."""
@@ -438,12 +460,14 @@ def build_result(col: EnergyCollector, session: Session) -> EnergyResult:
             e = None if any(v is None for v in vals) else float(sum(v for v in vals if v is not None))
             dur = sum(w.duration_s for w in ws)
             ot, it = tokens_for(phase)
+            weak, why = _aggregate_confidence(ws[0].channel, dur, len(ws), e)
             per_phase[phase][key] = PhaseEnergy(
                 energy_j=e, duration_s=dur, power_w=(e / dur if e is not None and dur > 0 else None),
                 windows=len(ws), output_tokens=ot, input_tokens=it,
                 j_per_output_token=(e / ot if e is not None and ot else None),
                 j_per_input_token=(e / it if e is not None and it else None),
-                low_confidence_windows=sum(1 for w in ws if w.low_confidence), method=ws[0].channel.method)
+                low_confidence_windows=sum(1 for w in ws if w.low_confidence), low_confidence=weak,
+                confidence_note=why, method=ws[0].channel.method)
 
     energy_j = {k: v.energy_j for k, v in per_phase.get("session", {}).items()}
     steps_energy_j = {k: v.energy_j for k, v in per_phase.get("steps", {}).items()}
@@ -499,9 +523,17 @@ def build_result(col: EnergyCollector, session: Session) -> EnergyResult:
     for phase in ("session", "steps", "encode", "prefill", "decode"):
         if phase in per_phase and measured_keys:
             e = measured_sum(phase)
+            short = [pe for k in measured_keys if (pe := per_phase[phase].get(k)) is not None and pe.low_confidence]
+            if short and e is not None:
+                notes.append(f"{phase} J per output token left out: {short[0].confidence_note} (the counter difference "
+                             "is kept with the phase's energy; more or longer steps give a figure)")
+                e = None
             per_phase_jpt[phase] = e / out_tokens if e is not None and out_tokens else None
     if measured_keys and m_steps is None and steps_energy_j:
         notes.append("a counter reading failed in some step window: the headline per-token figure is left out")
+    headline = m_steps
+    if "steps" in per_phase and per_phase_jpt.get("steps") is None and m_steps is not None:
+        headline = None  # the steps' windows are too short for the counter (noted above)
 
     measuring = [s for s in col.statuses if s.name in MEASURING and s.available]
     status: Literal["ok", "unavailable"] = "ok" if measuring else "unavailable"
@@ -514,8 +546,8 @@ def build_result(col: EnergyCollector, session: Session) -> EnergyResult:
     return EnergyResult(status=status, reasons=reasons, sources=col.statuses, windows=windows, energy_j=energy_j,
                         steps_energy_j=steps_energy_j, output_tokens=out_tokens, measured_keys=measured_keys,
                         measured_energy_j=m_session, measured_steps_energy_j=m_steps,
-                        j_per_output_token=m_steps / out_tokens if m_steps is not None and out_tokens else None,
-                        output_tokens_per_j=out_tokens / m_steps if m_steps and out_tokens else None,
+                        j_per_output_token=headline / out_tokens if headline is not None and out_tokens else None,
+                        output_tokens_per_j=out_tokens / headline if headline and out_tokens else None,
                         j_per_output_token_per_phase=per_phase_jpt,
                         j_per_output_token_by_source=j_per_tok, output_tokens_per_j_by_source=tok_per_j,
                         per_phase=per_phase, co2_kg=co2, codecarbon=detail,

@@ -10,19 +10,24 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
+from perfsdk.energy.nvml import NVML_UPDATE_PERIOD_S
+
 
 class FakeNvmlReader:
     """An :class:`~perfsdk.energy.nvml.NvmlReader` with scripted values.
 
     ``energy_mj[i]`` is a list of counter values returned one per call for GPU ``i`` (the last
     repeats), or ``None`` for a GPU without the counter. ``power_w[i]`` works the same way.
+    ``update_period_s`` is how often the scripted counter is taken to refresh (NVML's usual
+    period by default).
     """
 
     def __init__(self, names: Sequence[str] = ("Fake GPU",), energy_mj: Sequence[Iterable[int] | None] | None = None,
                  power_w: Sequence[Iterable[float]] | None = None, power_limit_w: float = 300.0,
                  utilization_pct: float = 50.0, memory_used_bytes: int = 1 << 30, sm_clock_mhz: float = 1500.0,
-                 temperature_c: float = 60.0) -> None:
+                 temperature_c: float = 60.0, update_period_s: float | None = None) -> None:
         n = len(names)
+        self.update_period_s = NVML_UPDATE_PERIOD_S if update_period_s is None else update_period_s
         self.names = list(names)
         self._energy = [list(e) if e is not None else None for e in (energy_mj or [[0]] * n)]
         self._power = [list(p) for p in (power_w or [[100.0]] * n)]

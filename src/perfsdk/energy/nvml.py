@@ -168,7 +168,7 @@ class NvmlSource(EnergySource):
             if method == "integrated":
                 notes.append(f"GPU {i}: energy counter unsupported, integrating power samples")
             ch = Channel(source="nvml", scope="gpu", device=str(i), method=method, device_name=name,
-                         update_period_s=NVML_UPDATE_PERIOD_S)
+                         update_period_s=getattr(r, "update_period_s", NVML_UPDATE_PERIOD_S))
             self._index[ch] = i
             self.channels.append(ch)
         self.available = bool(self.channels)

@@ -5,12 +5,18 @@ and its prefill open together; prefill closes exactly when decode opens) share o
 nested windows add up exactly: ``prefill + decode == step``, and the session is the sum of its
 steps plus the gaps between them. Power-sampled channels (``integrated``/``estimated``) are
 sampled by the shared sampler thread and at every edge, and integrated with the trapezoid rule.
+
+An edge inside a timed step (the switch from prefill to decode) is read on a helper thread, so the
+generation it interrupts goes on at once: an NVML read takes milliseconds on some machines, and
+NVML's counter refreshes every ~100 ms, so reading a few ms after the edge changes nothing that
+can be seen. The next edge read in the caller's thread waits for it, keeping readings in order.
 """
 
 from __future__ import annotations
 
 import bisect
 import threading
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -100,9 +106,12 @@ class EnergyMeter:
         self.power_channels = [c for s in self.sources for c in s.channels if c.method != "counter"]
         self.traces: dict[Channel, PowerTrace] = {c: PowerTrace() for c in self.power_channels}
         self._lock = threading.Lock()
-        self._last_edge: tuple[int, dict[Channel, Any]] | None = None
-        self._open: dict[int, tuple[str, int, dict[Channel, Any], bool, int | None, bool]] = {}
-        self.closed: list[WindowEnergy] = []
+        self._last_edge: tuple[int, Any] | None = None
+        self._open: dict[int, tuple[str, int, Any, bool, int | None, bool]] = {}
+        # closed windows in order: rows, or a window whose edge readings are still being taken
+        self._closed: list[list[WindowEnergy] | tuple[Any, ...]] = []
+        self._helper: ThreadPoolExecutor | None = None
+        self._pending: Future | None = None
         self.edge_reads = 0
 
     @property
@@ -119,31 +128,76 @@ class EnergyMeter:
                     with self._lock:
                         self.traces[ch].add(t_ns, w)
 
-    def edge(self, t_ns: int) -> dict[Channel, Any]:
-        """Counter readings at ``t_ns`` (read once per distinct timestamp)."""
-        if self._last_edge is not None and self._last_edge[0] == t_ns:
-            return self._last_edge[1]
+    def _read(self, t_ns: int) -> dict[Channel, Any]:
         readings: dict[Channel, Any] = {}
         for src in self.sources:
             readings.update(src.read_counters())
         self.edge_reads += 1
         if self.power_channels:
             self.sample_power(t_ns)
+        return readings
+
+    def edge(self, t_ns: int, defer: bool = False) -> Any:
+        """Counter readings at ``t_ns`` (read once per distinct timestamp). With ``defer`` the
+        reading is taken on the helper thread and a :class:`~concurrent.futures.Future` of it is
+        returned."""
+        if self._last_edge is not None and self._last_edge[0] == t_ns:
+            return self._last_edge[1]
+        readings: Any
+        if defer:
+            if self._helper is None:
+                self._helper = ThreadPoolExecutor(max_workers=1, thread_name_prefix="perfsdk-energy-edge")
+            readings = self._pending = self._helper.submit(self._read, t_ns)
+        else:
+            self._wait_pending()
+            readings = self._read(t_ns)
         self._last_edge = (t_ns, readings)
         return readings
 
-    def open(self, token: int, name: str, t_ns: int, warmup: bool = False, step_index: int | None = None,
-             instrumented: bool = False) -> None:
-        """Start window ``name`` (``token`` identifies this instance, e.g. ``id(window)``)."""
-        self._open[token] = (name, t_ns, self.edge(t_ns), warmup, step_index, instrumented)
+    def _wait_pending(self) -> None:
+        if self._pending is not None:
+            try:
+                self._pending.result()
+            except Exception:
+                pass  # the windows that share this reading report it missing
+            self._pending = None
 
-    def close(self, token: int, t_ns: int) -> list[WindowEnergy]:
-        """End a window: one :class:`WindowEnergy` per channel (``energy_j=None`` if missing)."""
+    def open(self, token: int, name: str, t_ns: int, warmup: bool = False, step_index: int | None = None,
+             instrumented: bool = False, defer: bool = False) -> None:
+        """Start window ``name`` (``token`` identifies this instance, e.g. ``id(window)``);
+        ``defer``: the edge is inside a timed step (read on the helper thread)."""
+        self._open[token] = (name, t_ns, self.edge(t_ns, defer), warmup, step_index, instrumented)
+
+    def close(self, token: int, t_ns: int, defer: bool = False) -> list[WindowEnergy]:
+        """End a window: one :class:`WindowEnergy` per channel (``energy_j=None`` if missing).
+        A window with an edge read on the helper thread returns nothing yet: its rows are in
+        :attr:`closed` once the reading is in."""
         opened = self._open.pop(token, None)
         if opened is None:
             return []
         name, t0, start, warmup, step_index, instrumented = opened
-        end = self.edge(t_ns)
+        end = self.edge(t_ns, defer)
+        if isinstance(start, Future) or isinstance(end, Future):
+            self._closed.append((name, t0, t_ns, start, end, warmup, step_index, instrumented))
+            return []
+        out = self._rows(name, t0, t_ns, start, end, warmup, step_index, instrumented)
+        self._closed.append(out)
+        return out
+
+    @property
+    def closed(self) -> list[WindowEnergy]:
+        """Every closed window's rows, in closing order (waits for readings still being taken)."""
+        rows: list[WindowEnergy] = []
+        for i, item in enumerate(self._closed):
+            if isinstance(item, tuple):
+                name, t0, t1, start, end, warmup, step_index, instrumented = item
+                item = self._closed[i] = self._rows(name, t0, t1, _resolved(start), _resolved(end), warmup,
+                                                    step_index, instrumented)
+            rows.extend(item)
+        return rows
+
+    def _rows(self, name: str, t0: int, t_ns: int, start: dict[Channel, Any], end: dict[Channel, Any], warmup: bool,
+              step_index: int | None, instrumented: bool) -> list[WindowEnergy]:
         out = []
         for ch in self.counter_channels:
             src = self._owner[ch]
@@ -155,12 +209,25 @@ class EnergyMeter:
             with self._lock:
                 e, n = self.traces[ch].energy_j(t0, t_ns)
             out.append(WindowEnergy(name, ch, t0, t_ns, e, n, warmup, step_index, instrumented))
-        self.closed.extend(out)
         return out
 
     def close_all(self) -> None:
+        self._wait_pending()
+        if self._helper is not None:
+            self._helper.shutdown(wait=True)
+            self._helper = None
         for src in self.sources:
             try:
                 src.close()
             except Exception:
                 pass
+
+
+def _resolved(readings: Any) -> dict[Channel, Any]:
+    """A reading taken on the helper thread, or ``{}`` (every channel missing) if it failed."""
+    if isinstance(readings, Future):
+        try:
+            return readings.result()
+        except Exception:
+            return {}
+    return readings
