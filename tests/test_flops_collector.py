@@ -76,6 +76,26 @@ def test_collector_counts_prefill_and_decode_exactly() -> None:
     assert ctx == [t, t + 1, t + 2, t + 3]
 
 
+def test_on_cuda_the_gpu_profile_gives_the_peak(monkeypatch: pytest.MonkeyPatch) -> None:
+    from types import SimpleNamespace
+
+    from perfsdk.collectors.flops import FlopsConfig
+    from perfsdk.hardware.catalog import profile_for_device
+
+    names = {0: "NVIDIA H200", 1: "NVIDIA H100 PCIe", 2: "Tesla T4"}
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda d=None: names[torch.device(d).index or 0])
+    assert [profile_for_device(d) for d in ("cuda:0", torch.device("cuda", 1), "cuda:2", "cpu", None)] == \
+        ["h200", "h100-pcie", None, None, None]
+    col = FlopsCollector(FlopsConfig())
+    session = SimpleNamespace(device=torch.device("cuda", 0), model_info=SimpleNamespace(dtype="bfloat16"), pm=None)
+    assert col._peak(session) == pytest.approx(989.5)
+    assert col._notes == ["MFU against the h200 profile's bfloat16 peak (989.5 TFLOP/s, spec sheet), the profile of "
+                          "the GPU this ran on (collectors.flops.hardware or peak_tflops to choose)"]
+    # a GPU the catalogue does not know, and the CPU: no peak, no MFU
+    assert FlopsCollector(FlopsConfig())._peak(SimpleNamespace(device=torch.device("cuda", 2), model_info=None)) is None
+    assert FlopsCollector(FlopsConfig())._peak(SimpleNamespace(device=torch.device("cpu"), model_info=None)) is None
+
+
 def test_collector_all_steps_and_no_peak() -> None:
     s = run_session(tiny(), {"steps": "all"}, steps=2)
     s_hw = run_session(tiny(), {"hardware": "host-cpu"}, steps=1)

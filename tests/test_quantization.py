@@ -52,10 +52,18 @@ def test_float8_model_runs_and_is_recorded() -> None:
     info = describe_model(model)
     # 2 layers x 7 linears + the LM head
     assert (info.quantization, info.quant_type, info.quantized_modules, info.dtype) == ("float8-e4m3fn", "e4m3fn", 15, "float32")
+    # the float8 weights are buffers: counted by their shape, the model has as many parameters as before
+    assert info.parameters == describe_model(ref).parameters == sum(p.numel() for p in ref.parameters())
     enc = tok(["the cache holds"], return_tensors="pt")
     with torch.no_grad():
         a = model(**enc).logits
         b = ref(**enc).logits
+    # float8 matrix products (aten._scaled_mm) count like the float32 ones they replace
+    from perfsdk.flops.counter import count_forward
+
+    fp8_count, ref_count = count_forward(model, **enc), count_forward(ref, **enc)
+    assert fp8_count.flops_total == ref_count.flops_total > 0
+    assert fp8_count.categories["matmul"] == ref_count.categories["matmul"]
     # e4m3 keeps 3 mantissa bits: close to float32, not equal
     assert not torch.equal(a, b)
     assert torch.nn.functional.cosine_similarity(a.flatten(), b.flatten(), dim=0) > 0.99
@@ -103,6 +111,23 @@ def _fake_bnb_model(kind: str) -> Any:
             return self.head(self.b(self.a(x)))
 
     return Net()
+
+
+def test_packed_4bit_weights_count_their_unpacked_shape() -> None:
+    import torch
+    from torch import nn
+
+    from perfsdk.models.info import parameter_count
+
+    class QuantState:  # what bitsandbytes keeps beside a packed 4-bit weight
+        shape = torch.Size([6, 4])
+
+    lin = nn.Linear(4, 6, bias=True)
+    # 24 4-bit values packed two a byte: 12 bytes of storage, as bitsandbytes stores them
+    packed = nn.Parameter(torch.zeros(12, 1, dtype=torch.uint8), requires_grad=False)
+    packed.quant_state = QuantState()  # type: ignore[attr-defined]
+    lin.weight = packed
+    assert parameter_count(lin) == 24 + 6
 
 
 def test_adopted_quantized_models_are_recorded_as_they_are() -> None:

@@ -63,7 +63,7 @@ _SDPA_OPS = {
 _BLHD_ATTENTION_OPS = {"aten::_flash_attention_forward", "aten::_efficient_attention_forward"}
 _MATMUL_OPS = {"aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm", "aten::matmul", "aten::linear",
                "aten::_addmm_activation", "aten::addbmm", "aten::mv", "aten::dot", "aten::_grouped_mm",
-               "aten::_scaled_grouped_mm"}
+               "aten::_scaled_grouped_mm", "aten::_scaled_mm"}
 _CONV_OPS = {"aten::convolution", "aten::_convolution", "aten::cudnn_convolution",
              "aten::_slow_conv2d_forward", "aten::convolution_overrideable"}
 _NORM_OPS = {"aten::layer_norm", "aten::native_layer_norm", "aten::rms_norm", "aten::_fused_rms_norm",
@@ -465,7 +465,7 @@ class OperationCapture:
         if name == "aten::linear":
             x, w = shp(0), shp(1)
             return _prod(x[:-1]) * int(w[0]) * int(w[1])
-        if name in ("aten::mm", "aten::bmm", "aten::matmul", "aten::mv", "aten::dot"):
+        if name in ("aten::mm", "aten::bmm", "aten::matmul", "aten::mv", "aten::dot", "aten::_scaled_mm"):
             return matmul_macs(shp(0), shp(1))
         if name in ("aten::addmm", "aten::baddbmm", "aten::_addmm_activation", "aten::addbmm"):
             a, b = shp(1), shp(2)

@@ -44,7 +44,9 @@ class FlopsConfig(CollectorConfig):
         default="first", description="count the first measured step of each distinct shape, or every measured step")
     top_n: int = Field(default=10, ge=0, description="modules listed in top_modules")
     peak_tflops: float | None = Field(default=None, gt=0, description="hardware peak (TFLOP/s) for MFU")
-    hardware: str | None = Field(default=None, description="hardware profile whose peak (for the model dtype) gives MFU")
+    hardware: str | None = Field(
+        default=None, description="hardware profile whose peak (for the model dtype) gives MFU (default: on CUDA, "
+                                  "the catalogue profile of the GPU by its name, when there is one)")
 
 
 class TopModule(BaseModel):
@@ -388,18 +390,24 @@ class FlopsCollector(Collector):
     def _peak(self, session: Any) -> float | None:
         if self.cfg.peak_tflops:
             return self.cfg.peak_tflops
-        if self.cfg.hardware:
-            try:
-                from perfsdk.hardware.catalog import get_profile
+        from perfsdk.hardware.catalog import get_profile, profile_for_device
 
+        name = self.cfg.hardware or profile_for_device(getattr(session, "device", None))
+        if name:
+            try:
                 dtype = "float32"
                 info = getattr(session, "model_info", None)
                 if info is not None and getattr(info, "dtype", None):
                     dtype = str(info.dtype)
                 # the session's plugin manager: its plugins' profiles, entry points not loaded again
-                return get_profile(self.cfg.hardware, pm=getattr(session, "pm", None)).peak_flops(dtype) / 1e12
+                peak = get_profile(name, pm=getattr(session, "pm", None)).peak_flops(dtype) / 1e12
+                if not self.cfg.hardware:
+                    self._notes.append(f"MFU against the {name} profile's {dtype} peak ({peak:g} TFLOP/s, spec "
+                                       "sheet), the profile of the GPU this ran on (collectors.flops.hardware or "
+                                       "peak_tflops to choose)")
+                return peak
             except Exception as exc:
-                self._notes.append(f"no peak from hardware profile {self.cfg.hardware!r}: {exc}")
+                self._notes.append(f"no peak from hardware profile {name!r}: {exc}")
         return None
 
     @hookimpl

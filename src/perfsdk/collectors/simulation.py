@@ -11,7 +11,7 @@ import structlog
 from pydantic import Field, model_validator
 
 from perfsdk.collector import Collector, CollectorConfig, CollectorResult
-from perfsdk.hardware.catalog import Catalog, get_profile, is_profile_path
+from perfsdk.hardware.catalog import Catalog, get_profile, is_profile_path, profile_for_device
 from perfsdk.hardware.profile import (HardwareProfile, HardwareProfileError, profile_to_yaml, profiles_to_yaml,
                                       read_profile_file)
 from perfsdk.fmt import fmt_s as _fmt_s
@@ -174,21 +174,6 @@ class SimulationCollectorResult(CollectorResult):
     comparison: dict[str, PhaseError] = Field(default_factory=dict)
     errors: dict[str, str] = Field(default_factory=dict)
     notes: list[str] = Field(default_factory=list)
-
-
-def _guess_measured_profile(device: Any) -> str:
-    if device is not None and getattr(device, "type", str(device)) == "cuda":
-        try:
-            import torch
-
-            name = torch.cuda.get_device_name(device).lower()
-        except Exception:
-            name = ""
-        for key, prof in (("h200", "h200"), ("h100 pcie", "h100-pcie"), ("h100", "h100-sxm"), ("a100", "a100-80gb-sxm"),
-                          ("l4", "l4")):
-            if key in name:
-                return prof
-    return "host-cpu"
 
 
 def _summarize(res: SimulationResult, top_n: int) -> TargetPrediction:
@@ -425,7 +410,7 @@ class SimulationCollector(Collector):
             # the session's plugin manager: profiles of session(plugins=[...]), entry points loaded once
             catalog = Catalog.load(cfg.hardware_files, pm=getattr(session, "pm", None))
             mapping = mapping_from(cfg.mapping)
-            measured_name = cfg.host or _guess_measured_profile(getattr(session, "device", None))
+            measured_name = cfg.host or profile_for_device(getattr(session, "device", None)) or "host-cpu"
             host = _resolve_target(measured_name, catalog, catalog.get("host-cpu")).profile
         except (HardwareProfileError, MappingError) as exc:
             return SimulationCollectorResult(status="unavailable", reason=str(exc))

@@ -140,6 +140,31 @@ def normalize_name(name: str) -> str:
     return name.strip().lower().replace("_", "-")
 
 
+#: Catalogue profiles of GPUs, by a part of the name CUDA reports (most specific first).
+GPU_PROFILES_BY_NAME = (("h200", "h200"), ("h100 pcie", "h100-pcie"), ("h100", "h100-sxm"),
+                        ("a100", "a100-80gb-sxm"), ("l4", "l4"))
+
+
+def profile_for_gpu_name(name: str) -> str | None:
+    """The catalogue profile of a GPU by the name CUDA or NVML reports (``NVIDIA H200``), or ``None``."""
+    low = name.lower()
+    return next((prof for key, prof in GPU_PROFILES_BY_NAME if key in low), None)
+
+
+def profile_for_device(device: Any) -> str | None:
+    """The catalogue profile of the CUDA device ``device`` (by the name CUDA reports), or ``None``
+    when it is not a CUDA device or no profile matches its name."""
+    if device is None or getattr(device, "type", str(device).split(":")[0]) != "cuda":
+        return None
+    try:
+        import torch
+
+        name = torch.cuda.get_device_name(device)
+    except Exception:
+        return None
+    return profile_for_gpu_name(name)
+
+
 def is_profile_path(value: str) -> bool:
     """Whether a ``--hardware`` / ``targets`` value names a YAML file rather than a profile."""
     return value.endswith((".yaml", ".yml"))

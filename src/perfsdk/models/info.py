@@ -44,16 +44,35 @@ def weight_bytes(model: Any) -> int:
     return total
 
 
+def _logical_numel(p: Any) -> int:
+    """Elements of a parameter as the model uses it: a bitsandbytes 4-bit parameter packs two
+    values a byte (its ``quant_state`` keeps the unpacked shape)."""
+    shape = getattr(getattr(p, "quant_state", None), "shape", None)
+    if shape is not None:
+        try:
+            n = 1
+            for d in shape:
+                n *= int(d)
+            return n
+        except (TypeError, ValueError):
+            pass
+    return int(p.numel())
+
+
 def parameter_count(model: Any) -> int:
-    """Parameters, counting tied weights once and quantized packed weights by their shape."""
+    """Parameters, counting tied weights once and quantized weights by their unquantized shape
+    (dynamic-int8 packed weights, bitsandbytes 4-bit, float8 weight buffers)."""
     n = 0
     seen: set[int] = set()
     for p in model.parameters():
         if id(p) in seen:
             continue
         seen.add(id(p))
-        n += p.numel()
+        n += _logical_numel(p)
     for mod in model.modules():
+        fp8 = getattr(mod, "weight_fp8", None)  # perfsdk's float8 linear keeps its weight as a buffer
+        if fp8 is not None and hasattr(fp8, "numel"):
+            n += int(fp8.numel())
         packed = getattr(mod, "_packed_params", None)
         if packed is not None:
             try:
