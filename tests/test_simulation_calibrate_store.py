@@ -20,6 +20,7 @@ from perfsdk.simulation.calibration import (
     calibrate_from_store,
     fit,
     measurements_of_run,
+    model_config_of_run,
     profile_from_fit,
 )
 from perfsdk.simulation.costmodel import cost_op
@@ -180,6 +181,60 @@ def test_calibrate_from_store_predicts_its_runs(tmp_path: Path) -> None:
     assert p2.interval_note == ("no interval: the calibration of my-host predicted no model it was not fitted on "
                                 "(it needs measurements of at least two models), so it cannot say how far it "
                                 "misses one")
+
+
+H200_STORE = Path(__file__).parent / "data" / "h200-store"
+
+
+def test_calibrate_from_runs_stored_on_a_gpu_describes_that_gpu(tmp_path: Path) -> None:
+    """Runs recorded on an H200 (benchmarks/gpu_check.sh, 2026-11-26): two bf16 runs of a 0.74 B
+    Llama shape and a bitsandbytes 4-bit one. The profile describes the H200 those runs measured,
+    not the machine that fits it."""
+    import shutil
+
+    from perfsdk.hardware import get_profile
+    from perfsdk.store import Store
+
+    store = tmp_path / "store"
+    shutil.copytree(H200_STORE, store)
+    result, used, skipped = calibrate_from_store(str(store))
+    assert skipped == ["20261126T043854-0fbf2e19a1c5: bnb-4bit model (the cost model describes dense kernels)"]
+    assert {(m.batch_size, m.input_tokens, m.output_tokens) for m in used} == {(8, 35, 32), (8, 405, 32)}
+    m = result.machine
+    assert (m.kind, m.device, m.host_cpu, m.base, m.dtype) == ("gpu", "NVIDIA H200", "Intel(R) Xeon(R) Processor",
+                                                               "h200", "bfloat16")
+    prof = profile_from_fit(result, name="h200-here")
+    assert prof.kind == "gpu" and prof.variant == "NVIDIA H200 (host Intel(R) Xeon(R) Processor), fitted rates"
+    assert prof.calibration is not None and prof.calibration.host == "NVIDIA H200 (host Intel(R) Xeon(R) Processor)"
+    # what timings cannot measure comes from the catalogue's h200, not from host-cpu or this machine's RAM
+    h200 = get_profile("h200")
+    assert (prof.memory_capacity_gb, prof.host_to_device_gbs, prof.static_power_w) == (141.0, 64.0, 90.0)
+    if result.flops_per_s is None:  # FLOP/s are not identifiable from host-bound decode steps
+        assert prof.peak_flops("bfloat16") == pytest.approx(h200.effective_flops("bfloat16"))
+        assert prof.peak_flops("float32") == pytest.approx(h200.effective_flops("float32"))
+        assert "kept from h200: FLOP/s" in prof.source
+    # the fitted per-op overhead is the host-bound floor these runs showed: microseconds, not the
+    # spec sheet's 5 us, and the prediction of their decode step is no longer a tenth of it
+    shape = architecture_from_config(model_config_of_run(Store(str(store)).get("20261126T045438-5454fddf835a")))
+    p = simulate_model(shape, prof, batch_size=8, input_tokens=35, output_tokens=32, dtype="bfloat16")
+    spec = simulate_model(shape, h200, batch_size=8, input_tokens=35, output_tokens=32, dtype="bfloat16")
+    assert spec.tpot_s is not None and spec.tpot_s < 2e-3
+    assert p.tpot_s is not None and 8e-3 < p.tpot_s < 20e-3  # measured TPOT p50: 12.43-16.71 ms
+
+    # a run of another device in the same store: refused, naming both
+    with perfsdk.session({"name": "cpu-run", "model": {"id": "builtin:tiny-llama-small", "device": "cpu"},
+                          "collectors": {"energy": False, "utilization": False}, "exporters": []},
+                         store=str(store)) as s:
+        mdl, _ = s.load()
+        x = torch.ones(1, 4, dtype=torch.long)
+        s.generate(mdl, input_ids=x, attention_mask=x, max_new_tokens=3, min_new_tokens=3)
+    with pytest.raises(ValueError, match=r"the runs were measured on different devices \(NVIDIA H200 \(host "
+                                         r"Intel\(R\) Xeon\(R\) Processor\) in bfloat16: 20261126T045409"):
+        calibrate_from_store(str(store))
+    r = CliRunner().invoke(calibrate_command, ["--from-store", str(store)])
+    assert r.exit_code == 2 and "choose its runs with --run" in r.output
+    r = CliRunner().invoke(calibrate_command, ["--from-store", str(store), "--run", s.run_id])
+    assert r.exit_code == 2 and "at least 3 needed" in r.output  # one 1-step run is too little to fit
 
 
 def test_calibrate_from_store_errors(tmp_path: Path) -> None:

@@ -200,6 +200,9 @@ class FitResult:
     levels: list[float] = field(default_factory=list)
     reference: str | None = None
     reference_s: float | None = None
+    #: the machine the measurements come from, when it is not this one (stored runs):
+    #: :class:`~perfsdk.simulation.calibration.from_store.MeasuredMachine`
+    machine: Any = None
 
     @property
     def flops_per_s(self) -> float | None:
@@ -353,31 +356,43 @@ def _fit_at(observations: list[Observation], h: float | None, c: float = 0.0, pr
 
 def profile_from_fit(result: FitResult, *, name: str = "host-calibrated", base: HardwareProfile | None = None,
                      note: str = "") -> HardwareProfile:
-    """A ``cpu`` profile carrying the fitted rates at efficiency 1.0 (they are achieved rates).
+    """A profile carrying the fitted rates at efficiency 1.0 (they are achieved rates): a ``cpu``
+    profile of this host, or, for a fit from stored runs (``result.machine``), one of the device
+    those runs measured (a ``gpu`` profile for CUDA runs).
 
-    Energy, capacity and static power come from ``base`` (the built-in ``host-cpu`` estimates,
-    capacity from this machine's RAM) because timing runs cannot measure them.
+    Energy, capacity, static power and the rates the data cannot identify come from ``base``: the
+    catalogue profile of the runs' GPU when there is one, else the built-in ``host-cpu``
+    estimates (capacity from this machine's RAM, or the stored runs' machine's), because timing
+    runs cannot measure them.
     """
-    from perfsdk.hardware.catalog import builtin_profiles
+    from perfsdk.hardware.catalog import builtin_profiles, get_profile
 
+    machine = result.machine
+    if base is None and machine is not None and machine.base:
+        base = get_profile(machine.base)
     base = base or builtin_profiles()["host-cpu"]
-    fps = result.flops_per_s or base.effective_flops("float32")
+    fps = result.flops_per_s or base.effective_flops(machine.dtype if machine is not None else "float32")
     bps = result.bytes_per_s or base.effective_bandwidth_bytes_per_s
-    try:
-        import psutil
+    capacity_gb: float | None
+    if machine is not None:
+        cpu, kind, capacity_gb = machine.label, machine.kind, machine.capacity_gb or base.memory_capacity_gb
+    else:
+        kind = "cpu"
+        try:
+            import psutil
 
-        capacity_gb = psutil.virtual_memory().total / 1e9
-    except Exception:
-        capacity_gb = base.memory_capacity_gb
-    cpu = platform.processor() or platform.machine()
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as fh:
-            for line in fh:
-                if line.startswith("model name"):
-                    cpu = line.split(":", 1)[1].strip()
-                    break
-    except OSError:
-        pass
+            capacity_gb = psutil.virtual_memory().total / 1e9
+        except Exception:
+            capacity_gb = base.memory_capacity_gb
+        cpu = platform.processor() or platform.machine()
+        try:
+            with open("/proc/cpuinfo", encoding="utf-8") as fh:
+                for line in fh:
+                    if line.startswith("model name"):
+                        cpu = line.split(":", 1)[1].strip()
+                        break
+        except OSError:
+            pass
     missing = [k for k, v in (("FLOP/s", result.flops_per_s), ("bandwidth", result.bytes_per_s)) if v is None]
     when = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     source = (f"Fitted by perfsdk calibrate on {when} from {result.observations} measured phases "
@@ -402,12 +417,17 @@ def profile_from_fit(result: FitResult, *, name: str = "host-calibrated", base: 
         cache_bytes=result.cache_bytes, pack_rows=result.pack_rows, reference=result.reference,
         reference_s=result.reference_s, drift_pct=result.drift_pct, normalised_drift_pct=result.normalised_drift_pct)
     cached = bool(result.cache_bytes) and k.get("s_per_cached_byte", 0) > 0
+    where = "this host" if machine is None else f"{cpu} in stored runs"
     return HardwareProfile(
-        name=name, kind="cpu", variant=f"{cpu}, fitted rates", source=source,
-        description="Effective rates of this host as perfsdk measured them (use with compute/memory efficiency 1.0).",
+        name=name, kind=kind, variant=f"{cpu}, fitted rates", source=source,
+        description=f"Effective rates of {where} as perfsdk measured them (use with compute/memory efficiency 1.0).",
         memory_bandwidth_gbs=bps / 1e9, memory_pj_per_bit=base.memory_pj_per_bit,
+        # the host link of a device profile is the base's (timing runs do not measure it)
+        host_to_device_gbs=base.host_to_device_gbs, host_to_device_pj_per_bit=base.host_to_device_pj_per_bit,
+        device_to_host_gbs=base.device_to_host_gbs, device_to_host_pj_per_bit=base.device_to_host_pj_per_bit,
         memory_capacity_gb=round(capacity_gb, 1) if capacity_gb else None,
-        peak_tflops={"fp32": peak, "bf16": peak, "fp16": peak},  # type: ignore[arg-type]
+        peak_tflops=({"fp32": peak, "bf16": peak, "fp16": peak} if result.flops_per_s  # type: ignore[arg-type]
+                     else {k: v * base.compute_efficiency for k, v in base.peak_tflops.model_dump().items() if v}),
         compute_pj_per_flop=base.compute_pj_per_flop, static_power_w=base.static_power_w,
         compute_efficiency=1.0, memory_efficiency=1.0,
         op_overhead_s=result.coefficients["op_overhead_s"],

@@ -3,6 +3,7 @@ measured shapes (:func:`calibrate_from_store`)."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 from perfsdk.simulation.calibration.fit import (ConfigurationSamples, FitResult, Observation, bootstrap_coefficients, fit,
@@ -46,6 +47,43 @@ def model_config_of_run(run: Any) -> Any:
     return data
 
 
+@dataclass(frozen=True)
+class MeasuredMachine:
+    """The device a set of stored runs measured: what the fitted profile describes."""
+
+    kind: str  #: ``gpu`` (CUDA runs) or ``cpu``
+    device: str  #: the GPU's name, or the CPU model
+    host_cpu: str | None
+    base: str | None  #: catalogue profile of the GPU by its name (energy, capacity, unidentified rates)
+    capacity_gb: float | None
+    dtype: str
+
+    @property
+    def label(self) -> str:
+        if self.kind == "gpu" and self.host_cpu:
+            return f"{self.device} (host {self.host_cpu})"
+        return self.device
+
+
+def machine_of_run(run: Any) -> MeasuredMachine:
+    """Where a stored run measured: the CUDA device its model ran on, else the host's CPU."""
+    from perfsdk.hardware.catalog import profile_for_gpu_name
+
+    env = run.environment
+    device = str(getattr(run.model, "device", None) or "cpu")
+    dtype = (getattr(run.model, "dtype", None) or "float32").removeprefix("torch.")
+    cpu = getattr(env, "cpu_model", None) or "unknown CPU"
+    if device.startswith("cuda"):
+        names = list(getattr(env, "gpu_names", None) or [])
+        idx = int(device.split(":", 1)[1]) if ":" in device and device.split(":", 1)[1].isdigit() else 0
+        gpu = names[idx] if idx < len(names) else (names[0] if names else "CUDA device")
+        return MeasuredMachine(kind="gpu", device=gpu, host_cpu=cpu, base=profile_for_gpu_name(gpu), capacity_gb=None,
+                               dtype=dtype)
+    ram = getattr(env, "ram_bytes", None)
+    return MeasuredMachine(kind="cpu", device=cpu, host_cpu=None, base=None,
+                           capacity_gb=round(ram / 1e9, 1) if ram else None, dtype=dtype)
+
+
 def measurements_of_run(run: Any, requests: list[dict[str, Any]] | None = None) -> list[Measurement]:
     """One :class:`Measurement` per distinct (batch, input tokens, output tokens) of a stored run,
     as the latency collector reports them (:meth:`LatencyCollector.step_timings`)."""
@@ -64,7 +102,9 @@ def calibrate_from_store(store_dir: str, run_ids: list[str] | None = None, *,
     Each run's operations are rebuilt by the analytic generator from its model configuration
     (:func:`model_config_of_run`) at its measured batch sizes and token counts
     (:func:`measurements_of_run`), in the run's dtype. Returns the fit, the measurements used and
-    one note per run skipped (no model, no latency, failed).
+    one note per run skipped (no model, no latency, failed, quantized: the cost model describes
+    dense kernels). The runs must come from one device (:func:`machine_of_run`): the fit's
+    ``machine`` says which, and the profile made of it describes that device, not this host.
     """
     from perfsdk.models.arch import architecture_from_config
     from perfsdk.store import Store, StoreError
@@ -74,6 +114,7 @@ def calibrate_from_store(store_dir: str, run_ids: list[str] | None = None, *,
     if not ids:
         raise ValueError(f"{store_dir}: no runs")
     obs: list[Observation] = []
+    machines: dict[MeasuredMachine, list[str]] = {}
     samples: list[ConfigurationSamples] = []
     used: list[Measurement] = []
     skipped: list[str] = []
@@ -88,6 +129,10 @@ def calibrate_from_store(store_dir: str, run_ids: list[str] | None = None, *,
         if run.status == "failed":
             skipped.append(f"{rid}: status failed")
             continue
+        quant = getattr(run.model, "quantization", None) if run.model is not None else None
+        if quant not in (None, "none"):
+            skipped.append(f"{rid}: {quant} model (the cost model describes dense kernels)")
+            continue
         try:
             cfg = model_config_of_run(run)
         except ValueError as exc:
@@ -98,6 +143,7 @@ def calibrate_from_store(store_dir: str, run_ids: list[str] | None = None, *,
             skipped.append(f"{rid}: no latency measurements")
             continue
         dtype = (run.model.dtype if run.model and run.model.dtype else "float32").removeprefix("torch.")
+        machines.setdefault(machine_of_run(run), []).append(rid)
         shape = architecture_from_config(cfg)
         for m in meas:
             o = observations_for(shape, m, dtype=dtype)
@@ -105,10 +151,17 @@ def calibrate_from_store(store_dir: str, run_ids: list[str] | None = None, *,
             samples.append(ConfigurationSamples(model=m.model, observations=o,
                                                 per_pass=[[x.measured_s] for x in o]))
         used.extend(meas)
+    devices = {(m.kind, m.device, m.host_cpu) for m in machines}
+    if len(devices) > 1:
+        listed = "; ".join(f"{m.label} in {m.dtype}: {', '.join(r)}" for m, r in machines.items())
+        raise ValueError(f"{store_dir}: the runs were measured on different devices ({listed}); a profile describes "
+                         "one: choose its runs with --run")
     if len(obs) < 3:
         raise ValueError(f"{store_dir}: {len(obs)} usable measured phases in {len(ids)} run(s); at least 3 needed "
                          f"(skipped: {'; '.join(skipped) or 'none'})")
     result = fit(obs, fit_step_overhead=fit_step_overhead)
+    # the device of the runs (one device; a dtype picks the unidentified FLOP/s: the first run's)
+    result.machine = next(iter(machines))
     # each stored configuration is one measurement: the bootstrap draws configurations only
     result.replicates = bootstrap_coefficients(result, samples, [], fit_step_overhead=fit_step_overhead)
     result.held_out = held_out_errors(result, samples, [], fit_step_overhead=fit_step_overhead)
