@@ -68,6 +68,25 @@ def test_collector_predicts_targets_and_compares(tiny_model) -> None:  # type: i
     assert f"{pre['error_pct']:+.1f}%" in text
 
 
+def test_a_prediction_far_from_the_measurement_says_how_to_calibrate(tiny_model, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    # a user file describing an impossibly fast CPU: every phase is predicted near 0 s
+    fast = tmp_path / "fast.yaml"
+    fast.write_text("name: fast-cpu\nkind: cpu\nvariant: test\nsource: test\nmemory_bandwidth_gbs: 1.0e+9\n"
+                    "memory_pj_per_bit: 0\nmemory_capacity_gb: 64\npeak_tflops: {fp32: 1.0e+9}\n"
+                    "compute_pj_per_flop: 0\n", encoding="utf-8")
+    ids = torch.randint(4, 256, (1, 8))
+    with perfsdk.session({"collectors": {"simulation": {"host": str(fast)}}}, store=None) as s:
+        s.load(model=tiny_model)
+        s.generate(tiny_model, input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=4,
+                   min_new_tokens=4, pad_token_id=0)
+    res = s.result.collectors["simulation"]
+    worst = min(res["comparison"].items(), key=lambda kv: kv[1]["error_pct"])
+    assert worst[1]["error_pct"] < -99
+    assert (f"the fast-cpu profile (user file) misses this measurement by {worst[1]['error_pct']:+.0f} % "
+            f"({worst[0]}): it prices the device's operations") in " ".join(res["notes"])
+    assert any("perfsdk calibrate --from-store STORE --run ID -o host.yaml" in n for n in res["notes"])
+
+
 def test_collector_simulates_a_forward_step_without_generate(tiny_model) -> None:  # type: ignore[no-untyped-def]
     with perfsdk.session({"collectors": {"simulation": {"targets": ["h100-sxm"]}}}, store=None) as s:
         s.load(model=tiny_model)

@@ -481,12 +481,25 @@ class SimulationCollector(Collector):
                     "tpot": _err(p.tpot_s, decode / (n - 1) if decode is not None else None, p.tpot_s_low,
                                  p.tpot_s_high),
                 }
+        far = [(ph, e.error_pct) for ph, e in comparison.items() if e.error_pct is not None and abs(e.error_pct) > FAR_PCT]
+        if far and preds[measured_name].origin != "calibrated":
+            ph, pct = max(far, key=lambda x: abs(x[1]))
+            shown = preds[measured_name].hardware or measured_name
+            notes.append(f"the {shown} profile ({preds[measured_name].origin}) misses this measurement by "
+                         f"{pct:+.0f} % ({ph}): it prices the device's operations, not what this machine adds around "
+                         "them (a host that launches the kernels, the framework); fit this machine from stored runs "
+                         "with `perfsdk calibrate --from-store STORE --run ID -o host.yaml` and set "
+                         "collectors.simulation.host: host.yaml")
         try:
             session.add_artifact("simulation.json", json.dumps(full, indent=1))
         except Exception as exc:  # the summary in the result is what matters
             log.warning("could not attach simulation details", error=repr(exc))
         return out.model_copy(update={"predictions": preds, "comparison": comparison, "errors": errors,
                                       "notes": notes})
+
+
+#: A prediction of the measured device further off than this (%) gets a note on how to calibrate.
+FAR_PCT = 50.0
 
 
 def _profile(name_or_path: str, catalog: Catalog) -> HardwareProfile:
