@@ -140,3 +140,32 @@ def test_missing_reading_makes_the_phase_missing_not_zero() -> None:
     res = build_result(col, session)
     assert res.windows[0].energy_j is None and res.energy_j == {"nvml:gpu:0": None}
     assert res.j_per_output_token_by_source == {} and res.j_per_output_token is None
+
+
+def test_only_slow_sources_are_read_off_the_timed_step() -> None:
+    from concurrent.futures import Future
+
+    from perfsdk.energy.base import Channel, EnergySource
+    from perfsdk.energy.nvml import NvmlSource
+
+    class Fast(EnergySource):  # like RAPL's sysfs files: microseconds a read
+        name = "fast"
+
+        def open(self) -> tuple[bool, str]:
+            self.channels = [Channel(source="fast", scope="package", device="0", method="counter")]
+            self.available = True
+            return True, "ok"
+
+        def read_counters(self) -> dict[Channel, int]:
+            return {self.channels[0]: 5}
+
+    fast = Fast()
+    fast.open()
+    inline = EnergyMeter([fast])
+    assert inline.edge(10, defer=True) == {fast.channels[0]: 5}  # read in place, no helper thread
+    slow = NvmlSource(FakeNvmlReader(energy_mj=[[0, 7]]))
+    slow.open()
+    helper = EnergyMeter([slow])
+    f = helper.edge(10, defer=True)
+    assert isinstance(f, Future) and list(f.result().values()) == [7]
+    helper.close_all()

@@ -21,7 +21,7 @@ import structlog
 from pydantic import BaseModel, ConfigDict, Field
 
 from perfsdk.collector import Collector, CollectorConfig, CollectorResult, RankShare
-from perfsdk.energy.base import EnergySource
+from perfsdk.energy.base import Channel, EnergySource
 from perfsdk.energy.codecarbon_source import CodeCarbonReading, CodeCarbonSource
 from perfsdk.energy.estimated import EstimatedSource
 from perfsdk.energy.nvml import NvmlReader, NvmlSource
@@ -380,13 +380,13 @@ def _entry(w: WindowEnergy) -> EnergyWindow:
                         step_index=w.step_index, samples=w.samples)
 
 
-def _aggregate_confidence(channel: Any, duration_s: float, windows: int,
+def _aggregate_confidence(channel: Channel, duration_s: float, windows: int,
                           energy_j: float | None) -> tuple[bool, str | None]:
     """Whether a counter's summed windows are too short to trust: a counter that refreshes every
     ``update_period_s`` moves in whole updates, so windows adding up to a few periods catch a
     few updates or none (the difference is then zero however much power was drawn)."""
-    period = getattr(channel, "update_period_s", 0.0) or 0.0
-    if getattr(channel, "method", None) != "counter" or period <= 0 or duration_s >= MIN_COUNTER_PERIODS * period:
+    period = channel.update_period_s
+    if channel.method != "counter" or period <= 0 or duration_s >= MIN_COUNTER_PERIODS * period:
         return False, None
     moved = "" if energy_j else "; the counter did not advance in them"
     return True, (f"{windows} window{'s' if windows != 1 else ''} adding up to {duration_s * 1000:.3g} ms, "

@@ -50,6 +50,9 @@ class EnergySource:
     """
 
     name: str = ""
+    #: reads take long enough (milliseconds) to be moved off a timed step: an edge inside one is
+    #: then read on the meter's helper thread (:class:`~perfsdk.energy.windows.EnergyMeter`)
+    slow_reads: bool = False
 
     def __init__(self) -> None:
         self.channels: list[Channel] = []

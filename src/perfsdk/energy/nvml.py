@@ -138,6 +138,9 @@ class NvmlSource(EnergySource):
     ``reader`` (an :class:`NvmlReader`) is the seam; with ``None`` the source opens pynvml.
     """
 
+    #: one NVML read took about 1.7 ms on an H200 machine (docs/energy.md)
+    slow_reads = True
+
     name = "nvml"
 
     def __init__(self, reader: NvmlReader | None = None) -> None:

@@ -6,10 +6,11 @@ nested windows add up exactly: ``prefill + decode == step``, and the session is 
 steps plus the gaps between them. Power-sampled channels (``integrated``/``estimated``) are
 sampled by the shared sampler thread and at every edge, and integrated with the trapezoid rule.
 
-An edge inside a timed step (the switch from prefill to decode) is read on a helper thread, so the
-generation it interrupts goes on at once: an NVML read takes milliseconds on some machines, and
-NVML's counter refreshes every ~100 ms, so reading a few ms after the edge changes nothing that
-can be seen. The next edge read in the caller's thread waits for it, keeping readings in order.
+An edge inside a timed step (the switch from prefill to decode) is read on a helper thread when a
+source reads slowly (``slow_reads``: NVML), so the generation it interrupts goes on at once: an
+NVML read takes milliseconds on some machines, and NVML's counter refreshes every ~100 ms, so
+reading a few ms after the edge changes nothing that can be seen. Fast sources (RAPL's sysfs
+files) are read in place. The next edge read in the caller's thread waits for it, keeping readings in order.
 """
 
 from __future__ import annotations
@@ -111,6 +112,7 @@ class EnergyMeter:
         # closed windows in order: rows, or a window whose edge readings are still being taken
         self._closed: list[list[WindowEnergy] | tuple[Any, ...]] = []
         self._helper: ThreadPoolExecutor | None = None
+        self._defer_inner = any(s.slow_reads for s in self.sources)
         self._pending: Future | None = None
         self.edge_reads = 0
 
@@ -138,13 +140,13 @@ class EnergyMeter:
         return readings
 
     def edge(self, t_ns: int, defer: bool = False) -> Any:
-        """Counter readings at ``t_ns`` (read once per distinct timestamp). With ``defer`` the
-        reading is taken on the helper thread and a :class:`~concurrent.futures.Future` of it is
-        returned."""
+        """Counter readings at ``t_ns`` (read once per distinct timestamp). With ``defer`` and a
+        slow source, the reading is taken on the helper thread and a
+        :class:`~concurrent.futures.Future` of it is returned."""
         if self._last_edge is not None and self._last_edge[0] == t_ns:
             return self._last_edge[1]
         readings: Any
-        if defer:
+        if defer and self._defer_inner:
             if self._helper is None:
                 self._helper = ThreadPoolExecutor(max_workers=1, thread_name_prefix="perfsdk-energy-edge")
             readings = self._pending = self._helper.submit(self._read, t_ns)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from perfsdk.schemas import ModelInfo
@@ -48,15 +49,10 @@ def _logical_numel(p: Any) -> int:
     """Elements of a parameter as the model uses it: a bitsandbytes 4-bit parameter packs two
     values a byte (its ``quant_state`` keeps the unpacked shape)."""
     shape = getattr(getattr(p, "quant_state", None), "shape", None)
-    if shape is not None:
-        try:
-            n = 1
-            for d in shape:
-                n *= int(d)
-            return n
-        except (TypeError, ValueError):
-            pass
-    return int(p.numel())
+    try:
+        return math.prod(int(d) for d in shape) if shape is not None else int(p.numel())
+    except (TypeError, ValueError):
+        return int(p.numel())
 
 
 def parameter_count(model: Any) -> int:
