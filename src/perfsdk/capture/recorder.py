@@ -425,6 +425,10 @@ class OperationCapture:
             bytes_read = sum(_tensor_bytes(t) for t in ins)
             weight_bytes = sum(_tensor_bytes(t) for t in weight_in)
             bytes_written = sum(_tensor_bytes(t) for t in outs)
+            if name in ("aten::_grouped_mm", "aten::_scaled_grouped_mm") and weight_bytes:
+                # experts stored as one [E, ...] tensor: the product reads the experts its rows reach
+                unread = int(weight_bytes * (1.0 - grouped_weight_share(args, kwargs)))
+                bytes_read, weight_bytes = bytes_read - unread, weight_bytes - unread
         elements = sum(int(t.numel()) for t in outs) if category not in ("matmul", "attention") and not is_view else 0
         dtype_src = outs[0] if outs else (ins[0] if ins else None)
         self.records.append(
@@ -471,6 +475,25 @@ class OperationCapture:
             a, b = shp(1), shp(2)
             return matmul_macs(a, b)
         return 0
+
+
+def grouped_weight_share(args: tuple[Any, ...], kwargs: dict[str, Any]) -> float:
+    """Share of a grouped product's ``[E, ...]`` weights its rows reach (mixture-of-experts):
+    the groups with rows, read off the offsets of a real run; on the meta device, where the
+    offsets have no values, the expected share when each of its M rows picks one of the E groups
+    at random, ``1 - (1 - 1/E)^M``."""
+    w = args[1] if len(args) > 1 and isinstance(args[1], torch.Tensor) else None
+    if w is None or w.dim() != 3 or not isinstance(args[0], torch.Tensor) or args[0].dim() != 2:
+        return 1.0
+    groups, rows = int(w.shape[0]), int(args[0].shape[0])
+    if groups <= 1:
+        return 1.0
+    offs = kwargs.get("offs", args[2] if len(args) > 2 else None)
+    if isinstance(offs, torch.Tensor) and offs.device.type != "meta" and offs.numel() == groups:
+        ends = offs.detach().to("cpu", torch.int64)
+        sizes = torch.diff(ends, prepend=torch.zeros(1, dtype=torch.int64))
+        return float(int((sizes > 0).sum())) / groups
+    return 1.0 - (1.0 - 1.0 / groups) ** rows
 
 
 _ELEMENTWISE_HINTS = ("add", "sub", "mul", "div", "pow", "sqrt", "rsqrt", "exp", "log", "neg", "cos", "sin",

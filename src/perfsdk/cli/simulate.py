@@ -389,6 +389,7 @@ def calibrate_command(models: tuple[str, ...], repeats: int, passes: int, min_ti
                                "cache_bytes": result.cache_bytes, "drift_pct": result.drift_pct,
                                "normalised_drift_pct": result.normalised_drift_pct,
                                "reference": result.reference, "reference_s": result.reference_s,
+                               "fixed_cost": "per ATen call" if result.per_call else "per operation",
                                "bootstrap_refits": len(result.replicates), "held_out": result.held_out,
                                "observations": result.observations}, indent=2))
     elif not output:

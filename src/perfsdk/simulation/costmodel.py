@@ -18,6 +18,8 @@ For one operation on one device (profile ``P``)::
     overhead_s = P.op_overhead_s + (launches - 1) * P.launch_overhead_s
                  (launches: kernel calls the op stands for; no overhead for views and for the parts
                   of a fused call, launches = 0)
+               = launches * P.call_overhead_s on a profile that sets it (a calibrated host: every
+                 ATen call the model's code makes costs the same, views included)
     energy_j   = flops * P.compute_pj_per_flop + 8 * bytes * P.memory_pj_per_bit   (dynamic)
                  + P.static_power_w * time_s                                          (static)
 
@@ -213,7 +215,13 @@ def pack_time_s(op: OpRecord, profile: HardwareProfile) -> float:
 def overhead_time_s(op: OpRecord, profile: HardwareProfile) -> float:
     """Fixed cost of the op: the profile's per-op overhead plus its per-call overhead for each
     further kernel call the op stands for. Views and other metadata-only ops launch no kernel,
-    nor do the parts of a fused call (``launches`` 0)."""
+    nor do the parts of a fused call (``launches`` 0).
+
+    A profile with ``call_overhead_s`` (a calibrated host) charges that for every ATen call the op
+    stands for instead, views included: on a host the fixed cost is the Python and dispatcher
+    time around each call, which a view pays like a kernel."""
+    if profile.call_overhead_s is not None:
+        return max(op.launches, 0) * profile.call_overhead_s
     if not (op_bytes(op) or op.flops) or op.launches <= 0:
         return 0.0
     return profile.op_overhead_s + (op.launches - 1) * profile.launch_overhead_s

@@ -522,9 +522,18 @@ def simulate_model(arch: Any, hardware: HardwareProfile, *, batch_size: int = 1,
     kv = arch.kv_cache_bytes(batch_size, shape.prompt_tokens + output_tokens - 1, dtype_bytes(dtype),
                              encoder_tokens=shape.encoder_tokens)
     sim = Simulator(hardware, mapping, catalog)
-    return sim.predict(ops, batch_size=batch_size, input_tokens=input_tokens, step_weights=weights, dtype=dtype,
-                       top_n=top_n, model=name or arch.architecture or arch.model_type, op_source="analytic",
-                       kv_cache_bytes=kv)
+    res = sim.predict(ops, batch_size=batch_size, input_tokens=input_tokens, step_weights=weights, dtype=dtype,
+                      top_n=top_n, model=name or arch.architecture or arch.model_type, op_source="analytic",
+                      kv_cache_bytes=kv)
+    if hardware.call_overhead_s is not None:
+        res = res.model_copy(update={"notes": [*res.notes, ANALYTIC_CALLS_NOTE]})
+    return res
+
+
+#: What an analytic prediction on a profile priced per ATen call leaves out.
+ANALYTIC_CALLS_NOTE = ("the profile prices every ATen call of the model's code (call_overhead_s), and the analytic "
+                       "ops count kernel calls only, not views and other metadata calls: the fixed cost is a lower "
+                       "bound (predict from the model's config to count its calls)")
 
 
 def simulate_config(config: Any, hardware: HardwareProfile, *, batch_size: int = 1, input_tokens: int = 128,
@@ -541,6 +550,17 @@ def simulate_config(config: Any, hardware: HardwareProfile, *, batch_size: int =
     from perfsdk.flops.meta import _architecture_or_none
 
     arch = _architecture_or_none(config)
+    if arch is not None and hardware.call_overhead_s is not None:
+        # a calibrated host prices every ATen call of the model's own code: count them
+        try:
+            return simulate_captured(config, hardware, batch_size=batch_size, input_tokens=input_tokens,
+                                     output_tokens=output_tokens, dtype=dtype, mapping=mapping, top_n=top_n,
+                                     max_decode_steps=max_decode_steps, catalog=catalog, images=images, name=name)
+        except Exception as exc:  # the capture failed: the analytic ops, with what that leaves out said
+            res = simulate_model(arch, hardware, batch_size=batch_size, input_tokens=input_tokens,
+                                 output_tokens=output_tokens, dtype=dtype, mapping=mapping, top_n=top_n,
+                                 max_decode_steps=max_decode_steps, catalog=catalog, images=images, name=name)
+            return res.model_copy(update={"notes": [*res.notes, f"meta-device capture failed ({exc!r})"]})
     if arch is not None:
         return simulate_model(arch, hardware, batch_size=batch_size, input_tokens=input_tokens,
                               output_tokens=output_tokens, dtype=dtype, mapping=mapping, top_n=top_n,

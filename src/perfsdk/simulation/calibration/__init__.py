@@ -47,6 +47,7 @@ from perfsdk.simulation.calibration.measure import (
     median_of,
     micro_observations,
     normalised_runs,
+    captured_observations_for,
     observations_for,
     pass_drift_pct,
     scaled,
@@ -58,5 +59,6 @@ __all__ = [
     "CACHE_GRID", "DEFAULT_CALIBRATION_GRID", "DEFAULT_CALIBRATION_MODELS", "HALF_ROWS_GRID", "PACK_ROWS_GRID", "PARAMS", "FitResult", "Measurement",
     "Observation", "build_random_model", "cached_fraction", "calibrate_from_store", "calibrate_here", "fit",
     "measure_generate", "measurements_of_run", "micro_observations", "model_config_of_run", "observations_for",
+    "captured_observations_for",
     "pass_drift_pct", "profile_from_fit",
 ]

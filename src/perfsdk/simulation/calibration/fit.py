@@ -8,6 +8,11 @@ decode time for the decode steps). The model being fitted is the simulation's ow
                       bytes_i * ((1 - f_i) * x_b + f_i * x_c)) + pack_i * x_k]
            + ops * x_o + calls * x_l + forward_passes * x_s + [prefill] * x_p
 
+or, when the ops are captured from the model's own code (every ATen call, views included),
+with ``aten_calls * x_a`` in place of ``ops * x_o + calls * x_l`` (:func:`per_call_fit`): the
+fixed cost of a host is the Python and dispatcher time around each call, which follows the
+calls a family's code makes, not the module-level operations (``call_overhead_s``).
+
 with ``row_i = flops_i / rows_i`` for a matrix product with ``rows_i`` output rows (0 for other
 ops): ``x_h = h * x_f`` is the small-M slowdown ``(rows + h) / rows`` of the cost model written
 as a linear term, so ``h`` is fitted like the rates, not picked on a grid (with a repacking
@@ -51,7 +56,12 @@ from perfsdk.simulation.costmodel import (matmul_rows, op_bytes, pack_passes, re
 log = structlog.get_logger("perfsdk.simulation.calibration")
 
 PARAMS = ("s_per_flop", "s_per_byte", "op_overhead_s", "step_overhead_s", "prefill_overhead_s", "s_per_cached_byte",
-          "s_per_packed_byte", "launch_overhead_s", "s_per_row_flop", "s_per_score", "s_per_weight_row")
+          "s_per_packed_byte", "launch_overhead_s", "s_per_row_flop", "s_per_score", "s_per_weight_row",
+          "call_overhead_s")
+#: coefficients of the fixed costs per operation: per module-level op and further launch (ops
+#: from the analytic generator), or per ATen call (ops captured from the model's own code)
+_OP_TERMS = [2, 7]
+_CALL_TERMS = [11]
 
 
 @dataclass
@@ -72,18 +82,23 @@ class Observation:
     extra_launches: float = 0.0  # (weighted) kernel calls beyond each op's first
     scores: np.ndarray | None = None  # softmax elements: attention scores, softmax outputs (0 for other ops)
     weight_rows: np.ndarray | None = None  # rows of each matrix product's weight as stored (0 for other ops)
+    calls: float = 0.0  # (weighted) ATen calls the ops stand for, views included (the launches summed)
+    captured: bool = False  # the ops are every ATen call of the model's own code (captured), views included
 
     @classmethod
     def from_ops(cls, label: str, phase: str, measured_s: float, ops: list[OpRecord],
-                 step_weights: dict[int, float] | None = None) -> Observation:
+                 step_weights: dict[int, float] | None = None, *, captured: bool = False) -> Observation:
+        """``captured``: ``ops`` are every ATen call the model's code made (a capture, views
+        included), so the fit prices the fixed cost per call (``call_overhead_s``)."""
         w = np.array([(step_weights or {}).get(o.step, 1.0) for o in ops], dtype=float)
         steps: dict[int, float] = {}
         resident: dict[int, float] = {}
-        calls = extra = 0.0
+        calls = extra = aten = 0.0
         for o in ops:
             sw = (step_weights or {}).get(o.step, 1.0)
             steps[o.step] = sw
             resident[o.step] = resident.get(o.step, 0.0) + resident_bytes(o)
+            aten += sw * max(o.launches, 0)
             if o.launches > 0 and (o.flops or op_bytes(o)):
                 calls += sw
                 extra += sw * (o.launches - 1)
@@ -97,7 +112,8 @@ class Observation:
                    extra_launches=extra,
                    scores=np.array([o.elements if o.category in ("attention", "softmax") else 0 for o in ops],
                                    dtype=float),
-                   weight_rows=np.array([weight_rows(o) if o.flops else 0 for o in ops], dtype=float))
+                   weight_rows=np.array([weight_rows(o) if o.flops else 0 for o in ops], dtype=float),
+                   calls=aten, captured=captured)
 
     def cached_fraction(self, cache_bytes: float) -> np.ndarray:
         """Share of each op's bytes served from a cache of ``cache_bytes`` (see :func:`cached_fraction`)."""
@@ -154,6 +170,7 @@ class Observation:
             float(np.sum(wc * per_row)),
             float(np.sum(wc * scores)),
             float(np.sum(wc * wrows)),
+            self.calls,
         ])
 
     @property
@@ -187,6 +204,8 @@ class FitResult:
     matmul_half_rows: float = 0.0
     cache_bytes: float = 0.0
     pack_rows: float = 0.0
+    #: the fixed cost was fitted per ATen call (``call_overhead_s``: :func:`per_call_fit`)
+    per_call: bool = False
     #: how far this machine's speed moved between the calibration's passes, in percent
     #: (:func:`~perfsdk.simulation.calibration.measure.pass_drift_pct`); None when not measured
     drift_pct: float | None = None
@@ -245,6 +264,15 @@ def cached_fraction(resident: np.ndarray, cache_bytes: float) -> np.ndarray:
     return np.where(resident <= cache_bytes, 1.0, cache_bytes / np.maximum(resident, 1.0))
 
 
+def per_call_fit(observations: list[Observation]) -> bool:
+    """Whether the fixed cost is fitted per ATen call (``call_overhead_s``): every observation of
+    a model run has its ops captured from the model's own code. Otherwise (ops from the analytic
+    generator, which writes module-level operations and their kernel calls, no views) per
+    operation and further launch (``op_overhead_s``, ``launch_overhead_s``)."""
+    runs = [o for o in observations if o.phase != "micro"]
+    return bool(runs) and all(o.captured for o in runs)
+
+
 def fit(observations: list[Observation], *, fit_step_overhead: bool = True, max_iter: int = 30,
         half_rows: tuple[float, ...] | None = None,
         cache_bytes: tuple[float, ...] | None = CACHE_GRID,
@@ -299,7 +327,8 @@ def _fit_at(observations: list[Observation], h: float | None, c: float = 0.0, pr
     parameter is fitted (``h`` None) or fixed at ``h``."""
     if len(observations) < 3:
         raise ValueError(f"need at least 3 observations to calibrate, got {len(observations)}")
-    free = [0, 1, 2, 3, 4, 7, 9] if fit_step_overhead else [0, 1, 2, 4, 7, 9]
+    free = [0, 1, 3, 4, 9] if fit_step_overhead else [0, 1, 4, 9]
+    free += _CALL_TERMS if per_call_fit(observations) else _OP_TERMS
     if weight_row_term:
         free.append(10)
     if c:
@@ -316,8 +345,14 @@ def _fit_at(observations: list[Observation], h: float | None, c: float = 0.0, pr
                     np.sum(o.weights * o.bytes_ * o.cached_fraction(c)), np.sum(o.weights * o.packed_bytes(pr)),
                     o.extra_launches, np.sum(o.weights * o.row_flops(pr)) if h is None else 0.0,
                     np.sum(o.weights * (o.scores if o.scores is not None else 0.0)),
-                    np.sum(o.weights * (o.weight_rows if o.weight_rows is not None else 0.0))]
+                    np.sum(o.weights * (o.weight_rows if o.weight_rows is not None else 0.0)), o.calls]
                    for o in observations])
+    # an observation none of whose features is fitted here (a chain of kernel calls under the
+    # per-call fixed cost) says nothing about the coefficients: left out
+    keep = np.any(a0[:, free] != 0, axis=1)
+    if not np.all(keep):
+        observations = [o for o, k in zip(observations, keep) if k]
+        a0 = a0[keep]
     b = np.array([o.measured_s for o in observations])
     scale = 1.0 / b
     col = np.maximum(np.abs(a0).max(axis=0), 1e-30)  # column scaling for conditioning
@@ -351,7 +386,7 @@ def _fit_at(observations: list[Observation], h: float | None, c: float = 0.0, pr
                      observations=len(observations),
                      fixed=([] if fit_step_overhead else ["step_overhead_s"])
                      + ([] if weight_row_term else ["s_per_weight_row"]),
-                     matmul_half_rows=h_fit, cache_bytes=c, pack_rows=pr)
+                     matmul_half_rows=h_fit, cache_bytes=c, pack_rows=pr, per_call=per_call_fit(observations))
 
 
 def profile_from_fit(result: FitResult, *, name: str = "host-calibrated", base: HardwareProfile | None = None,
@@ -432,6 +467,7 @@ def profile_from_fit(result: FitResult, *, name: str = "host-calibrated", base: 
         compute_efficiency=1.0, memory_efficiency=1.0,
         op_overhead_s=result.coefficients["op_overhead_s"],
         launch_overhead_s=result.coefficients.get("launch_overhead_s", 0.0), step_overhead_s=result.coefficients["step_overhead_s"],
+        call_overhead_s=k.get("call_overhead_s", 0.0) if result.per_call else None,
         prefill_overhead_s=result.coefficients["prefill_overhead_s"],
         matmul_half_rows=result.matmul_half_rows or None,
         matmul_pack_rows=result.pack_rows or None,
@@ -454,8 +490,9 @@ class ConfigurationSamples:
     model: str
     observations: list[Observation]
     per_pass: list[list[float]]
-    #: the model's width (hidden size): see :func:`held_out_errors`
+    #: the model's width (hidden size) and family (model type): see :func:`held_out_errors`
     width: int | None = None
+    family: str | None = None
 
 
 def _refit(result: FitResult, observations: list[Observation], *, fit_step_overhead: bool,
@@ -503,24 +540,38 @@ def held_out_errors(result: FitResult, configs: list[ConfigurationSamples], fixe
     The models of the most common width are held out one at a time; models of other widths stay
     in every fit. They are there to pin what one width alone cannot (the fixed costs that dominate
     a very narrow model), and leaving one out measures how well the remaining design identifies
-    those costs, not how far the model misses a model like the ones predicted."""
+    those costs, not how far the model misses a model like the ones predicted.
+
+    With models of several families (``family``), the family most of them belong to is treated
+    so, and every other family is left out whole, all its models at once, and predicted by a fit
+    on the rest: how far the calibration misses a family it never saw, which is what a
+    prediction of another family's model risks."""
     models = list(dict.fromkeys(c.model for c in configs))
     out: list[list[float]] = []
     if len(models) < 2:
         return out
+    families = {c.model: c.family for c in configs}
+    per_family: dict[Any, list[str]] = {}
+    for m in models:
+        per_family.setdefault(families[m], []).append(m)
+    main = max(per_family, key=lambda f: len(per_family[f]))
+    own = per_family[main]
     widths = {c.model: c.width for c in configs}
     counts: dict[Any, int] = {}
-    for m in models:
+    for m in own:
         counts[widths[m]] = counts.get(widths[m], 0) + 1
     common = max(counts, key=lambda w: counts[w])
-    held = [m for m in models if widths[m] == common] if counts[common] > 1 else models
-    for model in held:
-        train = list(fixed) + [ob for c in configs if c.model != model for ob in c.observations]
+    groups = [[m] for m in own if widths[m] == common] if counts[common] > 1 else [[m] for m in own]
+    if len(own) < 2:
+        groups = []
+    groups += [ms for f, ms in per_family.items() if f != main]
+    for group in groups:
+        train = list(fixed) + [ob for c in configs if c.model not in group for ob in c.observations]
         if len(train) < 3:
             continue
         x = _refit(result, train, fit_step_overhead=fit_step_overhead, robust=robust)
         for c in configs:
-            if c.model != model:
+            if c.model not in group:
                 continue
             errs = {ob.phase: (ob.predict(x, 0.0, result.cache_bytes, result.pack_rows) - ob.measured_s)
                     / ob.measured_s for ob in c.observations}
