@@ -144,14 +144,16 @@ def _inside(value: float, low: float | None, high: float | None) -> bool | None:
     return None if low is None or high is None else low <= value <= high
 
 
-def _summary(rows: list[dict], k: int | None = None) -> dict:
+def _summary(rows: list[dict], k: int | None = None, own_level: bool = False) -> dict:
     """Median and worst |error|, share inside the interval and median interval width (percent of
-    the prediction) of ``rows``, for calibration ``k`` (None: the first)."""
+    the prediction) of ``rows``, for calibration ``k`` (None: the first); ``own_level``: errors
+    against the measurement at its own reference level instead of the calibration's."""
     k = k or 0
     errs, inside, widths = [], [], []
+    key = "error_own_level_pct_each" if own_level else "error_pct_each"
     for r in rows:
         for x in ("ttft", "tpot"):
-            errs.append(abs(r[f"{x}_error_pct_each"][k]))
+            errs.append(abs(r[f"{x}_{key}"][k]))
             flag = r[f"{x}_inside_each"][k]
             if flag is not None:
                 inside.append(flag)
@@ -245,10 +247,17 @@ def main(argv: list[str] | None = None) -> int:
             fh.write(profile_to_yaml(profiles[0]))
     ref_s = ref.median if ref is not None else 1.0
     raw = {k: [(m, ref.level_at(i) if ref is not None else 1.0) for m, i in v] for k, v in raw.items()}
-    measured = {}
-    for key, runs in raw.items():
-        measured[key] = (statistics.median(t * ref_s / adj for (t, _), adj in runs),
-                         statistics.median(t * ref_s / adj for (_, t), adj in runs))
+    # each measurement pass divided by the machine's level around it, brought back to seconds at
+    # the level of the reference's median over the measurement (``own``) and at each
+    # calibration's (what that calibration's seconds mean): compared at the same level, a
+    # drift of the machine between calibrating and measuring cancels like the drift inside each
+    levels = [ref_s] + [(f.reference_s or ref_s) if ref is not None else ref_s for f in fits]
+
+    def at_level(runs: list, level: float) -> tuple[float, float]:
+        return (statistics.median(t * level / adj for (t, _), adj in runs),
+                statistics.median(t * level / adj for (_, t), adj in runs))
+
+    measured = {key: [at_level(runs, lv) for lv in levels] for key, runs in raw.items()}
     raw_drift = _pass_drift({k: [m for m, _ in v] for k, v in raw.items()})
     norm_drift = _pass_drift({k: [(a * ref_s / adj, b * ref_s / adj) for (a, b), adj in v] for k, v in raw.items()})
     rows = []
@@ -256,11 +265,14 @@ def main(argv: list[str] | None = None) -> int:
         cfg = models[spec].config
         preds = [simulate_config(cfg, prof, batch_size=b, input_tokens=INPUT_TOKENS, output_tokens=o,
                                  dtype="float32", name=spec) for prof in profiles]
-        ttft, tpot = measured[(spec, b, o)]
+        own, *per_cal = measured[(spec, b, o)]
         row = {"model": spec.split(":", 1)[-1], "family": spec.startswith("family:"), "batch": b,
-               "input_tokens": INPUT_TOKENS, "output_tokens": o, "ttft_measured_ms": ttft * 1e3,
-               "tpot_measured_ms": tpot * 1e3}
-        for x, meas in (("ttft", ttft), ("tpot", tpot)):
+               "input_tokens": INPUT_TOKENS, "output_tokens": o, "ttft_measured_ms": per_cal[0][0] * 1e3,
+               "tpot_measured_ms": per_cal[0][1] * 1e3, "ttft_measured_own_level_ms": own[0] * 1e3,
+               "tpot_measured_own_level_ms": own[1] * 1e3}
+        for j, x in enumerate(("ttft", "tpot")):
+            meas_each = [m[j] for m in per_cal]
+            meas = meas_each[0]
             vals = [getattr(q, f"{x}_s") or 0.0 for q in preds]
             lows = [getattr(q, f"{x}_s_low") for q in preds]
             highs = [getattr(q, f"{x}_s_high") for q in preds]
@@ -269,12 +281,16 @@ def main(argv: list[str] | None = None) -> int:
             row[f"{x}_high_ms"] = None if highs[0] is None else highs[0] * 1e3
             row[f"{x}_error_pct"] = 100 * (vals[0] - meas) / meas
             row[f"{x}_predicted_ms_each"] = [v * 1e3 for v in vals]
-            row[f"{x}_error_pct_each"] = [100 * (v - meas) / meas for v in vals]
-            row[f"{x}_inside_each"] = [_inside(meas, lo, hi) for lo, hi in zip(lows, highs)]
+            row[f"{x}_error_pct_each"] = [100 * (v - mk) / mk for v, mk in zip(vals, meas_each)]
+            row[f"{x}_error_own_level_pct_each"] = [100 * (v - own[j]) / own[j] for v in vals]
+            row[f"{x}_inside_each"] = [_inside(mk, lo, hi) for mk, lo, hi in zip(meas_each, lows, highs)]
+            row[f"{x}_reference_units_each"] = [v / lv for v, lv in zip(vals, levels[1:])]
             row[f"{x}_width_pct_each"] = [None if lo is None else 100 * (hi - lo) / v
                                           for lo, hi, v in zip(lows, highs, vals)]
         row["calibration_spread_pct"] = max(
             100 * (max(v) / min(v) - 1) for v in (row["ttft_predicted_ms_each"], row["tpot_predicted_ms_each"]))
+        row["calibration_spread_reference_units_pct"] = max(
+            100 * (max(v) / min(v) - 1) for v in (row["ttft_reference_units_each"], row["tpot_reference_units_each"]))
         rows.append(row)
         print(f"{row['model']:18s} b{b} out{o:<3d} TTFT {row['ttft_measured_ms']:8.2f} ms pred "
               f"{row['ttft_predicted_ms']:8.2f} ({row['ttft_error_pct']:+6.1f}%)  TPOT "
@@ -290,7 +306,10 @@ def main(argv: list[str] | None = None) -> int:
         "families": {k: _summary(fam_rows, k) for k in range(len(profiles))},
         "per_family": {name: _summary(rs) for name, rs in by_family.items()},
         "llama": {k: _summary([r for r in rows if not r["family"]], k) for k in range(len(profiles))},
+        "families_own_level": {k: _summary(fam_rows, k, own_level=True) for k in range(len(profiles))},
         "family_calibration_spread_pct": max((r["calibration_spread_pct"] for r in fam_rows), default=None),
+        "family_calibration_spread_reference_units_pct": max(
+            (r["calibration_spread_reference_units_pct"] for r in fam_rows), default=None),
         "calibration_spread_pct": max(r["calibration_spread_pct"] for r in rows),
         "calibration_drift_pct": [f.drift_pct for f in fits],
         "calibration_normalised_drift_pct": [f.normalised_drift_pct for f in fits],
@@ -331,7 +350,15 @@ def main(argv: list[str] | None = None) -> int:
             lines.append(f"Llama sizes, calibration {k + 1}: {said(s_)}.")
     if len(profiles) > 1:
         lines.append(f"Calibrations' predictions differ by at most {summary['calibration_spread_pct']:.1f} % "
-                     f"(unseen families {summary['family_calibration_spread_pct'] or 0:.1f} %).")
+                     f"(unseen families {summary['family_calibration_spread_pct'] or 0:.1f} %); in units of "
+                     "each calibration's reference time, unseen families "
+                     f"{summary['family_calibration_spread_reference_units_pct'] or 0:.1f} %.")
+    for k, s_ in summary["families_own_level"].items():
+        lines.append(f"Unseen families, calibration {k + 1}, against the measurement at its own reference level: "
+                     f"median |error| {s_['median_abs_error_pct']:.1f} %, worst {s_['max_abs_error_pct']:.1f} %.")
+    if ref is not None:
+        lines.append("Reference workload at its median: measurement " + f"{ref_s * 1e3:.2f} ms, calibrations "
+                     + ", ".join(f"{(f.reference_s or 0) * 1e3:.2f} ms" for f in fits) + ".")
     lines.append("Drift, slowest pass over fastest: calibrations " + ", ".join(
         f"{a or 0:.1f} % raw / {b or 0:.1f} % normalised" for a, b in
         zip(summary["calibration_drift_pct"], summary["calibration_normalised_drift_pct"]))
