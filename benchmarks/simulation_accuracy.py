@@ -5,10 +5,12 @@ Protocol
 --------
 1. Calibrate (``perfsdk.simulation.calibration``, as ``perfsdk calibrate`` does): the
    ``builtin:tiny-llama-medium`` configuration (hidden 512) at 8, 4, 2 and 1 layers, narrowed
-   to width 256 at 4 layers and to width 64 at 8 and 2 layers, on a grid of batch sizes and prompt lengths in
+   to width 256 at 4 layers and to width 64 at 8 and 2 layers, and small GPT-BigCode and CodeGen
+   models, on a grid of batch sizes and prompt lengths in
    ``--calibration-passes`` round-robin passes, plus three micro-kernels (a 1024^3 matmul, a
    3 x 64 MiB add, a chain of tiny kernels).
-2. Predict, with the calibrated profile and the analytic op generator (no timing information),
+2. Predict, with the calibrated profile (``simulate_config``: the model's own ATen calls counted
+   by the meta-device capture; no timing information),
    families the fit never sees (``FAMILY_MODELS``: GPT-2, Qwen2 with tied embeddings, Phi-3, a
    small Mixtral with a sliding window, built from their ``transformers`` config classes) and three
    other Llama sizes (``tiny-llama-small``, ``tiny-llama``, ``tiny-llama-large``) x batch sizes
@@ -17,8 +19,10 @@ Protocol
    generate start to first token, TPOT = decode time / (output tokens - 1)): the median of
    ``--calls`` calls after a warm-up, in each of ``--passes`` round-robin passes over all
    configurations. The reference workload is timed before and after every configuration; each
-   pass is divided by the machine's level around it and brought back to seconds with the
-   reference's median, and the median of the passes is kept. The measurement passes alternate
+   pass is divided by the machine's level around it and brought back to seconds at each
+   calibration's reference level (its median reference time: what its seconds mean), and the
+   median of the passes is kept; the errors against the measurement at its own level (the
+   reference's median over the measurement) are reported beside. The measurement passes alternate
    with the ``--calibrations`` calibrations (measure, calibrate, measure, calibrate, measure), so
    that a drift of the machine's speed over minutes hits both sides alike. Report the signed error
    ``(predicted - measured) / measured``, whether the measurement is inside the 90 % interval, and
@@ -26,8 +30,8 @@ Protocol
    interval width; and how far the calibrations' predictions are apart.
 
 Run: ``PYTHONPATH=src python benchmarks/simulation_accuracy.py [--threads 1] [--models all|extra]
-[--json out.json] [--markdown out.md]``. Random weights, nothing downloaded; about six minutes on
-two cores (two calibrations of about 80 s each, three measurement passes).
+[--json out.json] [--markdown out.md]``. Random weights, nothing downloaded; about nine minutes on
+two cores (two calibrations of about 125 s each, three measurement passes).
 """
 
 from __future__ import annotations

@@ -187,3 +187,26 @@ def test_small_configurations_of_other_families_build_by_model_type() -> None:
     with pytest.raises(ValueError, match=r"type:nope: no small configuration of model type 'nope' here \(known: "
                                          r"type:gpt_bigcode, type:codegen\)"):
         build_random_model("type:nope")
+
+
+def test_simulate_command_counts_the_calls_of_the_model_on_a_calibrated_host(tmp_path) -> None:
+    import json
+
+    from click.testing import CliRunner
+
+    from perfsdk.cli.simulate import simulate_command
+    from perfsdk.hardware.profile import profile_to_yaml
+
+    path = tmp_path / "host.yaml"
+    path.write_text(profile_to_yaml(_profile(call_overhead_s=4e-6).model_copy(update={"name": "my-host"})))
+    args = ["--model", "builtin:tiny-llama", "--hardware", str(path), "--batch-size", "1", "--input-tokens", "16",
+            "--output-tokens", "4", "--dtype", "float32", "--json"]
+    r = CliRunner().invoke(simulate_command, args)
+    assert r.exit_code == 0, r.output
+    d = json.loads(r.output)
+    assert d["op_source"] == "meta-device capture"
+    # an override of the description keeps the analytic ops, and says what they leave out
+    r = CliRunner().invoke(simulate_command, args + ["--kv-heads", "2"])
+    assert r.exit_code == 0, r.output
+    d = json.loads(r.output)
+    assert d["op_source"] == "analytic" and ANALYTIC_CALLS_NOTE in d["notes"]

@@ -132,7 +132,8 @@ def test_calibrate_command_writes_profile(tmp_path: Path, monkeypatch: pytest.Mo
     # timed in sessions around the reference workload: both drifts said, and what the intervals need kept
     assert re.search(r"; \d+\.\d % once each was divided by the reference workload timed around it", r.stderr)
     assert re.search(r"uncertainty: 40 bootstrap refits over configurations and passes; 4 configurations predicted "
-                     r"with their model left out of the fit, median \|error\| \d+\.\d %; \d+ reference timings", r.stderr)
+                     r"with their model \(another family: all of it\) left out of the fit, median \|error\| \d+\.\d %; "
+                     r"\d+ reference timings", r.stderr)
     cal = d["calibration"]
     assert len(cal["replicates"]) == 40 and len(cal["held_out"]) == 4
     assert cal["reference"] == "builtin:tiny-llama-medium@layers=2 batch 1 in 16 out 8" and cal["reference_s"] > 0
