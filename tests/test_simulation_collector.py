@@ -68,6 +68,37 @@ def test_collector_predicts_targets_and_compares(tiny_model) -> None:  # type: i
     assert f"{pre['error_pct']:+.1f}%" in text
 
 
+def test_comparison_takes_the_median_of_the_steps_of_the_captured_shape(tiny_model) -> None:  # type: ignore[no-untyped-def]
+    import statistics
+
+    ids = torch.randint(4, 256, (1, 10))
+    other = torch.randint(4, 256, (1, 6))
+    kw = dict(max_new_tokens=4, min_new_tokens=4, pad_token_id=0)
+    with perfsdk.session({"collectors": {"simulation": {}}}, store=None) as s:
+        s.load(model=tiny_model)
+        for x in (ids, other, ids, ids):  # three steps of the captured shape, one of another
+            s.generate(tiny_model, input_ids=x, attention_mask=torch.ones_like(x), **kw)
+    res = s.result.collectors["simulation"]
+    assert res["status"] == "ok", res
+    assert res["captured_step"] == 0 and res["compared_steps"] == 3
+    same = [st for st in s.steps if st.input_tokens == [10]]
+    assert len(same) == 3
+    ttft = statistics.median((st.token_times_ns[0] - st.start_ns) / 1e9 for st in same)
+    decode = statistics.median((st.token_times_ns[-1] - st.token_times_ns[0]) / 1e9 for st in same)
+    assert res["comparison"]["prefill"]["measured_s"] == pytest.approx(ttft)
+    assert res["comparison"]["decode"]["measured_s"] == pytest.approx(decode)
+    assert res["comparison"]["tpot"]["measured_s"] == pytest.approx(decode / 3)
+    from rich.console import Console
+
+    from perfsdk.collectors.simulation import SimulationCollector
+
+    con = Console(record=True, width=200)
+    for t in SimulationCollector.summary_tables(SimulationCollector.result_of(s.result)):
+        con.print(t)
+    # the caption wraps to the table's width
+    assert "measured: median of the run's 3 steps of this shape" in " ".join(con.export_text().split())
+
+
 def test_a_prediction_far_from_the_measurement_says_how_to_calibrate(tiny_model, tmp_path) -> None:  # type: ignore[no-untyped-def]
     # a user file describing an impossibly fast CPU: every phase is predicted near 0 s
     fast = tmp_path / "fast.yaml"

@@ -5,6 +5,7 @@ commands are in :mod:`perfsdk.cli.simulate`."""
 from __future__ import annotations
 
 import json
+import statistics
 from typing import Any
 
 import structlog
@@ -160,6 +161,8 @@ class SimulationCollectorResult(CollectorResult):
     reason: str | None = None
     step_kind: str | None = Field(default=None, description="generate or forward: the kind of step simulated")
     captured_step: int | None = None
+    compared_steps: int = Field(default=0, description="Measured steps of the captured step's shape (same model, "
+                                "batch, input and output tokens) whose median the comparison uses")
     captured_ops: int = 0
     op_source: str = "captured"
     note: str = _NOTES["generate"]
@@ -347,10 +350,24 @@ class SimulationCollector(Collector):
         super().__init__(config)
         self._step: Any = None
         self._forward_step: Any = None
+        # (TTFT, decode) of every measured step of the captured step's shape
+        self._same: list[tuple[float, float | None]] = []
+
+    @staticmethod
+    def _shape(step: Any) -> tuple[Any, ...]:
+        return (id(step.model), step.batch_size, tuple(step.input_tokens or ()), len(step.token_times_ns))
 
     @hookimpl
     def perfsdk_after_generate(self, session: Any, step: Any) -> None:
         if step.warmup or step.error is not None:
+            return
+        if step.kind == "generate" and len(step.token_times_ns) >= 1 and step.served is None:
+            if self._step is None:
+                self._step = step
+            if self._shape(step) == self._shape(self._step):
+                n = len(step.token_times_ns)
+                self._same.append(((step.token_times_ns[0] - step.start_ns) / 1e9,
+                                   (step.token_times_ns[-1] - step.token_times_ns[0]) / 1e9 if n > 1 else None))
             return
         if self._step is None and step.kind == "generate" and len(step.token_times_ns) >= 1:
             self._step = step
@@ -474,6 +491,13 @@ class SimulationCollector(Collector):
                 ttft = (step.token_times_ns[0] - step.start_ns) / 1e9
                 n = len(step.token_times_ns)
                 decode = (step.token_times_ns[-1] - step.token_times_ns[0]) / 1e9 if n > 1 else None
+                if len(self._same) > 1:
+                    # the median over the run's steps of this shape: one step, often the coldest,
+                    # is a poor yardstick for a prediction of the typical one
+                    ttft = statistics.median(t for t, _ in self._same)
+                    decodes = [d for _, d in self._same if d is not None]
+                    decode = statistics.median(decodes) if decodes else None
+                out = out.model_copy(update={"compared_steps": max(1, len(self._same))})
                 comparison = {
                     "prefill": _err(p.prefill_time_s, ttft, p.prefill_time_s_low, p.prefill_time_s_high),
                     "decode": _err(p.decode_time_s if n > 1 else None, decode, p.decode_time_s_low,
@@ -572,7 +596,9 @@ def _summary_tables(res: dict[str, Any]) -> list[Any]:
     tables = [pt]
     comp = res.get("comparison") or {}
     if comp:
-        ct = Table(title=f"Predicted vs measured on {res.get('measured_profile')}", show_edge=False)
+        n_same = res.get("compared_steps") or 0
+        ct = Table(title=f"Predicted vs measured on {res.get('measured_profile')}", show_edge=False,
+                   caption=(f"measured: median of the run's {n_same} steps of this shape" if n_same > 1 else None))
         level = (res.get("predictions", {}).get(res.get("measured_profile")) or {}).get("interval_level")
         heads = ["phase", "measured", "predicted", "error"]
         if level:
