@@ -361,16 +361,13 @@ class SimulationCollector(Collector):
     def perfsdk_after_generate(self, session: Any, step: Any) -> None:
         if step.warmup or step.error is not None:
             return
-        if step.kind == "generate" and len(step.token_times_ns) >= 1 and step.served is None:
+        if step.kind == "generate" and len(step.token_times_ns) >= 1:
             if self._step is None:
                 self._step = step
-            if self._shape(step) == self._shape(self._step):
+            if step.served is None and self._shape(step) == self._shape(self._step):
                 n = len(step.token_times_ns)
                 self._same.append(((step.token_times_ns[0] - step.start_ns) / 1e9,
                                    (step.token_times_ns[-1] - step.token_times_ns[0]) / 1e9 if n > 1 else None))
-            return
-        if self._step is None and step.kind == "generate" and len(step.token_times_ns) >= 1:
-            self._step = step
         elif self._forward_step is None and step.kind == "forward" and step.end_ns is not None:
             self._forward_step = step
 
@@ -488,16 +485,14 @@ class SimulationCollector(Collector):
             if forward:
                 comparison = {"forward": _err(p.forward_s, step.duration_s, p.forward_s_low, p.forward_s_high)}
             else:
-                ttft = (step.token_times_ns[0] - step.start_ns) / 1e9
                 n = len(step.token_times_ns)
-                decode = (step.token_times_ns[-1] - step.token_times_ns[0]) / 1e9 if n > 1 else None
-                if len(self._same) > 1:
-                    # the median over the run's steps of this shape: one step, often the coldest,
-                    # is a poor yardstick for a prediction of the typical one
-                    ttft = statistics.median(t for t, _ in self._same)
-                    decodes = [d for _, d in self._same if d is not None]
-                    decode = statistics.median(decodes) if decodes else None
-                out = out.model_copy(update={"compared_steps": max(1, len(self._same))})
+                # the median over the run's steps of this shape (the replayed step among them): one
+                # step, often the coldest, is a poor yardstick for a prediction of the typical one
+                same = self._same or [((step.token_times_ns[0] - step.start_ns) / 1e9,
+                                       (step.token_times_ns[-1] - step.token_times_ns[0]) / 1e9 if n > 1 else None)]
+                ttft = statistics.median(t for t, _ in same)
+                decode = statistics.median(d for _, d in same if d is not None) if n > 1 else None
+                out = out.model_copy(update={"compared_steps": len(same)})
                 comparison = {
                     "prefill": _err(p.prefill_time_s, ttft, p.prefill_time_s_low, p.prefill_time_s_high),
                     "decode": _err(p.decode_time_s if n > 1 else None, decode, p.decode_time_s_low,

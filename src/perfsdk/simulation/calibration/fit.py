@@ -561,9 +561,7 @@ def held_out_errors(result: FitResult, configs: list[ConfigurationSamples], fixe
     for m in own:
         counts[widths[m]] = counts.get(widths[m], 0) + 1
     common = max(counts, key=lambda w: counts[w])
-    groups = [[m] for m in own if widths[m] == common] if counts[common] > 1 else [[m] for m in own]
-    if len(own) < 2:
-        groups = []
+    groups = [[m] for m in own if counts[common] == 1 or widths[m] == common]
     groups += [ms for f, ms in per_family.items() if f != main]
     for group in groups:
         train = list(fixed) + [ob for c in configs if c.model not in group for ob in c.observations]
