@@ -109,8 +109,9 @@ def test_energy_report_section_is_tables(tmp_path):
     from perfsdk.energy.fake import FakeNvmlReader
     from perfsdk.testing import build_tiny_causal_lm
 
-    # +1 J per read from a counter refreshing every millisecond
-    reader = FakeNvmlReader(names=["Fake GPU"], energy_mj=[list(range(0, 1_000_000, 1000))], update_period_s=0.001)
+    # +1 J per read from a counter refreshing every 10 µs (the timed steps hold the ten updates a
+    # per-token figure needs, however fast the machine)
+    reader = FakeNvmlReader(names=["Fake GPU"], energy_mj=[list(range(0, 1_000_000, 1000))], update_period_s=1e-5)
     energy = EnergyCollector(EnergyConfig(codecarbon={"enabled": False}, sources=["nvml"]), nvml_reader=reader)
     model = build_tiny_causal_lm()
     ids = torch.tensor([[5, 6, 7, 8], [9, 10, 11, 12]])

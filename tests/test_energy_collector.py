@@ -38,8 +38,9 @@ def _generate(s: perfsdk.Session, tiny: tuple, n: int = 2, warmup: int = 1) -> N
 
 
 def test_fake_nvml_session_reports_joules_per_token_per_phase(tiny: tuple) -> None:
-    # +1 J per read, a counter refreshing every millisecond: the phases hold enough updates for their figures
-    reader = FakeNvmlReader(names=["Fake GPU"], energy_mj=[list(range(0, 1_000_000, 1000))], update_period_s=0.001)
+    # +1 J per read, a counter refreshing every 10 µs: even a fast machine's phases (a tiny model's two
+    # steps can take under 10 ms) hold the ten updates their per-token figures need
+    reader = FakeNvmlReader(names=["Fake GPU"], energy_mj=[list(range(0, 1_000_000, 1000))], update_period_s=1e-5)
     energy = EnergyCollector(EnergyConfig(codecarbon={"enabled": False}, sources=["nvml"]), nvml_reader=reader)
     util = UtilizationCollector(nvml_reader=reader)
     with perfsdk.session({"collectors": {"utilization": {"interval_s": 0.05}}}, store=None,
