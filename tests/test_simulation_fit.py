@@ -132,12 +132,12 @@ def test_cheap_configurations_are_repeated_for_a_minimum_time() -> None:
 
 
 def test_weight_rows_follow_the_stored_layout() -> None:
-    """A matrix-vector product pays the profile's cost per row of its weight as stored: the
-    output features of a linear layer ([out, in]), the input features of a Conv1D ([in, out]),
-    and once for a fused Conv1D call whose parts share those rows."""
+    """A matrix-vector product pays the profile's cost per row of its weight as stored, on top
+    of max(compute, memory): the output features of a linear layer ([out, in]), the input
+    features of a Conv1D ([in, out]), and once for a fused Conv1D call whose parts share those rows."""
     from perfsdk.models.arch import architecture_from_config
     from perfsdk.simulation.analytic import forward_ops
-    from perfsdk.simulation.costmodel import compute_time_s, weight_rows
+    from perfsdk.simulation.costmodel import compute_time_s, cost_op, memory_time_s, pack_time_s, weight_rows
     from transformers import GPT2Config, LlamaConfig
 
     prof = HardwareProfile(name="p", kind="cpu", variant="test", source="test", memory_bandwidth_gbs=10.0,
@@ -147,8 +147,10 @@ def test_weight_rows_follow_the_stored_layout() -> None:
     conv = _linear(1, 384, 1152, 0, in_out=True)
     flop_s = 2 * 384 * 1152 / 0.1e12
     assert weight_rows(lin) == 1152 and weight_rows(conv) == 384
-    assert compute_time_s(lin, prof) == pytest.approx(flop_s + 1152 * 40e-9)
-    assert compute_time_s(conv, prof) == pytest.approx(flop_s + 384 * 40e-9)
+    assert compute_time_s(lin, prof) == pytest.approx(flop_s)
+    assert pack_time_s(lin, prof) == pytest.approx(1152 * 40e-9)
+    assert pack_time_s(conv, prof) == pytest.approx(384 * 40e-9)
+    assert cost_op(lin, prof).time_s == pytest.approx(max(flop_s, memory_time_s(lin, prof)) + 1152 * 40e-9 + 0.0)
     assert weight_rows(_add(16, 0)) == 0
 
     gpt2 = architecture_from_config(GPT2Config(n_embd=64, n_layer=1, n_head=4, vocab_size=256, n_positions=64))

@@ -415,6 +415,7 @@ class OperationCapture:
         elif _is_elementwise(name, outs):
             category = "norm" if in_norm else "elementwise"
 
+        stored_rows: int | None = None  # rows of a matrix product's weight as stored
         if is_view:
             bytes_read = bytes_written = weight_bytes = 0
         elif category == "embedding":
@@ -425,10 +426,14 @@ class OperationCapture:
             bytes_read = sum(_tensor_bytes(t) for t in ins)
             weight_bytes = sum(_tensor_bytes(t) for t in weight_in)
             bytes_written = sum(_tensor_bytes(t) for t in outs)
+            share = 1.0
             if name in ("aten::_grouped_mm", "aten::_scaled_grouped_mm") and weight_bytes:
                 # experts stored as one [E, ...] tensor: the product reads the experts its rows reach
-                unread = int(weight_bytes * (1.0 - grouped_weight_share(args, kwargs)))
+                share = grouped_weight_share(args, kwargs)
+                unread = int(weight_bytes * (1.0 - share))
                 bytes_read, weight_bytes = bytes_read - unread, weight_bytes - unread
+            if category == "matmul" and weight_in:
+                stored_rows = round(share * max(stored_weight_rows(t) for t in weight_in))
         elements = sum(int(t.numel()) for t in outs) if category not in ("matmul", "attention") and not is_view else 0
         dtype_src = outs[0] if outs else (ins[0] if ins else None)
         self.records.append(
@@ -451,6 +456,7 @@ class OperationCapture:
                 context_len=self.context_len,
                 module_type=mtype,
                 time_s=elapsed_ns / 1e9 if elapsed_ns is not None else None,
+                weight_rows=stored_rows,
             )
         )
 
@@ -475,6 +481,18 @@ class OperationCapture:
             a, b = shp(1), shp(2)
             return matmul_macs(a, b)
         return 0
+
+
+def stored_weight_rows(t: torch.Tensor) -> int:
+    """Rows of a weight as stored in memory: its elements over the length of its contiguous
+    (stride-1) dimension. A linear layer's ``[out, in]`` weight has ``out`` (also when a product
+    reads it transposed), a Conv1D's ``[in, out]`` weight ``in``, experts stored ``[E, in, out]``
+    ``E * in``; a vector (a bias) has one."""
+    if t.dim() < 2:
+        return 1
+    inner = [d for d in range(t.dim()) if t.stride(d) == 1 and t.shape[d] > 1]
+    length = int(t.shape[inner[-1]]) if inner else int(t.shape[-1])
+    return int(t.numel()) // max(1, length)
 
 
 def grouped_weight_share(args: tuple[Any, ...], kwargs: dict[str, Any]) -> float:

@@ -177,8 +177,9 @@ class HardwareProfile(_Strict):
     matmul_ns_per_weight_row: float | None = Field(
         default=None, ge=0,
         description="Fixed cost of each row of a matrix product's weight as stored (the output features of a "
-                    "linear layer, the input features of a Conv1D), ns, added to its compute time: a product "
-                    "over short rows runs below the FLOP rate (CPU matrix-vector kernels). Unset: none")
+                    "linear layer, the input features of a Conv1D, experts reached x input features of a grouped "
+                    "expert product), ns, added to its time on top of max(compute, memory): a CPU "
+                    "matrix-vector kernel pays it per stored row besides streaming the bytes. Unset: none")
     matmul_pack_rows: float | None = Field(
         default=None, ge=1,
         description="P: matrix products with at least this many rows repack their weights and stream them "

@@ -6,14 +6,14 @@ For one operation on one device (profile ``P``)::
                  (softmax / activation / norm ops: elements * ns_per_element, when P gives it;
                   attention adds score elements * softmax ns_per_element; a matrix product with
                   R output rows is slowed by (R + P.matmul_half_rows) / R, small-M inefficiency
-                  (from 4 * P.matmul_pack_rows rows when that is set: small_m_applies),
-                  and one with weights adds P.matmul_ns_per_weight_row per weight row, the
-                  inefficiency of short reductions)
+                  (from 4 * P.matmul_pack_rows rows when that is set: small_m_applies))
     memory_s   = (bytes_read + bytes_written) / (P.memory_bandwidth * P.memory_efficiency)
                  (with P.cache_mb: a forward pass touching R bytes of weights + KV cache has
                   min(1, cache / R) of its bytes served at P.cache_bandwidth instead; an
                   embedding lookup touches the rows it gathers, not its table: resident_bytes)
     pack_s     = weight_bytes / P.matmul_pack_gbs  for a matrix product with >= P.matmul_pack_rows rows
+                 + stored weight rows * P.matmul_ns_per_weight_row (each row of a matrix product's
+                   weight as stored, whatever the product's own rows: weight_rows)
     time_s     = max(compute_s, memory_s) + pack_s + overhead_s
     overhead_s = P.op_overhead_s + (launches - 1) * P.launch_overhead_s
                  (launches: kernel calls the op stands for; no overhead for views and for the parts
@@ -174,8 +174,6 @@ def compute_time_s(op: OpRecord, profile: HardwareProfile, dtype: str | None = N
         rows = matmul_rows(op)
         if small_m_applies(rows, profile.matmul_pack_rows):
             t *= (rows + profile.matmul_half_rows) / rows
-    if op.category == "matmul" and profile.matmul_ns_per_weight_row and op.flops:
-        t += weight_rows(op) * profile.matmul_ns_per_weight_row * 1e-9
     if op.category == "attention" and profile.softmax_ns_per_element is not None and op.elements:
         t += op.elements * profile.softmax_ns_per_element * 1e-9
     return t
@@ -204,12 +202,19 @@ def memory_time_s(op: OpRecord, profile: HardwareProfile, resident_bytes: float 
 
 
 def pack_time_s(op: OpRecord, profile: HardwareProfile) -> float:
-    """Weight repacking and small-M streaming of a matrix product (see ``matmul_pack_rows`` and
-    :func:`pack_passes`)."""
-    if (op.category != "matmul" or not profile.matmul_pack_rows or not profile.matmul_pack_gbs
-            or not op.weight_bytes):
+    """What a matrix product's weight layout costs on top of max(compute, memory): repacking and
+    small-M streaming (see ``matmul_pack_rows`` and :func:`pack_passes`), and the fixed cost of
+    each row of its weight as stored (``matmul_ns_per_weight_row``: a CPU matrix-vector kernel
+    pays it per stored row on top of streaming the bytes, so a [1024, 512] weight costs more
+    than a [256, 2048] one of the same size)."""
+    if op.category != "matmul" or not op.weight_bytes:
         return 0.0
-    return pack_passes(matmul_rows(op), profile.matmul_pack_rows) * op.weight_bytes / (profile.matmul_pack_gbs * 1e9)
+    t = 0.0
+    if profile.matmul_pack_rows and profile.matmul_pack_gbs:
+        t += pack_passes(matmul_rows(op), profile.matmul_pack_rows) * op.weight_bytes / (profile.matmul_pack_gbs * 1e9)
+    if profile.matmul_ns_per_weight_row and op.flops:
+        t += weight_rows(op) * profile.matmul_ns_per_weight_row * 1e-9
+    return t
 
 
 def overhead_time_s(op: OpRecord, profile: HardwareProfile) -> float:

@@ -4,8 +4,8 @@ Each observation is one phase of one measured ``generate`` call: the operations 
 (from capture or the analytic generator) and the measured time (TTFT for the prefill, the
 decode time for the decode steps). The model being fitted is the simulation's own::
 
-    time = sum_i [max(flops_i * x_f + row_i * x_h + scores_i * x_sm + wrows_i * x_r,
-                      bytes_i * ((1 - f_i) * x_b + f_i * x_c)) + pack_i * x_k]
+    time = sum_i [max(flops_i * x_f + row_i * x_h + scores_i * x_sm,
+                      bytes_i * ((1 - f_i) * x_b + f_i * x_c)) + pack_i * x_k + wrows_i * x_r]
            + ops * x_o + calls * x_l + forward_passes * x_s + [prefill] * x_p
 
 or, when the ops are captured from the model's own code (every ATen call, views included),
@@ -19,8 +19,8 @@ as a linear term, so ``h`` is fitted like the rates, not picked on a grid (with 
 size ``P``, only on products of at least ``4P`` rows: below, the staircase ``pack_i`` describes
 them, and a term on their FLOPs would trade itself against it and against the memory rate); ``scores_i`` the
 softmax elements of attention (``x_sm`` per element); ``wrows_i`` the rows of a matrix
-product's weight as stored (:func:`~perfsdk.simulation.costmodel.weight_rows`), ``x_r`` each (a short reduction runs below the FLOP
-rate: matrix-vector kernels over narrow inputs); ``f_i = min(1, C / resident_i)`` the share
+product's weight as stored (:func:`~perfsdk.simulation.costmodel.weight_rows`), ``x_r`` each (a
+CPU matrix-vector kernel pays a fixed cost per stored row on top of streaming its bytes); ``f_i = min(1, C / resident_i)`` the share
 of the op's bytes served from a cache of ``C`` bytes when its forward pass touches
 ``resident_i`` bytes of weights and KV cache; ``pack_i`` the weight bytes of a matrix product
 with at least ``P`` rows (the blocked BLAS path repacks its weights); ``x_f = 1 / FLOP/s``,
@@ -145,7 +145,7 @@ class Observation:
         ``pack_rows`` rows repack their weights (a pass over them on top of max(compute,
         memory)). Attention also computes a softmax over its score elements (``x_s`` seconds
         each, the profile's ``softmax_ns_per_element``), and a matrix product with weights
-        ``x_r`` per weight row (the profile's ``matmul_ns_per_weight_row``).
+        ``x_r`` per stored weight row on top of that (the profile's ``matmul_ns_per_weight_row``).
         """
         flops = self.flops
         per_row = self.row_flops(pack_rows)
@@ -154,7 +154,7 @@ class Observation:
         if half_rows:
             flops = flops + per_row * half_rows
         f = self.cached_fraction(cache_bytes) if cache_bytes else np.zeros_like(self.bytes_)
-        compute_bound = (flops * x_f + per_row * x_h + scores * x_s + wrows * x_r
+        compute_bound = (flops * x_f + per_row * x_h + scores * x_s
                          >= self.bytes_ * (x_b * (1.0 - f) + x_c * f))
         wc = self.weights * compute_bound
         mem = self.weights * self.bytes_ * ~compute_bound
@@ -169,7 +169,7 @@ class Observation:
             self.extra_launches,
             float(np.sum(wc * per_row)),
             float(np.sum(wc * scores)),
-            float(np.sum(wc * wrows)),
+            float(np.sum(self.weights * wrows)),
             self.calls,
         ])
 
@@ -206,6 +206,8 @@ class FitResult:
     pack_rows: float = 0.0
     #: the fixed cost was fitted per ATen call (``call_overhead_s``: :func:`per_call_fit`)
     per_call: bool = False
+    #: coefficients measured directly (by micro-kernels) and held in the fit, by name
+    held: dict[str, float] = field(default_factory=dict)
     #: how far this machine's speed moved between the calibration's passes, in percent
     #: (:func:`~perfsdk.simulation.calibration.measure.pass_drift_pct`); None when not measured
     drift_pct: float | None = None
@@ -277,7 +279,7 @@ def fit(observations: list[Observation], *, fit_step_overhead: bool = True, max_
         half_rows: tuple[float, ...] | None = None,
         cache_bytes: tuple[float, ...] | None = CACHE_GRID,
         pack_rows: tuple[float, ...] | None = PACK_ROWS_GRID, robust: float | None = 0.1,
-        weight_row_term: bool = False) -> FitResult:
+        weight_row_term: bool = True, held: dict[str, float] | None = None) -> FitResult:
     """Fit the coefficients to ``observations`` (see the module docstring).
 
     ``half_rows``: ``None`` (default) fits the small-M slowdown ``h`` as a linear coefficient
@@ -285,10 +287,15 @@ def fit(observations: list[Observation], *, fit_step_overhead: bool = True, max_
     values tries each instead (``(0.0,)``: no small-M term). ``cache_bytes``: candidate cache
     sizes (0: one memory rate for all bytes); ``pack_rows``: candidate sizes from which matrix
     products repack their weights. The combination with the least relative squared error is kept.
-    ``weight_row_term``: also fit a cost per weight row (``matmul_ns_per_weight_row``). Off by
-    default: on the hosts measured, a matrix-vector product's time followed its weight bytes,
-    not its rows ([1408, 512] and [512, 1408] fp32 weights took the same 88 µs), and the term
-    traded itself against the per-op overhead and the bandwidth from one calibration to the next.
+    ``weight_row_term``: also fit a fixed cost per stored weight row (``matmul_ns_per_weight_row``),
+    on top of max(compute, memory). On by default: streamed from memory (a cycle over 96 MB of
+    copies, one thread), a one-row product with a [1024, 512] fp32 weight took 225 µs and one
+    with [256, 2048], the same 2.1 MB, 150 µs; [8192, 256] took 1120 µs and [4096, 512] 863 µs.
+    A single matrix timed over and over stays in cache and hides the difference.
+    ``held``: coefficients (by :data:`PARAMS` name) measured otherwise and kept at their value,
+    not fitted (:func:`~perfsdk.simulation.calibration.measure.fit_with_micro` measures
+    ``s_per_weight_row`` with a pair of matrix-vector products: fitted alongside the per-pass
+    and per-call costs, it trades itself against them from one calibration to the next).
     """
     if len(observations) < 3:
         raise ValueError(f"need at least 3 observations to calibrate, got {len(observations)}")
@@ -298,7 +305,7 @@ def fit(observations: list[Observation], *, fit_step_overhead: bool = True, max_
         for pr in pack_rows or (0.0,):
             for h in half_rows if half_rows is not None else (None,):
                 res = _fit_at(observations, h, c, pr, fit_step_overhead=fit_step_overhead, max_iter=max_iter,
-                              robust=robust, weight_row_term=weight_row_term)
+                              robust=robust, weight_row_term=weight_row_term, held=held)
                 k = res.coefficients
                 if c and not 0 < k["s_per_cached_byte"] <= k["s_per_byte"]:
                     # a cache that serves bytes for free, or slower than memory, is not a cache
@@ -322,9 +329,9 @@ def _loss(rel_errors: np.ndarray, robust: float | None) -> float:
 
 def _fit_at(observations: list[Observation], h: float | None, c: float = 0.0, pr: float = 0.0, *,
             fit_step_overhead: bool, max_iter: int, robust: float | None = None,
-            weight_row_term: bool = True) -> FitResult:
+            weight_row_term: bool = True, held: dict[str, float] | None = None) -> FitResult:
     """Fit the linear coefficients at cache size ``c`` and repacking size ``pr``; the small-M
-    parameter is fitted (``h`` None) or fixed at ``h``."""
+    parameter is fitted (``h`` None) or fixed at ``h``; ``held`` coefficients keep their value."""
     if len(observations) < 3:
         raise ValueError(f"need at least 3 observations to calibrate, got {len(observations)}")
     free = [0, 1, 3, 4, 9] if fit_step_overhead else [0, 1, 4, 9]
@@ -337,6 +344,12 @@ def _fit_at(observations: list[Observation], h: float | None, c: float = 0.0, pr
         free.append(6)
     if h is None:
         free.append(8)
+    held = dict(held or {})
+    held_at = {PARAMS.index(k): v for k, v in held.items()}
+    free = [j for j in free if j not in held_at]
+    hv = np.zeros(len(PARAMS))
+    for j, v in held_at.items():
+        hv[j] = v
     hf = h or 0.0
     # start from an additive model: every op both compute- and memory-costed
     a0 = np.array([[np.sum(o.weights * (o.flops + hf * o.row_flops(pr))),
@@ -356,7 +369,8 @@ def _fit_at(observations: list[Observation], h: float | None, c: float = 0.0, pr
     b = np.array([o.measured_s for o in observations])
     scale = 1.0 / b
     col = np.maximum(np.abs(a0).max(axis=0), 1e-30)  # column scaling for conditioning
-    x = _nnls(a0 * scale[:, None] / col, b * scale, free) / col
+    # the held coefficients' share of each time is known: the free ones fit the rest
+    x = _nnls(a0 * scale[:, None] / col, (b - a0 @ hv) * scale, free) / col + hv
     labels: list[Any] = []
     it = 0
     w = np.ones_like(b)
@@ -366,7 +380,7 @@ def _fit_at(observations: list[Observation], h: float | None, c: float = 0.0, pr
         a = np.array([o.features(xf, xb, hf, c, x[5], pr, x[8], x[9], x[10]) for o in observations])
         new_labels = [tuple(row[:2].tolist()) for row in a]
         col = np.maximum(np.abs(a).max(axis=0), 1e-30)
-        x = _nnls(a * (scale * w)[:, None] / col, b * scale * w, free) / col
+        x = _nnls(a * (scale * w)[:, None] / col, (b - a @ hv) * scale * w, free) / col + hv
         new_w = w
         if robust:
             # Huber weights on the relative error: an observation the model misses by more than
@@ -386,7 +400,8 @@ def _fit_at(observations: list[Observation], h: float | None, c: float = 0.0, pr
                      observations=len(observations),
                      fixed=([] if fit_step_overhead else ["step_overhead_s"])
                      + ([] if weight_row_term else ["s_per_weight_row"]),
-                     matmul_half_rows=h_fit, cache_bytes=c, pack_rows=pr, per_call=per_call_fit(observations))
+                     matmul_half_rows=h_fit, cache_bytes=c, pack_rows=pr, per_call=per_call_fit(observations),
+                     held=held)
 
 
 def profile_from_fit(result: FitResult, *, name: str = "host-calibrated", base: HardwareProfile | None = None,
@@ -500,7 +515,8 @@ def _refit(result: FitResult, observations: list[Observation], *, fit_step_overh
     """The coefficients (in :data:`PARAMS` order) fitted to ``observations`` at ``result``'s
     cache and repacking sizes, the small-M term fitted as in ``result``."""
     res = _fit_at(observations, None, result.cache_bytes, result.pack_rows, fit_step_overhead=fit_step_overhead,
-                  max_iter=30, robust=robust, weight_row_term="s_per_weight_row" not in result.fixed)
+                  max_iter=30, robust=robust, weight_row_term="s_per_weight_row" not in result.fixed,
+                  held=result.held)
     return np.array([res.coefficients[p] for p in PARAMS])
 
 

@@ -159,7 +159,7 @@ def calibrate_from_store(store_dir: str, run_ids: list[str] | None = None, *,
     if len(obs) < 3:
         raise ValueError(f"{store_dir}: {len(obs)} usable measured phases in {len(ids)} run(s); at least 3 needed "
                          f"(skipped: {'; '.join(skipped) or 'none'})")
-    result = fit(obs, fit_step_overhead=fit_step_overhead)
+    result = fit(obs, fit_step_overhead=fit_step_overhead, weight_row_term=False)
     # the device of the runs (one device; a dtype picks the unidentified FLOP/s: the first run's)
     result.machine = next(iter(machines))
     # each stored configuration is one measurement: the bootstrap draws configurations only

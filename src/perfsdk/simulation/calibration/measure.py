@@ -305,6 +305,7 @@ def micro_observations(repeats: int = 7, clock: str = "wall", estimator: str = "
 
     t_calls = best(chain)
     one = np.ones(1)
+    pair = [_streamed_matvec(shape, best) for shape in MATVEC_PAIR]
     return [
         Observation("micro matmul 1024^3 fp32", "micro", t_mm, np.array([2.0 * n**3]), np.array([3.0 * n * n * 4]),
                     one, 0.0, np.array([float(n)])),
@@ -312,7 +313,50 @@ def micro_observations(repeats: int = 7, clock: str = "wall", estimator: str = "
                     np.array([np.inf])),
         Observation(f"micro {calls} kernel calls", "micro", t_calls, np.zeros(1), np.zeros(1), np.zeros(1), 0.0,
                     np.array([np.inf]), ops=0.0, extra_launches=float(calls)),
+        *pair,
     ]
+
+
+#: Two fp32 linear-layer weights of the same 8 MiB, one of many short rows, one of few long ones:
+#: a one-row product over each differs only in the number of rows it runs over (its bytes, FLOPs
+#: and calls are the same), which measures the fixed cost per stored row (:func:`weight_row_cost`).
+MATVEC_PAIR = ((8192, 256), (512, 4096))
+
+
+def _streamed_matvec(shape: tuple[int, int], best: Any, stream_bytes: float = 96e6) -> Observation:
+    """A one-row linear product over a ``shape`` ([out, in]) fp32 weight, timed over a cycle of
+    copies of ``stream_bytes`` in all so that the weights come from memory, as a model's do; the
+    time of one product."""
+    import torch
+
+    n, k = shape
+    copies = max(2, int(stream_bytes // (n * k * 4)))
+    ws = [torch.randn(n, k) for _ in range(copies)]
+    x = torch.randn(1, k)
+    linear = torch.nn.functional.linear
+
+    def cycle() -> None:
+        for w in ws:
+            linear(x, w)
+
+    t = best(cycle) / copies
+    nbytes = float(n * k * 4)
+    return Observation(f"micro matrix-vector [{n}, {k}] fp32, streamed", "micro", t, np.array([2.0 * n * k]),
+                       np.array([nbytes + 4.0 * (n + k)]), np.ones(1), 0.0, np.array([1.0]),
+                       resident=np.array([stream_bytes]), weight_bytes=np.array([nbytes]),
+                       weight_rows=np.array([float(n)]), calls=1.0)
+
+
+def weight_row_cost(micro: list[Observation]) -> float | None:
+    """Seconds per stored weight row, from the pair of streamed matrix-vector products among
+    ``micro`` (:data:`MATVEC_PAIR`): the difference of their times over the difference of their
+    rows (None when the pair is missing; 0 when the narrow rows were not the slower)."""
+    pair = [ob for ob in micro if ob.weight_rows is not None and np.any(ob.weight_rows)]
+    if len(pair) != 2:
+        return None
+    a, b = sorted(pair, key=lambda ob: -float(np.sum(ob.weight_rows)))  # type: ignore[arg-type]
+    rows = float(np.sum(a.weight_rows) - np.sum(b.weight_rows))  # type: ignore[arg-type]
+    return max(0.0, (a.measured_s - b.measured_s) / rows) if rows > 0 else None
 
 
 DEFAULT_CALIBRATION_GRID = [(1, 16, 16), (1, 128, 16), (4, 32, 16), (8, 128, 8), (2, 256, 8)]
@@ -516,6 +560,12 @@ def fit_with_micro(micro: list[Observation], measured: list[Observation],
     only when the fit without it leaves the memory rate unidentified (see
     :func:`micro_observations`). Returns the fit and the micro-kernels it used (what the
     bootstrap and the held-out refits keep in every fit)."""
+    row_s = weight_row_cost(micro)
+    if row_s is not None:
+        # measured by the pair, held in every fit; the pair itself stays out (its weights stream
+        # at the rate of one long cycle, which a model's matrices do not reach)
+        fit_kw.setdefault("held", {"s_per_weight_row": row_s})
+        micro = [ob for ob in micro if ob.weight_rows is None or not np.any(ob.weight_rows)]
     fixed = [ob for ob in micro if not _streams_only(ob)]
     result = fit(fixed + measured, **fit_kw)
     if not result.coefficients["s_per_byte"] > 0 and len(fixed) < len(micro):
