@@ -134,8 +134,15 @@ def test_calibrate_command_writes_profile(tmp_path: Path, monkeypatch: pytest.Mo
     assert re.search(r"uncertainty: 40 bootstrap refits over configurations and passes; 4 configurations predicted "
                      r"with their model \(another family: all of it\) left out of the fit, median \|error\| \d+\.\d %; "
                      r"\d+ reference timings", r.stderr)
+    # the cost per stored weight row is measured by the micro-kernel pair, said, and held in the profile
+    row = re.search(r"measured, not fitted: (\d+\.\d) ns per stored weight row", r.stderr)
+    assert row is not None, r.stderr
+    assert (d["matmul_ns_per_weight_row"] or 0.0) == pytest.approx(float(row.group(1)), abs=0.051)
     cal = d["calibration"]
     assert len(cal["replicates"]) == 40 and len(cal["held_out"]) == 4
+    # every bootstrap refit kept it
+    at = cal["params"].index("s_per_weight_row")
+    assert {r[at] for r in cal["replicates"]} == {cal["coefficients"][at]}
     assert cal["reference"] == "builtin:tiny-llama-medium@layers=2 batch 1 in 16 out 8" and cal["reference_s"] > 0
     # two models x two shapes in three passes: a machine level around each of the 12 measurements
     assert len(cal["levels"]) == 12 and cal["normalised_drift_pct"] is not None

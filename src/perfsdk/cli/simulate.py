@@ -317,6 +317,14 @@ def _warn_drift(drift_pct: float | None, normalised_pct: float | None = None, *,
     click.echo(msg, err=True)
 
 
+def _say_held(result: Any) -> None:
+    """The coefficients the micro-kernels measured and the fit kept as they were."""
+    row = result.held.get("s_per_weight_row")
+    if row is not None:
+        click.echo(f"measured, not fitted: {row * 1e9:.1f} ns per stored weight row (two one-row products over "
+                   "weights of the same bytes, streamed from memory)", err=True)
+
+
 def _say_uncertainty(result: Any) -> None:
     """What the calibration keeps for the intervals of its predictions."""
     if not result.replicates and not result.held_out:
@@ -376,6 +384,7 @@ def calibrate_command(models: tuple[str, ...], repeats: int, passes: int, min_ti
                                        passes=passes, min_time_s=min_time)
             note = f"Models: {', '.join(models)}."
             _warn_drift(result.drift_pct, result.normalised_drift_pct, isolated=threads == 1)
+            _say_held(result)
             _say_uncertainty(result)
         profile = profile_from_fit(result, name=name, note=note)
     except ValueError as exc:
@@ -393,6 +402,7 @@ def calibrate_command(models: tuple[str, ...], repeats: int, passes: int, min_ti
                                "normalised_drift_pct": result.normalised_drift_pct,
                                "reference": result.reference, "reference_s": result.reference_s,
                                "fixed_cost": "per ATen call" if result.per_call else "per operation",
+                               "measured_not_fitted": result.held,
                                "bootstrap_refits": len(result.replicates), "held_out": result.held_out,
                                "observations": result.observations}, indent=2))
     elif not output:

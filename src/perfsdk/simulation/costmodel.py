@@ -104,14 +104,16 @@ def pack_passes(rows: Any, pack_rows: float) -> Any:
     passes in all beyond the first, up to ``4 P`` rows; from there the blocked kernel keeps them
     in cache and only the repacking pass remains. (On a 2-core x86 host with PyTorch's CPU BLAS a
     [1408, 512] fp32 product takes 88 µs at 1–3 rows, 166 at 4, 249 at 7, 339 at 12, 419 at 15 and
-    304 at 16: P = 4.)
+    304 at 16: P = 4.) With P = 1 a product of 2 or 3 rows streams its weights once per row
+    and one of 4 rows or more repacks them once: one-row products never repack.
     """
     import numpy as np
 
     if not pack_rows:
         return np.zeros_like(rows, dtype=float) if isinstance(rows, np.ndarray) else 0.0
     r = np.asarray(rows, dtype=float)
-    out = np.where(r < pack_rows, 0.0, np.where(r < 4 * pack_rows, np.ceil(r / pack_rows), 1.0))
+    # a one-row product is a matrix-vector product: it never repacks, whatever P
+    out = np.where(r < max(pack_rows, 2.0), 0.0, np.where(r < 4 * pack_rows, np.ceil(r / pack_rows), 1.0))
     return out if isinstance(rows, np.ndarray) else float(out)
 
 

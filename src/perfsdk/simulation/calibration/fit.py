@@ -255,7 +255,7 @@ def _nnls(a: np.ndarray, b: np.ndarray, free: list[int]) -> np.ndarray:
 #: ``h`` is a fitted coefficient, not a grid choice.
 HALF_ROWS_GRID = (0.0, 1.0, 2.0, 4.0, 8.0, 12.0, 16.0, 24.0, 32.0, 48.0, 64.0)
 CACHE_GRID = (0.0, 4e6, 8e6, 16e6, 32e6, 64e6, 128e6)
-PACK_ROWS_GRID = (0.0, 2.0, 3.0, 4.0, 8.0)
+PACK_ROWS_GRID = (0.0, 1.0, 2.0, 3.0, 4.0, 8.0)
 
 
 def cached_fraction(resident: np.ndarray, cache_bytes: float) -> np.ndarray:

@@ -1,0 +1,118 @@
+"""The fixed cost per stored weight row: what a captured matrix product states as its weight's
+rows (from the weight's layout, experts reached included), the pair of streamed matrix-vector
+products that measures the cost, and the fit that holds it instead of fitting it."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from perfsdk.capture.recorder import OperationCapture, stored_weight_rows
+from perfsdk.simulation.calibration import Observation, fit, profile_from_fit
+from perfsdk.simulation.calibration.fit import PARAMS
+from perfsdk.simulation.calibration.measure import MATVEC_PAIR, fit_with_micro, weight_row_cost
+from perfsdk.simulation.costmodel import cost_op, weight_rows
+
+from tests.test_simulation_fit import TRUTH, _observations
+
+transformers = pytest.importorskip("transformers")
+
+
+def test_stored_rows_follow_the_layout_not_the_view() -> None:
+    w = torch.empty(80, 48)  # a linear layer's [out, in]
+    assert stored_weight_rows(w) == 80
+    assert stored_weight_rows(w.t()) == 80  # read transposed, still 80 rows of 48 in memory
+    assert stored_weight_rows(torch.empty(48, 80)) == 48  # a Conv1D's [in, out]
+    assert stored_weight_rows(torch.empty(4, 256, 1024)) == 4 * 256  # experts [E, in, out]
+    assert stored_weight_rows(torch.empty(80)) == 1
+
+
+class _Three(torch.nn.Module):
+    """A linear layer, a Conv1D and a grouped expert product over 4 experts."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        from transformers.pytorch_utils import Conv1D
+
+        self.lin = torch.nn.Linear(48, 80, bias=False)
+        self.conv = Conv1D(80, 48)  # weight [48, 80]
+        self.experts = torch.nn.Parameter(torch.randn(4, 48, 32))
+
+    def forward(self, x: torch.Tensor, offs: torch.Tensor) -> torch.Tensor:
+        a = self.lin(x)
+        b = self.conv(x)
+        c = torch._grouped_mm(x, self.experts, offs=offs)
+        return a.sum() + b.sum() + c.sum()
+
+
+def test_captured_products_state_their_stored_rows() -> None:
+    model = _Three()
+    x = torch.randn(6, 48)
+    # rows 0-2 to expert 0, 3-5 to expert 2: two of the four experts reached
+    offs = torch.tensor([3, 3, 6, 6], dtype=torch.int32)
+    with torch.inference_mode(), OperationCapture(model) as cap:
+        model(x, offs)
+    mm = {o.module_path or o.op: o for o in cap.records if o.category == "matmul"}
+    by_op = {o.op: o for o in mm.values()}
+    assert by_op["aten.linear"].weight_rows == 80
+    conv = next(o for o in mm.values() if o.op in ("aten.addmm", "aten.mm"))
+    assert conv.weight_rows == 48
+    grouped = by_op["aten._grouped_mm"]
+    assert grouped.weight_rows == 2 * 48  # the experts its rows reach, 48 stored rows each
+    assert grouped.weight_bytes == 2 * 48 * 32 * 4
+    assert weight_rows(grouped) == 96
+    # and only matrix products with a weight state any
+    assert all(o.weight_rows is None for o in cap.records if o.category != "matmul")
+
+
+def _matvec(n: int, k: int, seconds: float) -> Observation:
+    nbytes = float(n * k * 4)
+    return Observation(f"micro matrix-vector [{n}, {k}]", "micro", seconds, np.array([2.0 * n * k]),
+                       np.array([nbytes]), np.ones(1), 0.0, np.array([1.0]), resident=np.array([96e6]),
+                       weight_bytes=np.array([nbytes]), weight_rows=np.array([float(n)]), calls=1.0)
+
+
+def test_the_pair_measures_the_cost_per_row() -> None:
+    (n1, k1), (n2, k2) = MATVEC_PAIR
+    assert n1 * k1 == n2 * k2 and n1 > n2  # the same bytes, different rows
+    pair = [_matvec(n1, k1, 1050e-6), _matvec(n2, k2, 450e-6)]
+    assert weight_row_cost(pair) == pytest.approx(600e-6 / (n1 - n2))
+    assert weight_row_cost(pair[::-1]) == pytest.approx(600e-6 / (n1 - n2))  # order does not matter
+    # the narrow rows not slower: no cost per row, never a negative one
+    assert weight_row_cost([_matvec(n1, k1, 400e-6), _matvec(n2, k2, 450e-6)]) == 0.0
+    assert weight_row_cost(pair[:1]) is None
+
+
+def test_a_held_coefficient_keeps_its_value_and_the_others_are_recovered() -> None:
+    obs, _ = _observations(np.random.default_rng(5))
+    res = fit(obs, cache_bytes=(0.0,), pack_rows=(0.0,), held={"s_per_weight_row": TRUTH["s_per_weight_row"]})
+    assert res.held == {"s_per_weight_row": TRUTH["s_per_weight_row"]}
+    for name in ("s_per_flop", "s_per_byte", "op_overhead_s", "step_overhead_s", "s_per_score",
+                 "s_per_weight_row"):
+        assert res.coefficients[name] == pytest.approx(TRUTH[name], rel=1e-6), name
+    # held at a wrong value it stays there, and the fit no longer matches exactly
+    wrong = fit(obs, cache_bytes=(0.0,), pack_rows=(0.0,), held={"s_per_weight_row": 3 * TRUTH["s_per_weight_row"]})
+    assert wrong.coefficients["s_per_weight_row"] == 3 * TRUTH["s_per_weight_row"]
+    assert max(abs(e) for e in wrong.errors_pct.values()) > 1e-3
+    prof = profile_from_fit(res, name="held")
+    assert prof.matmul_ns_per_weight_row == pytest.approx(TRUTH["s_per_weight_row"] * 1e9)
+
+
+def test_fit_with_micro_holds_the_pairs_cost_and_leaves_the_pair_out() -> None:
+    obs, lists = _observations(np.random.default_rng(11))
+    (n1, k1), (n2, k2) = MATVEC_PAIR
+    row = TRUTH["s_per_weight_row"]
+    # the pair's own bytes stream faster than a model's: only their difference is used
+    pair = [_matvec(n1, k1, 300e-6 + n1 * row), _matvec(n2, k2, 300e-6 + n2 * row)]
+    res, kept = fit_with_micro(pair, obs, cache_bytes=(0.0,), pack_rows=(0.0,))
+    assert res.held["s_per_weight_row"] == pytest.approx(row)
+    assert res.coefficients["s_per_weight_row"] == pytest.approx(row)
+    assert kept == []  # the pair is not fitted as observations
+    assert res.coefficients["s_per_byte"] == pytest.approx(TRUTH["s_per_byte"], rel=1e-6)
+    # the profile costs an op's rows on top of max(compute, memory), as the fit did
+    prof = profile_from_fit(res, name="fitted")
+    for o, ops in zip(obs[:4], lists[:4]):
+        simulated = sum(cost_op(op, prof).time_s for op in ops) + prof.step_overhead_s
+        assert simulated == pytest.approx(o.measured_s, rel=1e-6)
+    assert PARAMS.index("s_per_weight_row") == 10
