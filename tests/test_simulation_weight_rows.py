@@ -116,3 +116,47 @@ def test_fit_with_micro_holds_the_pairs_cost_and_leaves_the_pair_out() -> None:
         simulated = sum(cost_op(op, prof).time_s for op in ops) + prof.step_overhead_s
         assert simulated == pytest.approx(o.measured_s, rel=1e-6)
     assert PARAMS.index("s_per_weight_row") == 10
+
+
+def test_the_repacking_staircase_at_one_row_per_block() -> None:
+    """With P = 1 a product of 2 or 3 rows streams its weights once per row and one of 4 rows or
+    more repacks them once; a one-row product never repacks, at any P."""
+    from perfsdk.simulation.calibration.fit import PACK_ROWS_GRID
+    from perfsdk.simulation.costmodel import pack_passes
+
+    assert 1.0 in PACK_ROWS_GRID
+    assert [pack_passes(r, 1.0) for r in (1, 2, 3, 4, 8, 64)] == [0.0, 2.0, 3.0, 1.0, 1.0, 1.0]
+    assert [pack_passes(r, 2.0) for r in (1, 2, 3, 4, 7, 8)] == [0.0, 1.0, 2.0, 2.0, 4.0, 1.0]
+    assert list(pack_passes(np.array([1.0, 2.0, 5.0]), 1.0)) == [0.0, 2.0, 1.0]
+    assert pack_passes(3, 0.0) == 0.0
+
+
+def _step(rows: int, seconds: float) -> Observation:
+    from perfsdk.simulation.calibration.measure import _STAIRCASE
+
+    return Observation(f"{_STAIRCASE}: {rows} rows", "micro", seconds, np.zeros(1), np.zeros(1), np.ones(1), 0.0,
+                       np.array([float(rows)]))
+
+
+def test_the_staircase_micro_kernels_choose_the_repacking_size_and_the_fit_holds_it() -> None:
+    from perfsdk.simulation.calibration.fit import PACK_ROWS_GRID
+    from perfsdk.simulation.calibration.measure import STAIRCASE_ROWS, repacking_rows
+
+    assert STAIRCASE_ROWS == (1, 2, 3, 4, 8)
+    # measured on a 2-core x86 host, one thread, a [4096, 512] fp32 weight streamed (µs): 2 and 3
+    # rows stream it about once more per row, 4 and 8 rows repack it once: P = 1
+    one = [_step(r, t * 1e-6) for r, t in zip(STAIRCASE_ROWS, (851, 1596, 1975, 1192, 1378))]
+    assert repacking_rows(one, PACK_ROWS_GRID) == 1.0
+    # a kernel that streams once more per block of two rows up to 7 rows: P = 2
+    two = [_step(r, (500 + 400 * n) * 1e-6) for r, n in zip(STAIRCASE_ROWS, (0, 1, 2, 2, 1))]
+    assert repacking_rows(two, PACK_ROWS_GRID) == 2.0
+    # no staircase at all: P = 0
+    flat = [_step(r, 500e-6) for r in STAIRCASE_ROWS]
+    assert repacking_rows(flat, PACK_ROWS_GRID) == 0.0
+    assert repacking_rows(one[1:], PACK_ROWS_GRID) is None  # no one-row product to compare with
+    # the fit keeps the measured size and leaves the staircase out of the observations
+    obs, _ = _observations(np.random.default_rng(2))
+    res, kept = fit_with_micro(one, obs, cache_bytes=(0.0,))
+    assert res.pack_rows == 1.0 and kept == []
+    res2, _ = fit_with_micro(two, obs, cache_bytes=(0.0,))
+    assert res2.pack_rows == 2.0

@@ -306,6 +306,7 @@ def micro_observations(repeats: int = 7, clock: str = "wall", estimator: str = "
     t_calls = best(chain)
     one = np.ones(1)
     pair = [_streamed_matvec(shape, best) for shape in MATVEC_PAIR]
+    staircase = [_streamed_matvec(STAIRCASE_WEIGHT, best, rows=r) for r in STAIRCASE_ROWS]
     return [
         Observation("micro matmul 1024^3 fp32", "micro", t_mm, np.array([2.0 * n**3]), np.array([3.0 * n * n * 4]),
                     one, 0.0, np.array([float(n)])),
@@ -314,6 +315,7 @@ def micro_observations(repeats: int = 7, clock: str = "wall", estimator: str = "
         Observation(f"micro {calls} kernel calls", "micro", t_calls, np.zeros(1), np.zeros(1), np.zeros(1), 0.0,
                     np.array([np.inf]), ops=0.0, extra_launches=float(calls)),
         *pair,
+        *staircase,
     ]
 
 
@@ -323,16 +325,24 @@ def micro_observations(repeats: int = 7, clock: str = "wall", estimator: str = "
 MATVEC_PAIR = ((8192, 256), (512, 4096))
 
 
-def _streamed_matvec(shape: tuple[int, int], best: Any, stream_bytes: float = 96e6) -> Observation:
+#: The weight and the row counts of the repacking staircase (:func:`repacking_rows`).
+STAIRCASE_WEIGHT = (4096, 512)
+STAIRCASE_ROWS = (1, 2, 3, 4, 8)
+_STAIRCASE = "micro staircase"
+
+
+def _streamed_matvec(shape: tuple[int, int], best: Any, stream_bytes: float = 96e6, rows: int | None = None
+                     ) -> Observation:
     """A one-row linear product over a ``shape`` ([out, in]) fp32 weight, timed over a cycle of
     copies of ``stream_bytes`` in all so that the weights come from memory, as a model's do; the
-    time of one product."""
+    time of one product. With ``rows``, a product of that many rows, labelled as a step of the
+    repacking staircase."""
     import torch
 
     n, k = shape
     copies = max(2, int(stream_bytes // (n * k * 4)))
     ws = [torch.randn(n, k) for _ in range(copies)]
-    x = torch.randn(1, k)
+    x = torch.randn(rows or 1, k)
     linear = torch.nn.functional.linear
 
     def cycle() -> None:
@@ -341,10 +351,41 @@ def _streamed_matvec(shape: tuple[int, int], best: Any, stream_bytes: float = 96
 
     t = best(cycle) / copies
     nbytes = float(n * k * 4)
+    if rows is not None:
+        r = float(rows)
+        return Observation(f"{_STAIRCASE}: {rows} rows over [{n}, {k}] fp32, streamed", "micro", t,
+                           np.array([2.0 * r * n * k]), np.array([nbytes + 4.0 * r * (n + k)]), np.ones(1), 0.0,
+                           np.array([r]), resident=np.array([stream_bytes]), weight_bytes=np.array([nbytes]),
+                           calls=1.0)
     return Observation(f"micro matrix-vector [{n}, {k}] fp32, streamed", "micro", t, np.array([2.0 * n * k]),
                        np.array([nbytes + 4.0 * (n + k)]), np.ones(1), 0.0, np.array([1.0]),
                        resident=np.array([stream_bytes]), weight_bytes=np.array([nbytes]),
                        weight_rows=np.array([float(n)]), calls=1.0)
+
+
+def repacking_rows(micro: list[Observation], grid: tuple[float, ...]) -> float | None:
+    """The repacking size P of :func:`~perfsdk.simulation.costmodel.pack_passes` that the
+    staircase among ``micro`` follows best (None when it is missing): products of 1, 2, 3, 4 and 8
+    rows over the same streamed weights, whose extra time over the one-row product is, for each P
+    of ``grid``, fitted as (extra passes at P) x one rate; the P with the least relative squared
+    residual wins (P = 0, no repacking, leaves every extra time unexplained)."""
+    from perfsdk.simulation.costmodel import pack_passes
+
+    steps = sorted((ob for ob in micro if ob.label.startswith(_STAIRCASE)),
+                   key=lambda ob: float(ob.rows[0]))  # type: ignore[index]
+    if len(steps) < 3 or float(steps[0].rows[0]) != 1.0:  # type: ignore[index]
+        return None
+    rows = np.array([float(ob.rows[0]) for ob in steps[1:]])  # type: ignore[index]
+    extra = np.array([ob.measured_s - steps[0].measured_s for ob in steps[1:]])
+    scale = float(np.sum(extra * extra)) or 1.0
+    best_p, best_res = None, float("inf")
+    for p in grid:
+        n = np.asarray(pack_passes(rows, p), dtype=float)
+        rate = float(np.sum(n * extra) / np.sum(n * n)) if np.any(n) else 0.0
+        res = float(np.sum((extra - max(rate, 0.0) * n) ** 2)) / scale
+        if res < best_res - 1e-12:
+            best_p, best_res = p, res
+    return best_p
 
 
 def weight_row_cost(micro: list[Observation]) -> float | None:
@@ -560,6 +601,14 @@ def fit_with_micro(micro: list[Observation], measured: list[Observation],
     only when the fit without it leaves the memory rate unidentified (see
     :func:`micro_observations`). Returns the fit and the micro-kernels it used (what the
     bootstrap and the held-out refits keep in every fit)."""
+    from perfsdk.simulation.calibration.fit import PACK_ROWS_GRID
+
+    pack = repacking_rows(micro, tuple(fit_kw.get("pack_rows") or PACK_ROWS_GRID))
+    if pack is not None:
+        # measured by the staircase and held: chosen on the grid by the models' fit, it flipped
+        # between 1 and 2 from one calibration to the next
+        fit_kw["pack_rows"] = (pack,)
+    micro = [ob for ob in micro if not ob.label.startswith(_STAIRCASE)]
     row_s = weight_row_cost(micro)
     if row_s is not None:
         # measured by the pair, held in every fit; the pair itself stays out (its weights stream
