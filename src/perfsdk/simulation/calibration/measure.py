@@ -264,9 +264,11 @@ def captured_observations_for(config: Any, m: Measurement) -> list[Observation]:
 
 
 def micro_observations(repeats: int = 7, clock: str = "wall", estimator: str = "min") -> list[Observation]:
-    """Three micro-kernels that anchor the rates: a large fp32 matmul (compute), a large
-    elementwise add (memory) and a chain of kernels on tiny tensors (the cost of one kernel
-    call), timed with torch on the current thread setting.
+    """Micro-kernels that anchor the rates: a large fp32 matmul (compute), a large elementwise
+    add (memory), a chain of kernels on tiny tensors (the cost of one kernel call), a pair of
+    streamed one-row products that differ only in their weights' rows (the cost per stored row:
+    :func:`weight_row_cost`) and a staircase of streamed products of 1-8 rows (the repacking
+    size: :func:`repacking_rows`), timed with torch on the current thread setting.
 
     :func:`calibrate_here` fits the add only when the measured models leave the memory rate
     unidentified (every one of them in cache): one long stream reaches a bandwidth that a
