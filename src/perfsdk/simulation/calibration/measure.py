@@ -307,8 +307,8 @@ def micro_observations(repeats: int = 7, clock: str = "wall", estimator: str = "
 
     t_calls = best(chain)
     one = np.ones(1)
-    pair = [_streamed_matvec(shape, best) for shape in MATVEC_PAIR]
-    staircase = [_streamed_matvec(STAIRCASE_WEIGHT, best, rows=r) for r in STAIRCASE_ROWS]
+    pair = [ob for shape in MATVEC_PAIR for ob in _streamed_products(shape, best, (1,), label=_PAIR)]
+    staircase = _streamed_products(STAIRCASE_WEIGHT, best, STAIRCASE_ROWS, label=_STAIRCASE)
     return [
         Observation("micro matmul 1024^3 fp32", "micro", t_mm, np.array([2.0 * n**3]), np.array([3.0 * n * n * 4]),
                     one, 0.0, np.array([float(n)])),
@@ -331,38 +331,36 @@ MATVEC_PAIR = ((8192, 256), (512, 4096))
 STAIRCASE_WEIGHT = (4096, 512)
 STAIRCASE_ROWS = (1, 2, 3, 4, 8)
 _STAIRCASE = "micro staircase"
+_PAIR = "micro matrix-vector"
 
 
-def _streamed_matvec(shape: tuple[int, int], best: Any, stream_bytes: float = 96e6, rows: int | None = None
-                     ) -> Observation:
-    """A one-row linear product over a ``shape`` ([out, in]) fp32 weight, timed over a cycle of
-    copies of ``stream_bytes`` in all so that the weights come from memory, as a model's do; the
-    time of one product. With ``rows``, a product of that many rows, labelled as a step of the
-    repacking staircase."""
+def _streamed_products(shape: tuple[int, int], best: Any, rows: tuple[int, ...], *, label: str,
+                       stream_bytes: float = 96e6) -> list[Observation]:
+    """Linear products of each of ``rows`` rows over a ``shape`` ([out, in]) fp32 weight, each
+    timed over one cycle of copies of ``stream_bytes`` in all so that the weights come from
+    memory, as a model's do; the time of one product. The pair's products (``label`` ``_PAIR``)
+    state their weight's stored rows, which :func:`weight_row_cost` reads."""
     import torch
 
     n, k = shape
     copies = max(2, int(stream_bytes // (n * k * 4)))
     ws = [torch.randn(n, k) for _ in range(copies)]
-    x = torch.randn(rows or 1, k)
     linear = torch.nn.functional.linear
-
-    def cycle() -> None:
-        for w in ws:
-            linear(x, w)
-
-    t = best(cycle) / copies
     nbytes = float(n * k * 4)
-    if rows is not None:
-        r = float(rows)
-        return Observation(f"{_STAIRCASE}: {rows} rows over [{n}, {k}] fp32, streamed", "micro", t,
-                           np.array([2.0 * r * n * k]), np.array([nbytes + 4.0 * r * (n + k)]), np.ones(1), 0.0,
-                           np.array([r]), resident=np.array([stream_bytes]), weight_bytes=np.array([nbytes]),
-                           calls=1.0)
-    return Observation(f"micro matrix-vector [{n}, {k}] fp32, streamed", "micro", t, np.array([2.0 * n * k]),
-                       np.array([nbytes + 4.0 * (n + k)]), np.ones(1), 0.0, np.array([1.0]),
-                       resident=np.array([stream_bytes]), weight_bytes=np.array([nbytes]),
-                       weight_rows=np.array([float(n)]), calls=1.0)
+    out = []
+    for r in rows:
+        x = torch.randn(r, k)
+
+        def cycle(x: Any = x) -> None:
+            for w in ws:
+                linear(x, w)
+
+        out.append(Observation(f"{label}: {r} rows over [{n}, {k}] fp32, streamed", "micro", best(cycle) / copies,
+                               np.array([2.0 * r * n * k]), np.array([nbytes + 4.0 * r * (n + k)]), np.ones(1), 0.0,
+                               np.array([float(r)]), resident=np.array([stream_bytes]),
+                               weight_bytes=np.array([nbytes]),
+                               weight_rows=np.array([float(n)]) if label == _PAIR else None, calls=1.0))
+    return out
 
 
 def repacking_rows(micro: list[Observation], grid: tuple[float, ...]) -> float | None:
@@ -394,7 +392,7 @@ def weight_row_cost(micro: list[Observation]) -> float | None:
     """Seconds per stored weight row, from the pair of streamed matrix-vector products among
     ``micro`` (:data:`MATVEC_PAIR`): the difference of their times over the difference of their
     rows (None when the pair is missing; 0 when the narrow rows were not the slower)."""
-    pair = [ob for ob in micro if ob.weight_rows is not None and np.any(ob.weight_rows)]
+    pair = [ob for ob in micro if ob.label.startswith(_PAIR)]
     if len(pair) != 2:
         return None
     a, b = sorted(pair, key=lambda ob: -float(np.sum(ob.weight_rows)))  # type: ignore[arg-type]
@@ -616,7 +614,7 @@ def fit_with_micro(micro: list[Observation], measured: list[Observation],
         # measured by the pair, held in every fit; the pair itself stays out (its weights stream
         # at the rate of one long cycle, which a model's matrices do not reach)
         fit_kw.setdefault("held", {"s_per_weight_row": row_s})
-        micro = [ob for ob in micro if ob.weight_rows is None or not np.any(ob.weight_rows)]
+        micro = [ob for ob in micro if not ob.label.startswith(_PAIR)]
     fixed = [ob for ob in micro if not _streams_only(ob)]
     result = fit(fixed + measured, **fit_kw)
     if not result.coefficients["s_per_byte"] > 0 and len(fixed) < len(micro):
