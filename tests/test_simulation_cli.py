@@ -133,7 +133,7 @@ def test_calibrate_command_writes_profile(tmp_path: Path, monkeypatch: pytest.Mo
     assert re.search(r"; \d+\.\d % once each was divided by the reference workload timed around it", r.stderr)
     assert re.search(r"uncertainty: 40 bootstrap refits over configurations and passes; 4 configurations predicted "
                      r"with their model \(another family: all of it\) left out of the fit, median \|error\| \d+\.\d %; "
-                     r"\d+ reference timings", r.stderr)
+                     r"the machine's level \(the reference timed around\) at \d+ timings", r.stderr)
     # the cost per stored weight row is measured by the micro-kernel pair, said, and held in the profile
     row = re.search(r"measured, not fitted: (\d+\.\d) ns per stored weight row", r.stderr)
     assert row is not None, r.stderr
@@ -144,8 +144,10 @@ def test_calibrate_command_writes_profile(tmp_path: Path, monkeypatch: pytest.Mo
     at = cal["params"].index("s_per_weight_row")
     assert {r[at] for r in cal["replicates"]} == {cal["coefficients"][at]}
     assert cal["reference"] == "builtin:tiny-llama-medium@layers=2 batch 1 in 16 out 8" and cal["reference_s"] > 0
-    # two models x two shapes in three passes: a machine level around each of the 12 measurements
-    assert len(cal["levels"]) == 12 and cal["normalised_drift_pct"] is not None
+    # two models x two shapes in three passes, and the micro-kernels before the first pass and
+    # after each: a machine level around each of the 12 + 4 timings
+    assert len(cal["levels"]) == 16 and cal["normalised_drift_pct"] is not None
+    assert re.search(r"; the machine's level \(the reference timed around\) at 16 timings", r.stderr), r.stderr
 
 
 def test_simulate_kv_heads_and_sliding_window_overrides() -> None:

@@ -84,6 +84,31 @@ def test_the_pair_measures_the_cost_per_row() -> None:
     assert weight_row_cost(pair[:1]) is None
 
 
+def test_micro_kernels_are_normalised_by_the_reference_around_them_and_their_median_kept() -> None:
+    from perfsdk.simulation.calibration.measure import median_micro
+
+    (n1, k1), (n2, k2) = MATVEC_PAIR
+
+    class Levels:  # the reference's time around each timing, as ReferenceTimer.level_at gives it
+        def level_at(self, index: int) -> float:
+            return {0: 0.040, 7: 0.044, 14: 0.036}[index]
+
+    # the same kernels timed at the start, after the first pass and after the second, while the
+    # machine ran at 40, 44 and 36 ms of the reference; the calibration's reference median is 40 ms
+    runs = [([_matvec(n1, k1, 1000e-6), _matvec(n2, k2, 400e-6)], 0),
+            ([_matvec(n1, k1, 1210e-6), _matvec(n2, k2, 495e-6)], 7),
+            ([_matvec(n1, k1, 972e-6), _matvec(n2, k2, 342e-6)], 14)]
+    timed = median_micro(runs, Levels(), 0.040)  # type: ignore[arg-type]
+    # at the reference's median: 1000, 1100, 1080 and 400, 450, 380 µs; the medians
+    assert [ob.measured_s for ob in timed] == pytest.approx([1080e-6, 400e-6])
+    assert [ob.label for ob in timed] == [ob.label for ob in runs[0][0]]
+    assert weight_row_cost(timed) == pytest.approx(680e-6 / (n1 - n2))
+    # without a reference the raw times' median
+    raw = median_micro([(r, -1) for r, _ in runs], None, 1.0)
+    assert [ob.measured_s for ob in raw] == pytest.approx([1000e-6, 400e-6])
+    assert median_micro([], None, 1.0) == []
+
+
 def test_a_held_coefficient_keeps_its_value_and_the_others_are_recovered() -> None:
     obs, _ = _observations(np.random.default_rng(5))
     res = fit(obs, cache_bytes=(0.0,), pack_rows=(0.0,), held={"s_per_weight_row": TRUTH["s_per_weight_row"]})

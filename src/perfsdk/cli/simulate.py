@@ -333,7 +333,8 @@ def _say_uncertainty(result: Any) -> None:
     typical = f", median |error| {100 * statistics.median(held):.1f} %" if held else ""
     click.echo(f"uncertainty: {len(result.replicates)} bootstrap refits over configurations and passes; "
                f"{len(result.held_out)} configurations predicted with their model (another family: all of it) "
-               f"left out of the fit{typical}; {len(result.levels)} reference timings", err=True)
+               f"left out of the fit{typical}; the machine's level (the reference timed around) at "
+               f"{len(result.levels)} timings", err=True)
 
 
 @click.command("calibrate")

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from perfsdk.simulation.calibration.fit import (
     CACHE_GRID,
+    CACHE_MIN_GAIN,
     HALF_ROWS_GRID,
     PACK_ROWS_GRID,
     PARAMS,
@@ -56,7 +57,7 @@ from perfsdk.simulation.calibration.measure import (
 __all__ = [
     "REFERENCE_MODEL", "REFERENCE_SHAPE", "ConfigurationSamples", "ReferenceTimer", "bootstrap_coefficients",
     "fit_with_micro", "held_out_errors", "measure_in_session", "median_of", "normalised_runs", "scaled",
-    "CACHE_GRID", "DEFAULT_CALIBRATION_GRID", "DEFAULT_CALIBRATION_MODELS", "HALF_ROWS_GRID", "PACK_ROWS_GRID", "PARAMS", "FitResult", "Measurement",
+    "CACHE_GRID", "CACHE_MIN_GAIN", "DEFAULT_CALIBRATION_GRID", "DEFAULT_CALIBRATION_MODELS", "HALF_ROWS_GRID", "PACK_ROWS_GRID", "PARAMS", "FitResult", "Measurement",
     "Observation", "build_random_model", "cached_fraction", "calibrate_from_store", "calibrate_here", "fit",
     "measure_generate", "measurements_of_run", "micro_observations", "model_config_of_run", "observations_for",
     "captured_observations_for", "pass_drift_pct", "profile_from_fit",

@@ -547,7 +547,19 @@ def calibrate_here(models: list[str], grid: list[tuple[int, int, int]] | None = 
     configs = [(spec, b, i, o) for spec in models for b, i, o in (grid or DEFAULT_CALIBRATION_GRID)]
     ref = ReferenceTimer(clock=clock, pause_gc=pause_gc) if normalise else None
     raw: dict[tuple[str, int, int, int], list[tuple[Measurement, int]]] = {key: [] for key in configs}
-    micro_runs = [micro_observations(clock=clock, estimator=estimator)] if micro else []
+    # the micro-kernels, timed before the first pass and after every pass (between reference
+    # timings when normalising): (observations, index of the reference right before them)
+    micro_runs: list[tuple[list[Observation], int]] = []
+
+    def time_micro() -> None:
+        if not micro:
+            return
+        if ref is not None:
+            micro_runs.append(ref.around(lambda: micro_observations(clock=clock, estimator=estimator)))
+        else:
+            micro_runs.append((micro_observations(clock=clock, estimator=estimator), -1))
+
+    time_micro()
     for p in range(max(1, passes)):
         for key in configs:
             spec, b, i, o = key
@@ -566,11 +578,9 @@ def calibrate_here(models: list[str], grid: list[tuple[int, int, int]] | None = 
                 raw[key].append((one(), -1))
             if progress is not None and p == max(1, passes) - 1:
                 progress(m)
-    if micro:
-        micro_runs.append(micro_observations(clock=clock, estimator=estimator))
-    # each micro-kernel timed at the start and at the end: the faster of the two
-    timed: list[Observation] = [min(pair, key=lambda ob: ob.measured_s) for pair in zip(*micro_runs)]
+        time_micro()
     ref_s = ref.median if ref is not None else 1.0
+    timed = median_micro(micro_runs, ref, ref_s)
     runs = (normalised_runs({k: [(m, ref.level_at(i)) for m, i in v] for k, v in raw.items()}, ref_s)
             if ref is not None else {k: [m for m, _ in v] for k, v in raw.items()})
     merge = _best_of if estimator == "min" else median_of
@@ -593,6 +603,27 @@ def calibrate_here(models: list[str], grid: list[tuple[int, int, int]] | None = 
                                                fit_step_overhead=fit_step_overhead)
     result.held_out = held_out_errors(result, samples, fixed, fit_step_overhead=fit_step_overhead)
     return result, meas
+
+
+def median_micro(runs: list[tuple[list[Observation], int]], ref: ReferenceTimer | None,
+                 reference_s: float) -> list[Observation]:
+    """Each micro-kernel's time over its timings ``runs`` (each with the index of the reference
+    timed right before it, -1 without a reference): with ``ref``, every timing is first divided by
+    the machine's level around it and brought back to seconds at ``reference_s``, like the
+    configurations (a coefficient measured by a micro-kernel and held in the fit must be in the
+    same seconds as the fitted ones); then the median. On a 2-core host the cost per stored row,
+    timed at the start and the end of five calibrations and the faster kept, came out 67-78 ns:
+    the machine ran 10 % slower in some calibrations than in others."""
+    from dataclasses import replace
+
+    if not runs:
+        return []
+    out = []
+    for obs in zip(*(r for r, _ in runs)):
+        times = [ob.measured_s * (reference_s / ref.level_at(i) if ref is not None and i >= 0 else 1.0)
+                 for ob, (_, i) in zip(obs, runs)]
+        out.append(replace(obs[0], measured_s=float(statistics.median(times))))
+    return out
 
 
 def fit_with_micro(micro: list[Observation], measured: list[Observation],
