@@ -4,15 +4,18 @@ products that measures the cost, and the fit that holds it instead of fitting it
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 import torch
 
+from perfsdk.capture.ops import OpRecord
 from perfsdk.capture.recorder import OperationCapture, stored_weight_rows
 from perfsdk.simulation.calibration import Observation, fit, profile_from_fit
 from perfsdk.simulation.calibration.fit import PARAMS
 from perfsdk.simulation.calibration.measure import MATVEC_PAIR, fit_with_micro, weight_row_cost
-from perfsdk.simulation.costmodel import cost_op, weight_rows
+from perfsdk.simulation.costmodel import cost_op, pack_passes, product_rows, weight_rows
 
 from tests.test_simulation_fit import TRUTH, _observations
 
@@ -62,6 +65,10 @@ def test_captured_products_state_their_stored_rows() -> None:
     assert grouped.weight_rows == 2 * 48  # the experts its rows reach, 48 stored rows each
     assert grouped.weight_bytes == 2 * 48 * 32 * 4
     assert weight_rows(grouped) == 96
+    # the groups and the rows each received, read off the offsets: one product per group reached
+    assert grouped.groups == 4 and grouped.group_rows == [3, 0, 3, 0]
+    assert product_rows(grouped) == ([3.0, 3.0], [1.0, 1.0])
+    assert by_op["aten.linear"].groups is None and product_rows(by_op["aten.linear"]) == ([6.0], [1.0])
     # and only matrix products with a weight state any
     assert all(o.weight_rows is None for o in cap.records if o.category != "matmul")
 
@@ -185,3 +192,53 @@ def test_the_staircase_micro_kernels_choose_the_repacking_size_and_the_fit_holds
     assert res.pack_rows == 1.0 and kept == []
     res2, _ = fit_with_micro(two, obs, cache_bytes=(0.0,))
     assert res2.pack_rows == 2.0
+
+
+def _grouped_op(rows: int, groups: int, group_rows: list[int] | None, reached: float) -> OpRecord:
+    """A grouped product of ``rows`` routed rows over [groups, 512, 128] fp32 experts."""
+    wb = int(reached * 512 * 128 * 4)
+    return OpRecord(module_path="mlp.experts", op="aten._grouped_mm", category="matmul", phase="decode",
+                    input_shapes=[(rows, 128), (groups, 128, 512)], output_shape=(rows, 512),
+                    flops=2 * rows * 128 * 512, macs=rows * 128 * 512, weight_bytes=wb,
+                    bytes_read=wb + rows * 128 * 4, bytes_written=rows * 512 * 4, elements=rows * 512,
+                    weight_rows=int(reached * 128), groups=groups, group_rows=group_rows)
+
+
+def test_a_grouped_product_is_priced_as_one_product_per_group_it_reaches() -> None:
+    from math import comb
+
+    from perfsdk.simulation.costmodel import compute_time_s, pack_time_s
+    from perfsdk.hardware.catalog import builtin_profiles
+
+    prof = builtin_profiles()["host-cpu"].model_copy(update={
+        "matmul_pack_rows": 1.0, "matmul_pack_gbs": 20.0, "matmul_half_rows": 16.0,
+        "matmul_ns_per_weight_row": None, "softmax_ns_per_element": None})
+    # routed rows 3, 0, 1, 4 over four experts (a real run's offsets): three products; the
+    # 3-row one streams its weights three more times, the 1-row one never, the 4-row one repacks
+    # once; only the 4-row one is slowed by (4 + 16) / 4
+    op = _grouped_op(8, 4, [3, 0, 1, 4], reached=3)
+    assert product_rows(op) == ([3.0, 1.0, 4.0], [1.0, 1.0, 1.0])
+    assert pack_time_s(op, prof) == pytest.approx((3 + 0 + 1) / 3 * op.weight_bytes / 20e9)
+    plain = compute_time_s(replace(op, groups=None, group_rows=None), prof) / (1 + 16 / 8)
+    per_row = plain / 8
+    assert compute_time_s(op, prof) == pytest.approx(per_row * (8 + 16))
+    # as one product of all eight rows (what it was priced as): one repacking pass, (8 + 16) / 8
+    whole = replace(op, groups=None, group_rows=None)
+    assert pack_time_s(whole, prof) == pytest.approx(op.weight_bytes / 20e9)
+    # on the meta device the routing has no values: each of the eight rows picks one of the four
+    # experts at random, E * Binomial(k; 8, 1/4) experts expected with k rows
+    meta = _grouped_op(8, 4, None, reached=4 * (1 - 0.75 ** 8))
+    ks, ws = product_rows(meta)
+    expected = {k: 4 * comb(8, k) * 0.25 ** k * 0.75 ** (8 - k) for k in range(1, 9)}
+    assert ks == [float(k) for k in range(1, len(ks) + 1)]
+    assert ws == pytest.approx([expected[int(k)] for k in ks], rel=1e-9, abs=1e-12)
+    assert sum(ws) == pytest.approx(4 * (1 - 0.75 ** 8), rel=1e-6)  # the experts reached
+    passes = sum(expected[k] * float(pack_passes(k, 1.0)) for k in expected) / (4 * (1 - 0.75 ** 8))
+    assert pack_time_s(meta, prof) == pytest.approx(passes * meta.weight_bytes / 20e9, rel=1e-6)
+    assert passes == pytest.approx(1.511, abs=1e-3)  # against 1 pass as one product of 8 rows
+    slowed = sum(expected[k] for k in expected if k >= 4)
+    assert compute_time_s(meta, prof) == pytest.approx(per_row * (8 + 16 * slowed), rel=1e-6)
+    # the calibration's observation prices it the same way
+    ob = Observation.from_ops("moe", "decode", 1.0, [meta])
+    assert ob.packed_bytes(1.0)[0] == pytest.approx(passes * meta.weight_bytes, rel=1e-6)
+    assert ob.row_flops(1.0)[0] == pytest.approx(meta.flops / 8 * slowed, rel=1e-6)

@@ -49,3 +49,9 @@ class OpRecord:
     # rows of a matrix product's weight as stored (a linear layer's output features; the input
     # features of a weight stored [in, out], transformers' Conv1D); None: the output features
     weight_rows: int | None = None
+    # a grouped matrix product (mixture-of-experts experts stored as one [E, ...] weight): the
+    # groups E of its weight, and the rows each group received when a real run's offsets said so
+    # (None on the meta device, where the routing has no values). A CPU grouped product runs one
+    # product per group that has rows: see perfsdk.simulation.costmodel.product_rows
+    groups: int | None = None
+    group_rows: list[int] | None = None

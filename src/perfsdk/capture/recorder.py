@@ -416,6 +416,8 @@ class OperationCapture:
             category = "norm" if in_norm else "elementwise"
 
         stored_rows: int | None = None  # rows of a matrix product's weight as stored
+        groups: int | None = None  # groups of a grouped product's weight, and the rows of each
+        group_rows: list[int] | None = None
         if is_view:
             bytes_read = bytes_written = weight_bytes = 0
         elif category == "embedding":
@@ -430,6 +432,9 @@ class OperationCapture:
             if name in ("aten::_grouped_mm", "aten::_scaled_grouped_mm") and weight_bytes:
                 # experts stored as one [E, ...] tensor: the product reads the experts its rows reach
                 share = grouped_weight_share(args, kwargs)
+                grouping = grouped_rows(args, kwargs)
+                if grouping is not None:
+                    groups, group_rows = grouping
                 unread = int(weight_bytes * (1.0 - share))
                 bytes_read, weight_bytes = bytes_read - unread, weight_bytes - unread
             if category == "matmul" and weight_in:
@@ -457,6 +462,8 @@ class OperationCapture:
                 module_type=mtype,
                 time_s=elapsed_ns / 1e9 if elapsed_ns is not None else None,
                 weight_rows=stored_rows,
+                groups=groups,
+                group_rows=group_rows,
             )
         )
 
@@ -495,22 +502,34 @@ def stored_weight_rows(t: torch.Tensor) -> int:
     return int(t.numel()) // max(1, length)
 
 
+def grouped_rows(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[int, list[int] | None] | None:
+    """``(E, rows of each group)`` of a grouped product over ``[E, ...]`` weights
+    (mixture-of-experts), the rows read off the offsets of a real run (``None`` on the meta device,
+    where the offsets have no values); ``None`` for any other product."""
+    w = args[1] if len(args) > 1 and isinstance(args[1], torch.Tensor) else None
+    if w is None or w.dim() != 3 or not isinstance(args[0], torch.Tensor) or args[0].dim() != 2:
+        return None
+    groups = int(w.shape[0])
+    offs = kwargs.get("offs", args[2] if len(args) > 2 else None)
+    if isinstance(offs, torch.Tensor) and offs.device.type != "meta" and offs.numel() == groups:
+        ends = offs.detach().to("cpu", torch.int64)
+        sizes = torch.diff(ends, prepend=torch.zeros(1, dtype=torch.int64))
+        return groups, [int(x) for x in sizes.tolist()]
+    return groups, None
+
+
 def grouped_weight_share(args: tuple[Any, ...], kwargs: dict[str, Any]) -> float:
     """Share of a grouped product's ``[E, ...]`` weights its rows reach (mixture-of-experts):
     the groups with rows, read off the offsets of a real run; on the meta device, where the
     offsets have no values, the expected share when each of its M rows picks one of the E groups
     at random, ``1 - (1 - 1/E)^M``."""
-    w = args[1] if len(args) > 1 and isinstance(args[1], torch.Tensor) else None
-    if w is None or w.dim() != 3 or not isinstance(args[0], torch.Tensor) or args[0].dim() != 2:
+    grouping = grouped_rows(args, kwargs)
+    if grouping is None or grouping[0] <= 1:
         return 1.0
-    groups, rows = int(w.shape[0]), int(args[0].shape[0])
-    if groups <= 1:
-        return 1.0
-    offs = kwargs.get("offs", args[2] if len(args) > 2 else None)
-    if isinstance(offs, torch.Tensor) and offs.device.type != "meta" and offs.numel() == groups:
-        ends = offs.detach().to("cpu", torch.int64)
-        sizes = torch.diff(ends, prepend=torch.zeros(1, dtype=torch.int64))
-        return float(int((sizes > 0).sum())) / groups
+    groups, sizes = grouping
+    if sizes is not None:
+        return float(sum(1 for r in sizes if r > 0)) / groups
+    rows = int(args[0].shape[0])
     return 1.0 - (1.0 - 1.0 / groups) ** rows
 
 

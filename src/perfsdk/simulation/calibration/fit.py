@@ -50,8 +50,8 @@ import structlog
 
 from perfsdk.hardware.profile import HardwareProfile
 from perfsdk.capture.ops import OpRecord
-from perfsdk.simulation.costmodel import (matmul_rows, op_bytes, pack_passes, resident_bytes, small_m_applies,
-                                          weight_rows)
+from perfsdk.simulation.costmodel import (matmul_rows, op_bytes, pack_passes, product_rows, products_pack_passes,
+                                          products_small_m, resident_bytes, small_m_applies, weight_rows)
 
 log = structlog.get_logger("perfsdk.simulation.calibration")
 
@@ -84,6 +84,9 @@ class Observation:
     weight_rows: np.ndarray | None = None  # rows of each matrix product's weight as stored (0 for other ops)
     calls: float = 0.0  # (weighted) ATen calls the ops stand for, views included (the launches summed)
     captured: bool = False  # the ops are every ATen call of the model's own code (captured), views included
+    #: grouped products (mixture-of-experts), by op index: the row counts of the products each
+    #: runs and how many of each (:func:`~perfsdk.simulation.costmodel.product_rows`)
+    grouped: dict[int, tuple[list[float], list[float]]] = field(default_factory=dict)
 
     @classmethod
     def from_ops(cls, label: str, phase: str, measured_s: float, ops: list[OpRecord],
@@ -113,7 +116,9 @@ class Observation:
                    scores=np.array([o.elements if o.category in ("attention", "softmax") else 0 for o in ops],
                                    dtype=float),
                    weight_rows=np.array([weight_rows(o) if o.flops else 0 for o in ops], dtype=float),
-                   calls=aten, captured=captured)
+                   calls=aten, captured=captured,
+                   grouped={i: product_rows(o) for i, o in enumerate(ops)
+                            if o.category == "matmul" and o.groups and o.groups > 1})
 
     def cached_fraction(self, cache_bytes: float) -> np.ndarray:
         """Share of each op's bytes served from a cache of ``cache_bytes`` (see :func:`cached_fraction`)."""
@@ -127,7 +132,10 @@ class Observation:
             return np.zeros_like(self.flops)
         mm = np.isfinite(self.rows)
         rows = np.where(mm, self.rows, 1.0)
-        return np.where(mm & small_m_applies(rows, pack_rows), self.flops / rows, 0.0)
+        out = np.where(mm & small_m_applies(rows, pack_rows), self.flops / rows, 0.0)
+        for i, products in self.grouped.items():  # one product per group reached
+            out[i] = self.flops[i] / rows[i] * products_small_m(products, pack_rows)
+        return out
 
     def features(self, x_f: float, x_b: float, half_rows: float = 0.0, cache_bytes: float = 0.0,
                  x_c: float = 0.0, pack_rows: float = 0.0, x_h: float = 0.0, x_s: float = 0.0,
@@ -184,7 +192,10 @@ class Observation:
         if not pack_rows or self.rows is None or self.weight_bytes is None:
             return np.zeros_like(self.bytes_)
         rows = np.where(np.isfinite(self.rows), self.rows, 0.0)
-        return pack_passes(rows, pack_rows) * self.weight_bytes
+        passes = pack_passes(rows, pack_rows)
+        for i, products in self.grouped.items():  # one product per group reached
+            passes[i] = products_pack_passes(products, pack_rows)
+        return passes * self.weight_bytes
 
     def predict(self, x: np.ndarray, half_rows: float = 0.0, cache_bytes: float = 0.0,
                 pack_rows: float = 0.0) -> float:
