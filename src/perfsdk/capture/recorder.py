@@ -431,10 +431,11 @@ class OperationCapture:
             share = 1.0
             if name in ("aten::_grouped_mm", "aten::_scaled_grouped_mm") and weight_bytes:
                 # experts stored as one [E, ...] tensor: the product reads the experts its rows reach
-                share = grouped_weight_share(args, kwargs)
+                # (the offsets read once: on a GPU reading them waits for the device)
                 grouping = grouped_rows(args, kwargs)
                 if grouping is not None:
                     groups, group_rows = grouping
+                    share = reached_share(groups, group_rows, int(args[0].shape[0]))
                 unread = int(weight_bytes * (1.0 - share))
                 bytes_read, weight_bytes = bytes_read - unread, weight_bytes - unread
             if category == "matmul" and weight_in:
@@ -524,12 +525,16 @@ def grouped_weight_share(args: tuple[Any, ...], kwargs: dict[str, Any]) -> float
     offsets have no values, the expected share when each of its M rows picks one of the E groups
     at random, ``1 - (1 - 1/E)^M``."""
     grouping = grouped_rows(args, kwargs)
-    if grouping is None or grouping[0] <= 1:
+    return 1.0 if grouping is None else reached_share(*grouping, int(args[0].shape[0]))
+
+
+def reached_share(groups: int, group_rows: list[int] | None, rows: int) -> float:
+    """Share of ``groups`` reached by a grouped product of ``rows`` routed rows: the groups with
+    rows (``group_rows``, from a real run), else the expected share ``1 - (1 - 1/E)^M``."""
+    if groups <= 1:
         return 1.0
-    groups, sizes = grouping
-    if sizes is not None:
-        return float(sum(1 for r in sizes if r > 0)) / groups
-    rows = int(args[0].shape[0])
+    if group_rows is not None:
+        return float(sum(1 for r in group_rows if r > 0)) / groups
     return 1.0 - (1.0 - 1.0 / groups) ** rows
 
 
