@@ -357,7 +357,7 @@ def _loss(rel_errors: np.ndarray, robust: float | None) -> float:
 #: alternates between labelling ops compute- or memory-bound and solving, and a small-M term
 #: large enough to make batched matrix products compute-bound is a different fixed point from
 #: none. Started only from ``h`` = 0, five calibrations of one 2-core host ended at h = 0 or 3
-#: in two of them, with a loss 22-27 % above the h = 16 they reached from there, and predicted
+#: in two of them, with a loss 22-28 % above that of the fit at h = 16, and predicted
 #: the unseen families 17 % apart.
 HALF_ROWS_STARTS = (4.0, 16.0, 64.0)
 
