@@ -9,6 +9,7 @@ from transformers import LlamaConfig, LlamaForCausalLM
 from perfsdk.capture import (
     OperationCapture,
     attention_macs,
+    attention_scores,
     capture_generate,
     forwards_summary,
     matmul_macs,
@@ -36,6 +37,7 @@ def test_shape_helpers() -> None:
     assert matmul_macs((4, 2, 3), (3, 5)) == 120
     assert matmul_macs((3,), (3,)) == 3
     assert attention_macs((2, 4, 7, 16), (2, 2, 9, 16), (2, 2, 9, 16)) == 2 * 4 * 7 * 9 * 32
+    assert attention_scores((2, 4, 7, 16), (2, 2, 9, 16)) == 2 * 4 * 7 * 9
 
 
 @pytest.mark.parametrize("attn", ["eager", "sdpa"])
@@ -55,6 +57,14 @@ def test_forward_records(attn: str, grad_mode: str) -> None:
     att = [r for r in cap.records if r.category == "attention" and r.module_path == "model.layers.1.self_attn"]
     assert sum(r.flops for r in att) == 2 * 2 * b * NH * t * t * D
     assert all(r.kv_bytes > 0 for r in att)
+    # the softmax over the scores: inside the fused kernel (its score elements), or its own op
+    scores = b * NH * t * t
+    if attn == "sdpa":
+        assert [r.elements for r in att] == [scores]
+    else:
+        assert all(r.elements == 0 for r in att)
+        soft = [r for r in cap.records if r.category == "softmax" and r.module_path == "model.layers.1.self_attn"]
+        assert [r.elements for r in soft] == [scores]
     emb = [r for r in cap.records if r.category == "embedding"]
     assert len(emb) == 1 and emb[0].weight_bytes == b * t * H * 4 and emb[0].elements == b * t * H
     assert any(r.category == "norm" and r.module_type == "LlamaRMSNorm" for r in cap.records)

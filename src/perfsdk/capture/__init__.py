@@ -8,7 +8,8 @@
 """
 
 from perfsdk.capture.ops import OpCategory, OpRecord, Phase
-from perfsdk.capture.recorder import CONVENTION, PHASE_ORDER, OperationCapture, attention_macs, capture_generate, matmul_macs
+from perfsdk.capture.recorder import (CONVENTION, PHASE_ORDER, OperationCapture, attention_macs, attention_scores,
+                                      capture_generate, matmul_macs)
 from perfsdk.capture.totals import (
     forwards_summary,
     iter_records,
@@ -26,6 +27,7 @@ __all__ = [
     "PHASE_ORDER",
     "Phase",
     "attention_macs",
+    "attention_scores",
     "capture_generate",
     "forwards_summary",
     "iter_records",

@@ -38,6 +38,8 @@ class OpRecord:
     bytes_written: int = 0
     weight_bytes: int = 0
     kv_bytes: int = 0
+    # output elements of an elementwise, norm, activation or softmax op; for a fused attention
+    # kernel, its score elements (batch x heads x queries x keys), as the analytic generator's
     elements: int = 0
     context_len: int | None = None
     module_type: str | None = None

@@ -125,6 +125,13 @@ def attention_macs(q: tuple[int, ...], k: tuple[int, ...], v: tuple[int, ...]) -
     return batch_heads * lq * lk * (d + dv)
 
 
+def attention_scores(q: tuple[int, ...], k: tuple[int, ...]) -> int:
+    """Score elements (query x key pairs over every head) of a fused attention kernel for
+    ``(…, Hq, Lq, D)`` queries and ``(…, Hk, Lk, D)`` keys: the softmax it computes inside, which
+    costs per element whatever the head size (no causal halving, as :func:`attention_macs`)."""
+    return _prod(q[:-2]) * int(q[-2]) * int(k[-2])
+
+
 @dataclass
 class _Frame:
     path: str
@@ -376,12 +383,14 @@ class OperationCapture:
         macs = 0
         flops_override: int | None = None
         kv = 0
+        scores = 0  # score elements of a fused attention kernel (the softmax it runs inside)
         shapes = [tuple(int(s) for s in t.shape) for t in ins]
         if name in _SDPA_OPS or name in _BLHD_ATTENTION_OPS:
             q, k, v = (tuple(int(s) for s in a.shape) for a in args[:3])
             if name in _BLHD_ATTENTION_OPS:  # (B, L, H, D) -> (B, H, L, D)
                 q, k, v = ((x[0], x[2], x[1], x[3]) for x in (q, k, v))
             macs = attention_macs(q, k, v)
+            scores = attention_scores(q, k)
             category = "attention"
             kv = _tensor_bytes(args[1]) + _tensor_bytes(args[2])
         elif name in _MATMUL_OPS:
@@ -440,7 +449,7 @@ class OperationCapture:
                 bytes_read, weight_bytes = bytes_read - unread, weight_bytes - unread
             if category == "matmul" and weight_in:
                 stored_rows = round(share * max(stored_weight_rows(t) for t in weight_in))
-        elements = sum(int(t.numel()) for t in outs) if category not in ("matmul", "attention") and not is_view else 0
+        elements = sum(int(t.numel()) for t in outs) if category not in ("matmul", "attention") and not is_view else scores
         dtype_src = outs[0] if outs else (ins[0] if ins else None)
         self.records.append(
             OpRecord(
