@@ -22,7 +22,8 @@ Protocol
    pass is divided by the machine's level around it and brought back to seconds at each
    calibration's reference level (its median reference time: what its seconds mean), and the
    median of the passes is kept; the errors against the measurement at its own level (the
-   reference's median over the measurement) are reported beside. The measurement passes alternate
+   reference's median over the measurement), and whether it falls inside the interval there, are
+   reported beside. The measurement passes alternate
    with the ``--calibrations`` calibrations (measure, calibrate, measure, calibrate, measure), so
    that a drift of the machine's speed over minutes hits both sides alike. Report the signed error
    ``(predicted - measured) / measured``, whether the measurement is inside the 90 % interval, and
@@ -158,7 +159,7 @@ def _summary(rows: list[dict], k: int | None = None, own_level: bool = False) ->
     for r in rows:
         for x in ("ttft", "tpot"):
             errs.append(abs(r[f"{x}_{key}"][k]))
-            flag = r[f"{x}_inside_each"][k]
+            flag = r[f"{x}_inside_own_level_each" if own_level else f"{x}_inside_each"][k]
             if flag is not None:
                 inside.append(flag)
                 widths.append(r[f"{x}_width_pct_each"][k])
@@ -288,6 +289,7 @@ def main(argv: list[str] | None = None) -> int:
             row[f"{x}_error_pct_each"] = [100 * (v - mk) / mk for v, mk in zip(vals, meas_each)]
             row[f"{x}_error_own_level_pct_each"] = [100 * (v - own[j]) / own[j] for v in vals]
             row[f"{x}_inside_each"] = [_inside(mk, lo, hi) for mk, lo, hi in zip(meas_each, lows, highs)]
+            row[f"{x}_inside_own_level_each"] = [_inside(own[j], lo, hi) for lo, hi in zip(lows, highs)]
             row[f"{x}_reference_units_each"] = [v / lv for v, lv in zip(vals, levels[1:])]
             row[f"{x}_width_pct_each"] = [None if lo is None else 100 * (hi - lo) / v
                                           for lo, hi, v in zip(lows, highs, vals)]
@@ -359,7 +361,8 @@ def main(argv: list[str] | None = None) -> int:
                      f"{summary['family_calibration_spread_reference_units_pct'] or 0:.1f} %.")
     for k, s_ in summary["families_own_level"].items():
         lines.append(f"Unseen families, calibration {k + 1}, against the measurement at its own reference level: "
-                     f"median |error| {s_['median_abs_error_pct']:.1f} %, worst {s_['max_abs_error_pct']:.1f} %.")
+                     f"median |error| {s_['median_abs_error_pct']:.1f} %, worst {s_['max_abs_error_pct']:.1f} %, "
+                     f"inside the 90 % interval {100 * (s_['inside_share'] or 0):.0f} %.")
     if ref is not None:
         lines.append("Reference workload at its median: measurement " + f"{ref_s * 1e3:.2f} ms, calibrations "
                      + ", ".join(f"{(f.reference_s or 0) * 1e3:.2f} ms" for f in fits) + ".")
