@@ -119,10 +119,7 @@ def attention_macs(q: tuple[int, ...], k: tuple[int, ...], v: tuple[int, ...]) -
 
     Full products (no causal halving); KV heads broadcast to the query heads (GQA).
     """
-    batch_heads = _prod(q[:-2])
-    lq, d = int(q[-2]), int(q[-1])
-    lk, dv = int(k[-2]), int(v[-1])
-    return batch_heads * lq * lk * (d + dv)
+    return attention_scores(q, k) * (int(q[-1]) + int(v[-1]))
 
 
 def attention_scores(q: tuple[int, ...], k: tuple[int, ...]) -> int:
