@@ -283,3 +283,36 @@ def test_calibrate_from_runs_perfsdk_run_stored_without_their_requests_series(tm
         assert m.ttft_s == pytest.approx(lat.ttft_s.p50) and m.tpot_s == pytest.approx(lat.tpot_s.p50)
     result, used, skipped = calibrate_from_store(str(store))
     assert sorted((u.batch_size, u.output_tokens) for u in used) == [(1, 4), (2, 4)] and not skipped
+
+
+def test_runs_with_config_overrides_are_fitted_as_the_model_they_measured(tmp_path: Path) -> None:
+    """A run of ``builtin:tiny-llama`` with ``model.config_overrides`` ran a 1- or 3-layer model:
+    the fit rebuilds that model's operations, and the two depths are two models (each left out
+    in turn when the calibration measures how far it misses a model)."""
+    from perfsdk.cli import cli
+    from perfsdk.simulation.calibration.from_store import model_label_of_run
+    from perfsdk.store import Store
+
+    store = tmp_path / "st"
+    ids = []
+    for layers in (1, 3):
+        r = CliRunner().invoke(cli, ["run", "--store", str(store), "--quiet", "--set", "workload.num_prompts=4",
+                                     "--set", "workload.batching.batch_size=2",
+                                     "--set", f"model.config_overrides.num_hidden_layers={layers}",
+                                     "--set", "workload.generate.max_new_tokens=4",
+                                     "--set", "workload.generate.min_new_tokens=4", "--set", "workload.warmup_runs=1",
+                                     "--set", "workload.min_iterations=1", "--set", "collectors.energy=false",
+                                     "--set", "collectors.utilization=false", "--set", "exporters=[]"])
+        assert r.exit_code == 0, r.output
+        ids.append(r.output.strip().splitlines()[-1])
+    runs = [Store(str(store)).get(rid) for rid in ids]
+    assert [model_config_of_run(run).num_hidden_layers for run in runs] == [1, 3]
+    assert [model_label_of_run(run) for run in runs] == ["builtin:tiny-llama{num_hidden_layers=1}",
+                                                         "builtin:tiny-llama{num_hidden_layers=3}"]
+    assert {m.model for m in measurements_of_run(runs[0])} == {"builtin:tiny-llama{num_hidden_layers=1}"}
+    result, used, skipped = calibrate_from_store(str(store))
+    assert not skipped
+    assert {m.model for m in used} == {"builtin:tiny-llama{num_hidden_layers=1}",
+                                       "builtin:tiny-llama{num_hidden_layers=3}"}
+    # every measured configuration predicted by a fit on the other depth alone
+    assert len(used) >= 2 and len(result.held_out) == len(used)

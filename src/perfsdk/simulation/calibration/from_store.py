@@ -23,15 +23,19 @@ def model_config_of_run(run: Any) -> Any:
     if info is None:
         raise ValueError(f"run {run.run_id}: no model section")
     model_id = info.model_id or (run.config.get("model") or {}).get("id")
+    overrides = _config_overrides(run)
     if isinstance(model_id, str) and model_id.startswith("builtin:"):
         from perfsdk.models.tiny import tiny_llama_config
 
-        return tiny_llama_config(model_id.removeprefix("builtin:"))
+        cfg = tiny_llama_config(model_id.removeprefix("builtin:"))
+        for key, value in overrides.items():
+            setattr(cfg, key, value)
+        return cfg
     if isinstance(model_id, str) and model_id:
         try:
             from transformers import AutoConfig
 
-            return AutoConfig.from_pretrained(model_id, local_files_only=True)
+            return AutoConfig.from_pretrained(model_id, local_files_only=True, **overrides)
         except Exception:
             pass
     from perfsdk.models.arch import architecture_from_config
@@ -45,6 +49,23 @@ def model_config_of_run(run: Any) -> Any:
     except ValueError as exc:
         raise ValueError(f"run {run.run_id}: model {model_id!r} cannot be rebuilt from its model section: {exc}") from None
     return data
+
+
+def _config_overrides(run: Any) -> dict[str, Any]:
+    """The ``model.config_overrides`` a stored run was loaded with (what its model was built as)."""
+    model = (getattr(run, "config", None) or {}).get("model") or {}
+    return dict(model.get("config_overrides") or {})
+
+
+def model_label_of_run(run: Any) -> str:
+    """The model a stored run measured, named by its id and the configuration fields it overrode
+    (``builtin:tiny-llama-large{num_hidden_layers=4}``): runs of one checkpoint at two depths are
+    two models, each left out in turn when the calibration measures how far it misses a model."""
+    label = (run.model.model_id if run.model and run.model.model_id else run.name) or run.run_id
+    overrides = _config_overrides(run)
+    if overrides:
+        label += "{" + ", ".join(f"{k}={v}" for k, v in sorted(overrides.items())) + "}"
+    return label
 
 
 @dataclass(frozen=True)
@@ -89,7 +110,7 @@ def measurements_of_run(run: Any, requests: list[dict[str, Any]] | None = None) 
     as the latency collector reports them (:meth:`LatencyCollector.step_timings`)."""
     from perfsdk.collectors.latency import LatencyCollector
 
-    label = (run.model.model_id if run.model and run.model.model_id else run.name) or run.run_id
+    label = model_label_of_run(run)
     return [Measurement(model=label, batch_size=t.batch_size, input_tokens=t.input_tokens,
                         output_tokens=t.output_tokens, ttft_s=t.ttft_s, decode_s=t.decode_s, repeats=t.repeats)
             for t in LatencyCollector.step_timings(run, requests)]
@@ -149,7 +170,8 @@ def calibrate_from_store(store_dir: str, run_ids: list[str] | None = None, *,
             o = observations_for(shape, m, dtype=dtype)
             obs.extend(o)
             samples.append(ConfigurationSamples(model=m.model, observations=o,
-                                                per_pass=[[x.measured_s] for x in o]))
+                                                per_pass=[[x.measured_s] for x in o],
+                                                width=shape.hidden_size, family=shape.model_type or None))
         used.extend(meas)
     devices = {(m.kind, m.device, m.host_cpu) for m in machines}
     if len(devices) > 1:
