@@ -87,6 +87,15 @@ class Observation:
     #: grouped products (mixture-of-experts), by op index: the row counts of the products each
     #: runs and how many of each (:func:`~perfsdk.simulation.costmodel.product_rows`)
     grouped: dict[int, tuple[list[float], list[float]]] = field(default_factory=dict)
+    #: what :meth:`features` needs that does not depend on the coefficients, by cache and
+    #: repacking size (a fit evaluates the features of every observation many times); emptied
+    #: when a field other than the measured time is set
+    _memo: dict[tuple[str, float], Any] = field(default_factory=dict, init=False, repr=False, compare=False)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name not in ("measured_s", "_memo") and "_memo" in self.__dict__:
+            self._memo.clear()
+        object.__setattr__(self, name, value)
 
     @classmethod
     def from_ops(cls, label: str, phase: str, measured_s: float, ops: list[OpRecord],
@@ -155,29 +164,44 @@ class Observation:
         each, the profile's ``softmax_ns_per_element``), and a matrix product with weights
         ``x_r`` per stored weight row on top of that (the profile's ``matmul_ns_per_weight_row``).
         """
+        memo = self._memo
+        key = ("rows", pack_rows)
+        if key not in memo:
+            memo[key] = (self.row_flops(pack_rows), float(self.weights @ self.packed_bytes(pack_rows)))
+        per_row, packed = memo[key]
+        if ("fixed", 0.0) not in memo:
+            scores = self.scores if self.scores is not None else np.zeros_like(self.flops)
+            wrows = self.weight_rows if self.weight_rows is not None else np.zeros_like(self.flops)
+            memo[("fixed", 0.0)] = (scores, float(self.weights @ wrows))
+        scores, weight_rows_sum = memo[("fixed", 0.0)]
         flops = self.flops
-        per_row = self.row_flops(pack_rows)
-        scores = self.scores if self.scores is not None else np.zeros_like(flops)
-        wrows = self.weight_rows if self.weight_rows is not None else np.zeros_like(flops)
         if half_rows:
             flops = flops + per_row * half_rows
-        f = self.cached_fraction(cache_bytes) if cache_bytes else np.zeros_like(self.bytes_)
-        compute_bound = (flops * x_f + per_row * x_h + scores * x_s
-                         >= self.bytes_ * (x_b * (1.0 - f) + x_c * f))
+        if cache_bytes:
+            key = ("cache", cache_bytes)
+            if key not in memo:
+                memo[key] = self.cached_fraction(cache_bytes)
+            f = memo[key]
+            mem_rate = x_b * (1.0 - f) + x_c * f
+        else:
+            f = None
+            mem_rate = x_b
+        compute_bound = flops * x_f + per_row * x_h + scores * x_s >= self.bytes_ * mem_rate
         wc = self.weights * compute_bound
-        mem = self.weights * self.bytes_ * ~compute_bound
+        mem = (self.weights - wc) * self.bytes_
+        from_memory = float(mem @ (1.0 - f)) if f is not None else float(mem.sum())
         return np.array([
-            float(np.sum(wc * flops)),
-            float(np.sum(mem * (1.0 - f))),
+            float(wc @ flops),
+            from_memory,
             self.op_count,
             self.forward_passes,
             1.0 if self.phase == "prefill" else 0.0,
-            float(np.sum(mem * f)),
-            float(np.sum(self.weights * self.packed_bytes(pack_rows))),
+            float(mem @ f) if f is not None else 0.0,
+            packed,
             self.extra_launches,
-            float(np.sum(wc * per_row)),
-            float(np.sum(wc * scores)),
-            float(np.sum(self.weights * wrows)),
+            float(wc @ per_row),
+            float(wc @ scores),
+            weight_rows_sum,
             self.calls,
         ])
 
