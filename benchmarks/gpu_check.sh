@@ -11,8 +11,10 @@
 #    shape (random weights, written first), as bf16, float8 (e4m3), bitsandbytes 8-bit and 4-bit:
 #    latency, memory, energy, utilization, FLOPs/MFU and the simulation of the GPU it runs on;
 #    bf16 once more with the warm-up left to warmup_runs alone (bf16-cold);
-# 5. the stored runs exported as CSV, and the store packed as one archive.
-# GPU_CHECK_PARTS (default: info,energy,cold,runs) and GPU_CHECK_VARIANTS (default: bf16 fp8
+# 5. the stored runs exported as CSV, and the store packed as one archive;
+# 6. benchmarks/gpu_calibration_check.sh: the GPU calibrated from stored runs of four Llama sizes,
+#    and three families it never saw predicted with their 90 % interval (part "calibration").
+# GPU_CHECK_PARTS (default: info,energy,cold,runs,calibration) and GPU_CHECK_VARIANTS (default: bf16 fp8
 # bnb-8bit bnb-4bit bf16-cold) choose what runs.
 # Each part has its own time limit; one that fails is reported and the others still run.
 # GPU_CHECK_SMOKE=1 runs the same steps on the CPU with a small shape (to try the script itself).
@@ -25,7 +27,7 @@ export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 PYTHONUNBUFFERED=1 PERFSDK_CACHE_
 export PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}"
 STORE=$(mktemp -d)/store
 CKPT=$(mktemp -d)/llama-0.5b-bf16
-PARTS=",${GPU_CHECK_PARTS:-info,energy,cold,runs},"
+PARTS=",${GPU_CHECK_PARTS:-info,energy,cold,runs,calibration},"
 VARIANTS=${GPU_CHECK_VARIANTS:-bf16 fp8 bnb-8bit bnb-4bit bf16-cold}
 want() { case "$PARTS" in *",$1,"*) return 0;; *) return 1;; esac; }
 SMOKE=${GPU_CHECK_SMOKE:-0}
@@ -135,5 +137,10 @@ part "stored runs"
 "$PY" -m perfsdk export --format csv --store "$STORE" --output "$OUT/runs.csv"
 tar -czf "$OUT/store.tgz" -C "$(dirname "$STORE")" store
 rm -f "$OUT/run.log"
+fi
+if want calibration; then
+part "a calibration from stored runs, judged on other families (gpu_calibration_check.sh)"
+timeout 540 bash benchmarks/gpu_calibration_check.sh "$OUT/calibration" "$PY"
+echo "exit $?"
 fi
 ls -la "$OUT"
