@@ -20,7 +20,9 @@ Protocol
    ``--calls`` calls after a warm-up, in each of ``--passes`` round-robin passes over all
    configurations. The reference workload is timed before and after every configuration; each
    pass is divided by the machine's level around it and brought back to seconds at each
-   calibration's reference level (its median reference time: what its seconds mean), and the
+   calibration's reference level (its median reference time: what its seconds mean), both to
+   the power the measurement's own passes follow the reference with (``reference_tracking``,
+   as the calibration does), and the
    median of the passes is kept; the errors against the measurement at its own level (the
    reference's median over the measurement), and whether it falls inside the interval there, are
    reported beside. The measurement passes alternate
@@ -198,7 +200,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from perfsdk.hardware.profile import profile_to_yaml
     from perfsdk.simulation.calibration import (DEFAULT_CALIBRATION_MODELS, ReferenceTimer, calibrate_here,
-                                                measure_in_session, profile_from_fit)
+                                                measure_in_session, profile_from_fit, reference_tracking)
     from perfsdk.simulation.predictor import simulate_config
 
     torch.set_num_threads(args.threads)
@@ -232,7 +234,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"calibration {k + 1} in {time.time() - tc:.0f} s: {json.dumps(fit.coefficients)}, "
               f"matmul_half_rows {fit.matmul_half_rows:.2f}, pack_rows {fit.pack_rows}, "
               f"cache {fit.cache_bytes / 1e6:g} MB, passes {fit.drift_pct or 0:.1f} % apart "
-              f"({fit.normalised_drift_pct or 0:.1f} % normalised)", file=sys.stderr)
+              f"({fit.normalised_drift_pct or 0:.1f} % normalised, tracking {fit.reference_tracking})", file=sys.stderr)
 
     # measurement passes and calibrations alternate (measure, calibrate, measure, calibrate,
     # measure …), so that both sides see the same stretch of the machine's time
@@ -258,13 +260,18 @@ def main(argv: list[str] | None = None) -> int:
     # drift of the machine between calibrating and measuring cancels like the drift inside each
     levels = [ref_s] + [(f.reference_s or ref_s) if ref is not None else ref_s for f in fits]
 
+    # the exponent the measured configurations follow the reference with, from their own passes
+    # (as the calibration estimates its own): 1 where the reference moves as they do
+    tracking = reference_tracking(raw) if ref is not None else 1.0
+
     def at_level(runs: list, level: float) -> tuple[float, float]:
-        return (statistics.median(t * level / adj for (t, _), adj in runs),
-                statistics.median(t * level / adj for (_, t), adj in runs))
+        return (statistics.median(t * (level / adj) ** tracking for (t, _), adj in runs),
+                statistics.median(t * (level / adj) ** tracking for (_, t), adj in runs))
 
     measured = {key: [at_level(runs, lv) for lv in levels] for key, runs in raw.items()}
     raw_drift = _pass_drift({k: [m for m, _ in v] for k, v in raw.items()})
-    norm_drift = _pass_drift({k: [(a * ref_s / adj, b * ref_s / adj) for (a, b), adj in v] for k, v in raw.items()})
+    norm_drift = _pass_drift({k: [(a * (ref_s / adj) ** tracking, b * (ref_s / adj) ** tracking)
+                                  for (a, b), adj in v] for k, v in raw.items()})
     rows = []
     for spec, b, o in configs:
         cfg = models[spec].config
@@ -290,7 +297,9 @@ def main(argv: list[str] | None = None) -> int:
             row[f"{x}_error_own_level_pct_each"] = [100 * (v - own[j]) / own[j] for v in vals]
             row[f"{x}_inside_each"] = [_inside(mk, lo, hi) for mk, lo, hi in zip(meas_each, lows, highs)]
             row[f"{x}_inside_own_level_each"] = [_inside(own[j], lo, hi) for lo, hi in zip(lows, highs)]
-            row[f"{x}_reference_units_each"] = [v / lv for v, lv in zip(vals, levels[1:])]
+            row[f"{x}_reference_units_each"] = [v / lv ** (f.reference_tracking if f.reference_tracking is not None
+                                                            else 1.0)
+                                                 for v, lv, f in zip(vals, levels[1:], fits)]
             row[f"{x}_width_pct_each"] = [None if lo is None else 100 * (hi - lo) / v
                                           for lo, hi, v in zip(lows, highs, vals)]
         row["calibration_spread_pct"] = max(
@@ -323,6 +332,8 @@ def main(argv: list[str] | None = None) -> int:
         "measurement_drift_pct": raw_drift, "measurement_normalised_drift_pct": norm_drift,
         "reference_s": {"measurement": ref_s if ref is not None else None,
                         "calibrations": [f.reference_s for f in fits]},
+        "reference_tracking": {"measurement": tracking if ref is not None else None,
+                               "calibrations": [f.reference_tracking for f in fits]},
         "threads": args.threads, "calls": args.calls, "passes": args.passes, "clock": args.clock,
         "wall_s": time.time() - t0,
     }
@@ -365,7 +376,10 @@ def main(argv: list[str] | None = None) -> int:
                      f"inside the 90 % interval {100 * (s_['inside_share'] or 0):.0f} %.")
     if ref is not None:
         lines.append("Reference workload at its median: measurement " + f"{ref_s * 1e3:.2f} ms, calibrations "
-                     + ", ".join(f"{(f.reference_s or 0) * 1e3:.2f} ms" for f in fits) + ".")
+                     + ", ".join(f"{(f.reference_s or 0) * 1e3:.2f} ms" for f in fits)
+                     + "; the times follow it to the power " + f"{tracking:.2f} (measurement), "
+                     + ", ".join(f"{f.reference_tracking:.2f}" for f in fits if f.reference_tracking is not None)
+                     + " (calibrations).")
     lines.append("Drift, slowest pass over fastest: calibrations " + ", ".join(
         f"{a or 0:.1f} % raw / {b or 0:.1f} % normalised" for a, b in
         zip(summary["calibration_drift_pct"], summary["calibration_normalised_drift_pct"]))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import statistics
 from pathlib import Path
 
@@ -316,3 +317,58 @@ def test_runs_with_config_overrides_are_fitted_as_the_model_they_measured(tmp_pa
                                        "builtin:tiny-llama{num_hidden_layers=3}"}
     # every measured configuration predicted by a fit on the other depth alone
     assert len(used) >= 2 and len(result.held_out) == len(used)
+
+
+def _cache_observations(truth: np.ndarray, cache: float) -> list[Observation]:
+    rng = np.random.default_rng(1)
+    obs = []
+    for i in range(16):
+        n = int(rng.integers(20, 60))
+        rows = rng.choice([1.0, 2.0, 8.0, np.inf], n)
+        wb = np.where(np.isfinite(rows), rng.uniform(1e5, 4e6, n), 0.0)
+        o = Observation(f"o{i}", "prefill" if i % 2 else "decode", 1.0, rng.uniform(1e5, 1e9, n),
+                        rng.uniform(1e4, 1e7, n) + wb, np.ones(n), float(rng.integers(1, 5)), rows=rows,
+                        resident=np.full(n, rng.choice([4e6, 16e6, 32e6, 64e6])), weight_bytes=wb)
+        o.measured_s = o.predict(truth, 0.0, cache, 4.0)
+        obs.append(o)
+    return obs
+
+
+def test_a_cache_is_kept_only_where_it_also_predicts_the_models_left_out(monkeypatch: pytest.MonkeyPatch) -> None:
+    import sys
+
+    from perfsdk.simulation.calibration import ConfigurationSamples, keep_cache
+
+    fitmod = sys.modules["perfsdk.simulation.calibration.fit"]  # the package's `fit` is the function
+
+    truth = np.array([1e-11, 2e-10, 3e-5, 1e-3, 2e-3, 5e-11, 4e-11])
+    obs = _cache_observations(truth, 16e6)
+    # four "models" of two configurations, each a decode and a prefill
+    configs = [ConfigurationSamples(model=f"m{i // 4}", observations=[obs[i], obs[i + 1]],
+                                    per_pass=[[obs[i].measured_s], [obs[i + 1].measured_s]])
+               for i in range(0, 16, 2)]
+    kw = dict(half_rows=(0.0,), pack_rows=(4.0,))
+    cached = fit(obs, cache_bytes=(0.0, 16e6), **kw)
+    plain = fit(obs, cache_bytes=(0.0,), **kw)
+    assert cached.cache_bytes == 16e6 and plain.cache_bytes == 0.0
+    # a machine that has the cache: the fit with it predicts the left-out models far better, kept
+    keep, note = keep_cache(cached, plain, configs, [], [])
+    assert keep
+    m = re.fullmatch(r"a 16 MB cache kept: it predicts the models left out of the fit with (\d+\.\d) % rms error, "
+                     r"(\d+\.\d) % without", note)
+    assert m is not None, note
+    assert float(m.group(1)) < 0.1 < float(m.group(2))
+
+    # held-out errors of 10 % with the cache against 5 % without: dropped, and said why
+    def fake_held_out(result: object, *a: object, **k: object) -> list[list[float]]:
+        return [[0.1, -0.1]] if getattr(result, "cache_bytes") else [[0.05, -0.05]]
+
+    monkeypatch.setattr(fitmod, "held_out_errors", fake_held_out)
+    keep, note = keep_cache(cached, plain, configs, [], [])
+    assert not keep
+    assert note == ("no cache: a 16 MB cache fitted the calibration better, but predicts the models left out of the "
+                    "fit with 10.0 % rms error against 5.0 % without")
+    # better, but by less than a fifth of the squared error: not enough to keep it either
+    monkeypatch.setattr(fitmod, "held_out_errors",
+                        lambda result, *a, **k: [[0.095, 0.095]] if result.cache_bytes else [[0.1, 0.1]])
+    assert keep_cache(cached, plain, configs, [], [])[0] is False

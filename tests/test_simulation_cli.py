@@ -130,7 +130,9 @@ def test_calibrate_command_writes_profile(tmp_path: Path, monkeypatch: pytest.Mo
                      r.stderr)
     assert re.search(r"ran \d+\.\d % slower in the calibration's slowest pass than in its fastest", d["source"])
     # timed in sessions around the reference workload: both drifts said, and what the intervals need kept
-    assert re.search(r"; \d+\.\d % once each was divided by the reference workload timed around it", r.stderr)
+    tracking = re.search(r"; \d+\.\d % once each was divided by the reference workload timed around it \(to the power "
+                         r"(\d\.\d\d): how closely the passes followed it\)", r.stderr)
+    assert tracking is not None, r.stderr
     assert re.search(r"uncertainty: 40 bootstrap refits over configurations and passes; 4 configurations predicted "
                      r"with their model \(another family: all of it\) left out of the fit, median \|error\| \d+\.\d %; "
                      r"the machine's level \(the reference timed around\) at \d+ timings", r.stderr)
@@ -147,6 +149,10 @@ def test_calibrate_command_writes_profile(tmp_path: Path, monkeypatch: pytest.Mo
     # two models x two shapes in three passes, and the micro-kernels before the first pass and
     # after each: a machine level around each of the 12 + 4 timings
     assert len(cal["levels"]) == 16 and cal["normalised_drift_pct"] is not None
+    # the exponent said is the one kept, between 0 (a reference the passes did not follow) and 1
+    assert 0.0 <= cal["reference_tracking"] <= 1.0
+    assert f"{cal['reference_tracking']:.2f}" == tracking.group(1)
+    assert f"(to the power {tracking.group(1)}, the one the passes follow it with)" in d["source"]
     assert re.search(r"; the machine's level \(the reference timed around\) at 16 timings", r.stderr), r.stderr
 
 

@@ -222,6 +222,10 @@ def test_profile_source_states_the_drift_and_calibrate_warns_above_five_percent(
     assert capsys.readouterr().err == ("passes: the same configurations ran 12.0 % slower in the slowest pass than "
                                        "in the fastest; 2.5 % once each was divided by the reference workload timed "
                                        "around it\n")
+    _warn_drift(12.0, 2.5, tracking=0.8)
+    assert capsys.readouterr().err == ("passes: the same configurations ran 12.0 % slower in the slowest pass than "
+                                       "in the fastest; 2.5 % once each was divided by the reference workload timed "
+                                       "around it (to the power 0.80: how closely the passes followed it)\n")
     _warn_drift(12.0, 6.0)
     assert capsys.readouterr().err.startswith("warning: this machine's speed moved while calibrating (passes: the "
                                               "same configurations ran 12.0 % slower")

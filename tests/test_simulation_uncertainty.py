@@ -14,7 +14,8 @@ from perfsdk.hardware.catalog import builtin_profiles
 from perfsdk.hardware.profile import CalibrationRecord, parse_profile, profile_to_yaml
 from perfsdk.models.tiny import tiny_llama_config
 from perfsdk.simulation.calibration import (PARAMS, ConfigurationSamples, Measurement, bootstrap_coefficients, fit,
-                                            held_out_errors, median_of, normalised_runs, profile_from_fit)
+                                            held_out_errors, median_of, normalised_runs, profile_from_fit,
+                                            reference_tracking)
 from perfsdk.simulation.predictor import simulate_config
 from perfsdk.simulation.uncertainty import profile_origin
 from tests.test_simulation_fit import TRUTH, _observations
@@ -48,6 +49,36 @@ def test_each_pass_is_divided_by_its_adjacent_reference_and_brought_back_with_th
     assert median_of(runs["cfg"]).ttft_s == pytest.approx(2.1)
     assert median_of(runs["cfg"]).decode_s == pytest.approx(4.2)
     assert median_of(runs["cfg"]).repeats == 9
+
+
+def test_the_normalisation_takes_the_power_the_passes_follow_the_reference_with() -> None:
+    # passes that move exactly as the reference: exponent 1
+    raw = {"a": [(_m(2.0, 4.0), 1.0), (_m(2.2, 4.4), 1.1), (_m(1.8, 3.6), 0.9)],
+           "b": [(_m(1.0, 3.0), 1.0), (_m(1.1, 3.3), 1.1)]}
+    assert reference_tracking(raw) == pytest.approx(1.0)
+    # configurations that move half as much as the reference (in log terms): 0.5, and divided by
+    # level ** 0.5 every pass of a configuration comes out the same
+    half = {k: [(_m(m.ttft_s / adj ** 0.5, m.decode_s / adj ** 0.5), adj) for m, adj in v] for k, v in raw.items()}
+    assert reference_tracking(half) == pytest.approx(0.5)
+    runs = normalised_runs(half, reference_s=1.0, tracking=0.5)
+    assert [r.ttft_s for r in runs["a"]] == pytest.approx([2.0, 2.0, 2.0])
+    assert [r.decode_s for r in runs["b"]] == pytest.approx([3.0, 3.0])
+    # brought back at the reference's median level to the same power: 1.21 ** 0.5 = 1.1
+    assert normalised_runs(half, reference_s=1.21, tracking=0.5)["a"][0].ttft_s == pytest.approx(2.0 * 1.1)
+    # a reference whose swings the configurations do not follow at all: 0, nothing divided out
+    still = {"a": [(_m(2.0, 4.0), 1.0), (_m(2.0, 4.0), 1.2), (_m(2.0, 4.0), 0.8)]}
+    assert reference_tracking(still) == pytest.approx(0.0)
+    # moving against it: clipped at 0; more than it: clipped at 1
+    against = {"a": [(_m(2.0, 4.0), 1.0), (_m(1.8, 3.6), 1.1)]}
+    assert reference_tracking(against) == 0.0
+    more = {"a": [(_m(2.0, 4.0), 1.0), (_m(2.6, 5.2), 1.1)]}
+    assert reference_tracking(more) == 1.0
+    # one pass, or a level that never moved: nothing to estimate, the plain division (1)
+    assert reference_tracking({"a": [(_m(2.0, 4.0), 1.3)]}) == 1.0
+    assert reference_tracking({"a": [(_m(2.0, 4.0), 1.0), (_m(2.5, 4.0), 1.0)]}) == 1.0
+    # the passes as plain (TTFT, TPOT) tuples, as the accuracy benchmark keeps them
+    assert reference_tracking({"a": [((2.0, 0.5), 1.0), ((2.0 * 1.1 ** 0.25, 0.5 * 1.1 ** 0.25), 1.1)]}) \
+        == pytest.approx(0.25)
 
 
 def test_bootstrap_and_held_out_on_noise_free_timings_reproduce_the_fit() -> None:

@@ -297,7 +297,8 @@ def hardware_convert(path: str, output: str | None) -> None:
 CALIBRATION_DRIFT_WARN_PCT = 5.0
 
 
-def _warn_drift(drift_pct: float | None, normalised_pct: float | None = None, *, isolated: bool = False) -> None:
+def _warn_drift(drift_pct: float | None, normalised_pct: float | None = None, *, isolated: bool = False,
+                tracking: float | None = None) -> None:
     """Say how steady the machine was while calibrating, and warn when the drift that remains
     after normalising to the reference workload (or, without one, the raw drift) is large.
 
@@ -309,6 +310,8 @@ def _warn_drift(drift_pct: float | None, normalised_pct: float | None = None, *,
     remaining = drift_pct
     if normalised_pct is not None:
         msg += f"; {normalised_pct:.1f} % once each was divided by the reference workload timed around it"
+        if tracking is not None:
+            msg += f" (to the power {tracking:.2f}: how closely the passes followed it)"
         remaining = normalised_pct
     if remaining > CALIBRATION_DRIFT_WARN_PCT:
         msg = (f"warning: this machine's speed moved while calibrating ({msg}): the fitted rates carry what the "
@@ -384,9 +387,12 @@ def calibrate_command(models: tuple[str, ...], repeats: int, passes: int, min_ti
             result, _ = calibrate_here(list(models), repeats=repeats, threads=threads, progress=progress, clock=clock,
                                        passes=passes, min_time_s=min_time)
             note = f"Models: {', '.join(models)}."
-            _warn_drift(result.drift_pct, result.normalised_drift_pct, isolated=threads == 1)
+            _warn_drift(result.drift_pct, result.normalised_drift_pct, isolated=threads == 1,
+                        tracking=result.reference_tracking)
             _say_held(result)
             _say_uncertainty(result)
+        if result.cache_note:
+            click.echo(f"cache: {result.cache_note}", err=True)
         profile = profile_from_fit(result, name=name, note=note)
     except ValueError as exc:
         _fail(str(exc))
@@ -399,9 +405,11 @@ def calibrate_command(models: tuple[str, ...], repeats: int, passes: int, min_ti
     if as_json:
         click.echo(json.dumps({"coefficients": result.coefficients, "errors_pct": result.errors_pct,
                                "matmul_half_rows": result.matmul_half_rows, "matmul_pack_rows": result.pack_rows,
-                               "cache_bytes": result.cache_bytes, "drift_pct": result.drift_pct,
+                               "cache_bytes": result.cache_bytes, "cache_note": result.cache_note,
+                               "drift_pct": result.drift_pct,
                                "normalised_drift_pct": result.normalised_drift_pct,
                                "reference": result.reference, "reference_s": result.reference_s,
+                               "reference_tracking": result.reference_tracking,
                                "fixed_cost": "per ATen call" if result.per_call else "per operation",
                                "measured_not_fitted": result.held,
                                "bootstrap_refits": len(result.replicates), "held_out": result.held_out,

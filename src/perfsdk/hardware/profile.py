@@ -116,11 +116,17 @@ class CalibrationRecord(_Strict):
                                         description="[prefill error, decode error] of each configuration predicted "
                                                     "without its model, as fractions")
     levels: list[float] = Field(default_factory=list,
-                                description="The reference workload's times relative to their median")
+                                description="The reference workload's times relative to their median, to the power "
+                                            "reference_tracking")
     cache_bytes: float = Field(default=0.0, ge=0, description="Cache size the coefficients were fitted at")
     pack_rows: float = Field(default=0.0, ge=0, description="Repacking size the coefficients were fitted at")
     reference: str | None = Field(default=None, description="The reference workload timed around every configuration")
     reference_s: float | None = Field(default=None, gt=0, description="Its median time, s")
+    reference_tracking: float | None = Field(
+        default=None, ge=0, le=1,
+        description="The exponent b of time ∝ level ** b that the configurations' passes follow the reference with "
+                    "(1: exactly as it moves, 0: not at all); the normalisation divides by level ** b, and levels "
+                    "are stored to that power")
     drift_pct: float | None = Field(default=None, description="Slowest pass over fastest, raw timings, percent")
     normalised_drift_pct: float | None = Field(
         default=None, description="The same after each configuration is divided by the adjacent reference, percent")

@@ -30,6 +30,7 @@ from perfsdk.simulation.calibration.fit import (
     cached_fraction,
     fit,
     held_out_errors,
+    keep_cache,
     profile_from_fit,
 )
 from perfsdk.simulation.calibration.from_store import calibrate_from_store, measurements_of_run, model_config_of_run
@@ -51,6 +52,7 @@ from perfsdk.simulation.calibration.measure import (
     normalised_runs,
     observations_for,
     pass_drift_pct,
+    reference_tracking,
     scaled,
 )
 
@@ -60,5 +62,5 @@ __all__ = [
     "CACHE_GRID", "CACHE_MIN_GAIN", "DEFAULT_CALIBRATION_GRID", "DEFAULT_CALIBRATION_MODELS", "HALF_ROWS_GRID", "PACK_ROWS_GRID", "PARAMS", "FitResult", "Measurement",
     "Observation", "build_random_model", "cached_fraction", "calibrate_from_store", "calibrate_here", "fit",
     "measure_generate", "measurements_of_run", "micro_observations", "model_config_of_run", "observations_for",
-    "captured_observations_for", "pass_drift_pct", "profile_from_fit",
+    "captured_observations_for", "pass_drift_pct", "profile_from_fit", "reference_tracking", "keep_cache",
 ]

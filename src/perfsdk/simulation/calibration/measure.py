@@ -476,11 +476,12 @@ class ReferenceTimer:
     def median(self) -> float:
         return float(statistics.median(self.times))
 
-    def levels(self) -> list[float]:
+    def levels(self, tracking: float = 1.0) -> list[float]:
         """The machine's level around every measurement (:meth:`level_at`) relative to the
-        reference's median."""
+        reference's median, to the power ``tracking`` (:func:`reference_tracking`): what that
+        level does to a configuration's time."""
         med = self.median
-        return [self.level_at(i) / med for i in range(max(0, len(self.times) - 1))]
+        return [(self.level_at(i) / med) ** tracking for i in range(max(0, len(self.times) - 1))]
 
 
 def scaled(m: Measurement, factor: float) -> Measurement:
@@ -500,10 +501,46 @@ def median_of(runs: list[Measurement]) -> Measurement:
                        repeats=sum(m.repeats for m in runs))
 
 
-def normalised_runs(raw: dict[Any, list[tuple[Measurement, float]]], reference_s: float) -> dict[Any, list[Measurement]]:
+def reference_tracking(raw: dict[Any, list[tuple[Any, float]]]) -> float:
+    """How closely the configurations' times follow the reference workload's: the exponent
+    ``b`` of ``time ∝ level ** b``, estimated from the passes (``raw``: per configuration, each
+    pass as ``(times, level)``, ``times`` a :class:`Measurement` or a tuple of seconds).
+
+    Each configuration's and phase's log times and the log levels of their passes are centred on
+    their means, and ``b`` is the least-squares slope of the one on the other over all of them
+    (the control-variate coefficient): 1 when the reference moves exactly as the configurations
+    do, 0 when its movements are its own noise. Dividing by ``level ** b`` then takes out as much
+    of the machine's movement as the reference can tell, and adds none of the reference's own
+    noise where it cannot (with a fixed ``b = 1``, a reference that swings more than the work it
+    stands for makes the normalised times less steady than the raw ones). Clipped to [0, 1];
+    1 when nothing can be estimated (one pass, or a level that never moved)."""
+    import math
+
+    sxy = sxx = 0.0
+    for runs in raw.values():
+        if len(runs) < 2:
+            continue
+        xs = [math.log(adj) for _, adj in runs]
+        mx = sum(xs) / len(xs)
+        phases = [(m.ttft_s, m.decode_s) if isinstance(m, Measurement) else tuple(m) for m, _ in runs]
+        for j in range(len(phases[0])):
+            ys = [math.log(ph[j]) for ph in phases if ph[j] > 0]
+            if len(ys) != len(xs):
+                continue
+            my = sum(ys) / len(ys)
+            sxy += sum((x - mx) * (y - my) for x, y in zip(xs, ys))
+            sxx += sum((x - mx) ** 2 for x in xs)
+    if sxx <= 0:
+        return 1.0
+    return min(1.0, max(0.0, sxy / sxx))
+
+
+def normalised_runs(raw: dict[Any, list[tuple[Measurement, float]]], reference_s: float,
+                    tracking: float = 1.0) -> dict[Any, list[Measurement]]:
     """Each pass of each configuration divided by its adjacent reference time and brought back
-    to seconds with ``reference_s`` (the reference's median)."""
-    return {key: [scaled(m, reference_s / adj) for m, adj in runs] for key, runs in raw.items()}
+    to seconds with ``reference_s`` (the reference's median), both to the power ``tracking``
+    (:func:`reference_tracking`)."""
+    return {key: [scaled(m, (reference_s / adj) ** tracking) for m, adj in runs] for key, runs in raw.items()}
 
 
 def calibrate_here(models: list[str], grid: list[tuple[int, int, int]] | None = None, *, repeats: int = 3,
@@ -524,9 +561,11 @@ def calibrate_here(models: list[str], grid: list[tuple[int, int, int]] | None = 
     ``cpu`` times process CPU time, ``estimator`` ``min`` keeps the fastest call, ``pause_gc``).
 
     With ``normalise``, the reference workload (:class:`ReferenceTimer`) is timed right before
-    and after every configuration; each pass of a configuration is divided by the mean of its
-    two adjacent reference times and multiplied by the reference's median over the whole
-    calibration, so a drift of the machine's speed cancels to first order. The configuration's
+    and after every configuration; each pass of a configuration is divided by the machine's level
+    around it (:meth:`ReferenceTimer.level_at`) and multiplied by the reference's median over the
+    whole calibration, both to the power the passes themselves show the configurations follow
+    the reference with (:func:`reference_tracking`), so a drift of the machine's speed cancels to
+    first order without the reference's own noise added. The configuration's
     time is the median over its passes. The drift is reported both ways (``drift_pct`` raw,
     ``normalised_drift_pct`` after normalising).
 
@@ -537,7 +576,8 @@ def calibrate_here(models: list[str], grid: list[tuple[int, int, int]] | None = 
     """
     import torch
 
-    from perfsdk.simulation.calibration.fit import ConfigurationSamples, bootstrap_coefficients, held_out_errors
+    from perfsdk.simulation.calibration.fit import (ConfigurationSamples, bootstrap_coefficients, held_out_errors,
+                                                    keep_cache)
 
     if threads:
         torch.set_num_threads(threads)
@@ -580,8 +620,10 @@ def calibrate_here(models: list[str], grid: list[tuple[int, int, int]] | None = 
                 progress(m)
         time_micro()
     ref_s = ref.median if ref is not None else 1.0
-    timed = median_micro(micro_runs, ref, ref_s)
-    runs = (normalised_runs({k: [(m, ref.level_at(i)) for m, i in v] for k, v in raw.items()}, ref_s)
+    leveled = {k: [(m, ref.level_at(i)) for m, i in v] for k, v in raw.items()} if ref is not None else {}
+    tracking = reference_tracking(leveled) if ref is not None else None
+    timed = median_micro(micro_runs, ref, ref_s, tracking if tracking is not None else 1.0)
+    runs = (normalised_runs(leveled, ref_s, tracking if tracking is not None else 1.0)
             if ref is not None else {k: [m for m, _ in v] for k, v in raw.items()})
     merge = _best_of if estimator == "min" else median_of
     meas = [merge(runs[key]) for key in configs]
@@ -592,13 +634,22 @@ def calibrate_here(models: list[str], grid: list[tuple[int, int, int]] | None = 
         samples.append(ConfigurationSamples(model=key[0], observations=phase_obs, per_pass=per_pass,
                                             width=getattr(built[key[0]].config, "hidden_size", None),
                                             family=getattr(built[key[0]].config, "model_type", None)))
-    result, fixed = fit_with_micro(timed, [ob for c in samples for ob in c.observations],
-                                   fit_step_overhead=fit_step_overhead)
+    observed = [ob for c in samples for ob in c.observations]
+    result, fixed = fit_with_micro(timed, observed, fit_step_overhead=fit_step_overhead)
+    if result.cache_bytes:
+        # a cache is kept only where it also predicts the models left out of the fit better
+        without, fixed_without = fit_with_micro(timed, observed, fit_step_overhead=fit_step_overhead,
+                                                cache_bytes=(0.0,))
+        keep, note = keep_cache(result, without, samples, fixed, fixed_without, fit_step_overhead=fit_step_overhead)
+        if not keep:
+            result, fixed = without, fixed_without
+        result.cache_note = note
     result.drift_pct = pass_drift_pct([[m for m, _ in raw[key]] for key in configs])
     if ref is not None:
         result.normalised_drift_pct = pass_drift_pct([runs[key] for key in configs])
-        result.levels = ref.levels()
+        result.levels = ref.levels(tracking if tracking is not None else 1.0)
         result.reference, result.reference_s = ref.label, ref_s
+        result.reference_tracking = tracking
     result.replicates = bootstrap_coefficients(result, samples, fixed, replicates=replicates, seed=seed,
                                                fit_step_overhead=fit_step_overhead)
     result.held_out = held_out_errors(result, samples, fixed, fit_step_overhead=fit_step_overhead)
@@ -606,21 +657,22 @@ def calibrate_here(models: list[str], grid: list[tuple[int, int, int]] | None = 
 
 
 def median_micro(runs: list[tuple[list[Observation], int]], ref: ReferenceTimer | None,
-                 reference_s: float) -> list[Observation]:
+                 reference_s: float, tracking: float = 1.0) -> list[Observation]:
     """Each micro-kernel's time over its timings ``runs`` (each with the index of the reference
     timed right before it, -1 without a reference): with ``ref``, every timing is first divided by
     the machine's level around it and brought back to seconds at ``reference_s``, like the
     configurations (a coefficient measured by a micro-kernel and held in the fit must be in the
     same seconds as the fitted ones); then the median. On a 2-core host the cost per stored row,
     timed at the start and the end of five calibrations and the faster kept, came out 67-78 ns:
-    the machine ran 10 % slower in some calibrations than in others."""
+    the machine ran 10 % slower in some calibrations than in others. ``tracking``: the exponent
+    of the level (:func:`reference_tracking`), the configurations' own."""
     from dataclasses import replace
 
     if not runs:
         return []
     out = []
     for obs in zip(*(r for r, _ in runs)):
-        times = [ob.measured_s * (reference_s / ref.level_at(i) if ref is not None and i >= 0 else 1.0)
+        times = [ob.measured_s * ((reference_s / ref.level_at(i)) ** tracking if ref is not None and i >= 0 else 1.0)
                  for ob, (_, i) in zip(obs, runs)]
         out.append(replace(obs[0], measured_s=float(statistics.median(times))))
     return out
