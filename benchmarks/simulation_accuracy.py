@@ -234,7 +234,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"calibration {k + 1} in {time.time() - tc:.0f} s: {json.dumps(fit.coefficients)}, "
               f"matmul_half_rows {fit.matmul_half_rows:.2f}, pack_rows {fit.pack_rows}, "
               f"cache {fit.cache_bytes / 1e6:g} MB, passes {fit.drift_pct or 0:.1f} % apart "
-              f"({fit.normalised_drift_pct or 0:.1f} % normalised, tracking {fit.reference_tracking})", file=sys.stderr)
+              f"({fit.normalised_drift_pct or 0:.1f} % normalised, tracking {fit.reference_tracking}); "
+              f"cache: {fit.cache_note or 'none fitted'}", file=sys.stderr)
 
     # measurement passes and calibrations alternate (measure, calibrate, measure, calibrate,
     # measure …), so that both sides see the same stretch of the machine's time
@@ -297,15 +298,17 @@ def main(argv: list[str] | None = None) -> int:
             row[f"{x}_error_own_level_pct_each"] = [100 * (v - own[j]) / own[j] for v in vals]
             row[f"{x}_inside_each"] = [_inside(mk, lo, hi) for mk, lo, hi in zip(meas_each, lows, highs)]
             row[f"{x}_inside_own_level_each"] = [_inside(own[j], lo, hi) for lo, hi in zip(lows, highs)]
-            row[f"{x}_reference_units_each"] = [v / lv ** (f.reference_tracking if f.reference_tracking is not None
-                                                            else 1.0)
-                                                 for v, lv, f in zip(vals, levels[1:], fits)]
+            # each calibration's prediction brought from its reference level to one level (the
+            # measurement's), to the power it found its configurations follow the reference with
+            row[f"{x}_one_level_each"] = [v * (ref_s / lv) ** (f.reference_tracking if f.reference_tracking is not None
+                                                                else 1.0)
+                                          for v, lv, f in zip(vals, levels[1:], fits)]
             row[f"{x}_width_pct_each"] = [None if lo is None else 100 * (hi - lo) / v
                                           for lo, hi, v in zip(lows, highs, vals)]
         row["calibration_spread_pct"] = max(
             100 * (max(v) / min(v) - 1) for v in (row["ttft_predicted_ms_each"], row["tpot_predicted_ms_each"]))
-        row["calibration_spread_reference_units_pct"] = max(
-            100 * (max(v) / min(v) - 1) for v in (row["ttft_reference_units_each"], row["tpot_reference_units_each"]))
+        row["calibration_spread_one_level_pct"] = max(
+            100 * (max(v) / min(v) - 1) for v in (row["ttft_one_level_each"], row["tpot_one_level_each"]))
         rows.append(row)
         print(f"{row['model']:18s} b{b} out{o:<3d} TTFT {row['ttft_measured_ms']:8.2f} ms pred "
               f"{row['ttft_predicted_ms']:8.2f} ({row['ttft_error_pct']:+6.1f}%)  TPOT "
@@ -323,8 +326,10 @@ def main(argv: list[str] | None = None) -> int:
         "llama": {k: _summary([r for r in rows if not r["family"]], k) for k in range(len(profiles))},
         "families_own_level": {k: _summary(fam_rows, k, own_level=True) for k in range(len(profiles))},
         "family_calibration_spread_pct": max((r["calibration_spread_pct"] for r in fam_rows), default=None),
-        "family_calibration_spread_reference_units_pct": max(
-            (r["calibration_spread_reference_units_pct"] for r in fam_rows), default=None),
+        "family_calibration_spread_one_level_pct": max(
+            (r["calibration_spread_one_level_pct"] for r in fam_rows), default=None),
+        "calibration_cache_notes": [f.cache_note for f in fits],
+        "calibration_cache_bytes": [f.cache_bytes for f in fits],
         "calibration_spread_pct": max(r["calibration_spread_pct"] for r in rows),
         "calibration_drift_pct": [f.drift_pct for f in fits],
         "calibration_normalised_drift_pct": [f.normalised_drift_pct for f in fits],
@@ -367,9 +372,11 @@ def main(argv: list[str] | None = None) -> int:
             lines.append(f"Llama sizes, calibration {k + 1}: {said(s_)}.")
     if len(profiles) > 1:
         lines.append(f"Calibrations' predictions differ by at most {summary['calibration_spread_pct']:.1f} % "
-                     f"(unseen families {summary['family_calibration_spread_pct'] or 0:.1f} %); in units of "
-                     "each calibration's reference time, unseen families "
-                     f"{summary['family_calibration_spread_reference_units_pct'] or 0:.1f} %.")
+                     f"(unseen families {summary['family_calibration_spread_pct'] or 0:.1f} %); brought to one "
+                     "reference level (the measurement's), unseen families "
+                     f"{summary['family_calibration_spread_one_level_pct'] or 0:.1f} %.")
+    for k, f in enumerate(fits):
+        lines.append(f"Calibration {k + 1}, cache: {f.cache_note or 'none fitted'}.")
     for k, s_ in summary["families_own_level"].items():
         lines.append(f"Unseen families, calibration {k + 1}, against the measurement at its own reference level: "
                      f"median |error| {s_['median_abs_error_pct']:.1f} %, worst {s_['max_abs_error_pct']:.1f} %, "
