@@ -60,9 +60,9 @@ def test_cache_share_and_repacking_by_hand() -> None:
     assert c4.time_s == pytest.approx(max(c4.compute_s, c4.memory_s) + c4.pack_s)
 
 
-def test_fit_recovers_cache_and_repacking_terms() -> None:
+def _cache_observations(truth: np.ndarray, cache: float) -> list[Observation]:
+    """Sixteen synthetic phases timed by ``truth`` with a cache of ``cache`` bytes and repacking from 4 rows."""
     rng = np.random.default_rng(1)
-    truth = np.array([1e-11, 2e-10, 3e-5, 1e-3, 2e-3, 5e-11, 4e-11])
     obs = []
     for i in range(16):
         n = int(rng.integers(20, 60))
@@ -71,8 +71,14 @@ def test_fit_recovers_cache_and_repacking_terms() -> None:
         o = Observation(f"o{i}", "prefill" if i % 2 else "decode", 1.0, rng.uniform(1e5, 1e9, n),
                         rng.uniform(1e4, 1e7, n) + wb, np.ones(n), float(rng.integers(1, 5)), rows=rows,
                         resident=np.full(n, rng.choice([4e6, 16e6, 32e6, 64e6])), weight_bytes=wb)
-        o.measured_s = o.predict(truth, 0.0, 16e6, 4.0)
+        o.measured_s = o.predict(truth, 0.0, cache, 4.0)
         obs.append(o)
+    return obs
+
+
+def test_fit_recovers_cache_and_repacking_terms() -> None:
+    truth = np.array([1e-11, 2e-10, 3e-5, 1e-3, 2e-3, 5e-11, 4e-11])
+    obs = _cache_observations(truth, 16e6)
     res = fit(obs, half_rows=(0.0,), cache_bytes=(0.0, 16e6, 48e6), pack_rows=(0.0, 2.0, 4.0))
     assert res.cache_bytes == 16e6 and res.pack_rows == 4.0
     got = np.array([res.coefficients[k] for k in ("s_per_flop", "s_per_byte", "op_overhead_s", "step_overhead_s",
@@ -317,21 +323,6 @@ def test_runs_with_config_overrides_are_fitted_as_the_model_they_measured(tmp_pa
                                        "builtin:tiny-llama{num_hidden_layers=3}"}
     # every measured configuration predicted by a fit on the other depth alone
     assert len(used) >= 2 and len(result.held_out) == len(used)
-
-
-def _cache_observations(truth: np.ndarray, cache: float) -> list[Observation]:
-    rng = np.random.default_rng(1)
-    obs = []
-    for i in range(16):
-        n = int(rng.integers(20, 60))
-        rows = rng.choice([1.0, 2.0, 8.0, np.inf], n)
-        wb = np.where(np.isfinite(rows), rng.uniform(1e5, 4e6, n), 0.0)
-        o = Observation(f"o{i}", "prefill" if i % 2 else "decode", 1.0, rng.uniform(1e5, 1e9, n),
-                        rng.uniform(1e4, 1e7, n) + wb, np.ones(n), float(rng.integers(1, 5)), rows=rows,
-                        resident=np.full(n, rng.choice([4e6, 16e6, 32e6, 64e6])), weight_bytes=wb)
-        o.measured_s = o.predict(truth, 0.0, cache, 4.0)
-        obs.append(o)
-    return obs
 
 
 def test_a_cache_is_kept_only_where_it_also_predicts_the_models_left_out(monkeypatch: pytest.MonkeyPatch) -> None:
