@@ -256,24 +256,31 @@ def test_measurement_tpot() -> None:
     assert m.tpot_s == pytest.approx(0.1)
 
 
+def _small_run(store: Path, *sets: str) -> str:
+    """``perfsdk run`` of the default model on 4 prompts, 4 new tokens, latency only, with ``sets``;
+    returns the stored run's id."""
+    from perfsdk.cli import cli
+
+    args = ["run", "--store", str(store), "--quiet"]
+    for item in ("workload.num_prompts=4", "workload.generate.max_new_tokens=4", "workload.generate.min_new_tokens=4",
+                 "workload.warmup_runs=1", "workload.min_iterations=1", "collectors.energy=false",
+                 "collectors.utilization=false", "exporters=[]", *sets):
+        args += ["--set", item]
+    r = CliRunner().invoke(cli, args)
+    assert r.exit_code == 0, r.output
+    return r.output.strip().splitlines()[-1]
+
+
 def test_calibrate_from_runs_perfsdk_run_stored_without_their_requests_series(tmp_path: Path) -> None:
     """Runs stored by ``perfsdk run`` whose requests series is gone (older or trimmed runs): the
     latency summary (typed: p50, never a made-up key) still yields measurements and a fit."""
     import json
 
-    from perfsdk.cli import cli
     from perfsdk.store import Store
 
     store = tmp_path / "st"
     for batch in (1, 2):
-        r = CliRunner().invoke(cli, ["run", "--store", str(store), "--quiet", "--set", "workload.num_prompts=4",
-                                     "--set", f"workload.batching.batch_size={batch}",
-                                     "--set", "workload.generate.max_new_tokens=4",
-                                     "--set", "workload.generate.min_new_tokens=4", "--set", "workload.warmup_runs=1",
-                                     "--set", "workload.min_iterations=1", "--set", "collectors.energy=false",
-                                     "--set", "collectors.utilization=false", "--set", "exporters=[]"])
-        assert r.exit_code == 0, r.output
-        rid = r.output.strip().splitlines()[-1]
+        rid = _small_run(store, f"workload.batching.batch_size={batch}")
         run = Store(str(store)).get(rid)
         with_series = measurements_of_run(run)
         assert with_series and {m.batch_size for m in with_series} == {batch}
@@ -296,22 +303,13 @@ def test_runs_with_config_overrides_are_fitted_as_the_model_they_measured(tmp_pa
     """A run of ``builtin:tiny-llama`` with ``model.config_overrides`` ran a 1- or 3-layer model:
     the fit rebuilds that model's operations, and the two depths are two models (each left out
     in turn when the calibration measures how far it misses a model)."""
-    from perfsdk.cli import cli
     from perfsdk.simulation.calibration.from_store import model_label_of_run
     from perfsdk.store import Store
 
     store = tmp_path / "st"
     ids = []
     for layers in (1, 3):
-        r = CliRunner().invoke(cli, ["run", "--store", str(store), "--quiet", "--set", "workload.num_prompts=4",
-                                     "--set", "workload.batching.batch_size=2",
-                                     "--set", f"model.config_overrides.num_hidden_layers={layers}",
-                                     "--set", "workload.generate.max_new_tokens=4",
-                                     "--set", "workload.generate.min_new_tokens=4", "--set", "workload.warmup_runs=1",
-                                     "--set", "workload.min_iterations=1", "--set", "collectors.energy=false",
-                                     "--set", "collectors.utilization=false", "--set", "exporters=[]"])
-        assert r.exit_code == 0, r.output
-        ids.append(r.output.strip().splitlines()[-1])
+        ids.append(_small_run(store, "workload.batching.batch_size=2", f"model.config_overrides.num_hidden_layers={layers}"))
     runs = [Store(str(store)).get(rid) for rid in ids]
     assert [model_config_of_run(run).num_hidden_layers for run in runs] == [1, 3]
     assert [model_label_of_run(run) for run in runs] == ["builtin:tiny-llama{num_hidden_layers=1}",
