@@ -347,6 +347,17 @@ def test_a_cache_is_kept_only_where_it_also_predicts_the_models_left_out(monkeyp
                      r"(\d+\.\d) % without", note)
     assert m is not None, note
     assert float(m.group(1)) < 0.1 < float(m.group(2))
+    # what a calibration calls: the kept fit comes back with the note; a fit without a cache
+    # comes back as it is, without refitting
+    from perfsdk.simulation.calibration.fit import checked_cache
+
+    got, fixed = checked_cache(cached, [], lambda: (plain, []), configs)
+    assert got is cached and got.cache_note == note and fixed == []
+
+    def no_refit() -> tuple[object, list]:
+        raise AssertionError("refitted a fit without a cache")
+
+    assert checked_cache(plain, [], no_refit, configs) == (plain, [])
 
     # held-out errors of 10 % with the cache against 5 % without: dropped, and said why
     def fake_held_out(result: object, *a: object, **k: object) -> list[list[float]]:
@@ -357,6 +368,8 @@ def test_a_cache_is_kept_only_where_it_also_predicts_the_models_left_out(monkeyp
     assert not keep
     assert note == ("no cache: a 16 MB cache fitted the calibration better, but predicts the models left out of the "
                     "fit with 10.0 % rms error against 5.0 % without")
+    got, _ = checked_cache(cached, [], lambda: (plain, []), configs)
+    assert got is plain and got.cache_note == note
     # better, but by less than a fifth of the squared error: not enough to keep it either
     monkeypatch.setattr(fitmod, "held_out_errors",
                         lambda result, *a, **k: [[0.095, 0.095]] if result.cache_bytes else [[0.1, 0.1]])

@@ -721,3 +721,18 @@ def keep_cache(with_cache: FitResult, without: FitResult, configs: list[Configur
                       f"error, {rms_without:.1f} % without")
     return False, (f"no cache: a {size} cache fitted the calibration better, but predicts the models left out of "
                    f"the fit with {rms_with:.1f} % rms error against {rms_without:.1f} % without")
+
+
+def checked_cache(result: FitResult, fixed: list[Observation], refit_without: Any,
+                  configs: list[ConfigurationSamples], *,
+                  fit_step_overhead: bool = True) -> tuple[FitResult, list[Observation]]:
+    """``(result, fixed)``, or the fit without a cache that ``refit_without()`` returns (with its
+    fixed observations) where :func:`keep_cache` drops the cache ``result`` chose; the kept fit's
+    ``cache_note`` says why. A fit without a cache is returned as it is."""
+    if not result.cache_bytes:
+        return result, fixed
+    without, fixed_without = refit_without()
+    keep, note = keep_cache(result, without, configs, fixed, fixed_without, fit_step_overhead=fit_step_overhead)
+    chosen, chosen_fixed = (result, fixed) if keep else (without, fixed_without)
+    chosen.cache_note = note
+    return chosen, chosen_fixed

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from perfsdk.simulation.calibration.fit import (ConfigurationSamples, FitResult, Observation, bootstrap_coefficients, fit,
-                                              held_out_errors, keep_cache)
+                                              checked_cache, held_out_errors)
 from perfsdk.simulation.calibration.measure import Measurement, observations_for
 
 
@@ -182,13 +182,10 @@ def calibrate_from_store(store_dir: str, run_ids: list[str] | None = None, *,
         raise ValueError(f"{store_dir}: {len(obs)} usable measured phases in {len(ids)} run(s); at least 3 needed "
                          f"(skipped: {'; '.join(skipped) or 'none'})")
     result = fit(obs, fit_step_overhead=fit_step_overhead, weight_row_term=False)
-    if result.cache_bytes:
-        # as on this host: a cache only where it also predicts the runs' models left out better
-        without = fit(obs, fit_step_overhead=fit_step_overhead, weight_row_term=False, cache_bytes=(0.0,))
-        keep, note = keep_cache(result, without, samples, [], [], fit_step_overhead=fit_step_overhead)
-        if not keep:
-            result = without
-        result.cache_note = note
+    # as on this host: a cache only where it also predicts the runs' models left out better
+    result, _ = checked_cache(result, [], lambda: (fit(obs, fit_step_overhead=fit_step_overhead, weight_row_term=False,
+                                                       cache_bytes=(0.0,)), []),
+                              samples, fit_step_overhead=fit_step_overhead)
     # the device of the runs (one device; a dtype picks the unidentified FLOP/s: the first run's)
     result.machine = next(iter(machines))
     # each stored configuration is one measurement: the bootstrap draws configurations only

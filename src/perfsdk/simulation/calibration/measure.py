@@ -576,8 +576,8 @@ def calibrate_here(models: list[str], grid: list[tuple[int, int, int]] | None = 
     """
     import torch
 
-    from perfsdk.simulation.calibration.fit import (ConfigurationSamples, bootstrap_coefficients, held_out_errors,
-                                                    keep_cache)
+    from perfsdk.simulation.calibration.fit import (ConfigurationSamples, bootstrap_coefficients, checked_cache,
+                                                    held_out_errors)
 
     if threads:
         torch.set_num_threads(threads)
@@ -636,14 +636,10 @@ def calibrate_here(models: list[str], grid: list[tuple[int, int, int]] | None = 
                                             family=getattr(built[key[0]].config, "model_type", None)))
     observed = [ob for c in samples for ob in c.observations]
     result, fixed = fit_with_micro(timed, observed, fit_step_overhead=fit_step_overhead)
-    if result.cache_bytes:
-        # a cache is kept only where it also predicts the models left out of the fit better
-        without, fixed_without = fit_with_micro(timed, observed, fit_step_overhead=fit_step_overhead,
-                                                cache_bytes=(0.0,))
-        keep, note = keep_cache(result, without, samples, fixed, fixed_without, fit_step_overhead=fit_step_overhead)
-        if not keep:
-            result, fixed = without, fixed_without
-        result.cache_note = note
+    # a cache is kept only where it also predicts the models left out of the fit better
+    result, fixed = checked_cache(result, fixed, lambda: fit_with_micro(timed, observed, cache_bytes=(0.0,),
+                                                                        fit_step_overhead=fit_step_overhead),
+                                  samples, fit_step_overhead=fit_step_overhead)
     result.drift_pct = pass_drift_pct([[m for m, _ in raw[key]] for key in configs])
     if ref is not None:
         result.normalised_drift_pct = pass_drift_pct([runs[key] for key in configs])
