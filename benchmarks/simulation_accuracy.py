@@ -177,6 +177,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--calls", type=int, default=5, help="measured generate calls per configuration and pass")
     ap.add_argument("--passes", type=int, default=3)
     ap.add_argument("--calibration-passes", type=int, default=3, help="round-robin passes of the calibration (perfsdk calibrate's default)")
+    ap.add_argument("--calibration-max-passes", type=int, default=6,
+                    help="more calibration passes, up to this many, until the median pass is settled "
+                         "(perfsdk calibrate's --max-passes default)")
     ap.add_argument("--calibration-repeats", type=int, default=3,
                     help="repeats per configuration and pass of the calibration (perfsdk calibrate's default)")
     ap.add_argument("--min-time", type=float, default=0.2,
@@ -227,13 +230,14 @@ def main(argv: list[str] | None = None) -> int:
         tc = time.time()
         fit, _ = calibrate_here(list(DEFAULT_CALIBRATION_MODELS), repeats=args.calibration_repeats,
                                 threads=args.threads, clock=args.clock, passes=args.calibration_passes,
+                                max_passes=max(args.calibration_passes, args.calibration_max_passes),
                                 min_time_s=args.min_time, normalise=not args.no_normalise, seed=k)
         fits.append(fit)
         profiles.append(profile_from_fit(fit, name="host-calibrated", note="benchmarks/simulation_accuracy.py"))
         walls.append(time.time() - tc)
         print(f"calibration {k + 1} in {time.time() - tc:.0f} s: {json.dumps(fit.coefficients)}, "
               f"matmul_half_rows {fit.matmul_half_rows:.2f}, pack_rows {fit.pack_rows}, "
-              f"cache {fit.cache_bytes / 1e6:g} MB, passes {fit.drift_pct or 0:.1f} % apart "
+              f"cache {fit.cache_bytes / 1e6:g} MB, {fit.passes} passes {fit.drift_pct or 0:.1f} % apart "
               f"({fit.normalised_drift_pct or 0:.1f} % normalised, tracking {fit.reference_tracking}); "
               f"cache: {fit.cache_note or 'none fitted'}", file=sys.stderr)
 
@@ -334,6 +338,7 @@ def main(argv: list[str] | None = None) -> int:
         "calibration_drift_pct": [f.drift_pct for f in fits],
         "calibration_normalised_drift_pct": [f.normalised_drift_pct for f in fits],
         "calibration_wall_s": walls,
+        "calibration_passes_run": [f.passes for f in fits],
         "measurement_drift_pct": raw_drift, "measurement_normalised_drift_pct": norm_drift,
         "reference_s": {"measurement": ref_s if ref is not None else None,
                         "calibrations": [f.reference_s for f in fits]},
@@ -388,8 +393,9 @@ def main(argv: list[str] | None = None) -> int:
                      + ", ".join(f"{f.reference_tracking:.2f}" for f in fits if f.reference_tracking is not None)
                      + " (calibrations).")
     lines.append("Drift, slowest pass over fastest: calibrations " + ", ".join(
-        f"{a or 0:.1f} % raw / {b or 0:.1f} % normalised" for a, b in
-        zip(summary["calibration_drift_pct"], summary["calibration_normalised_drift_pct"]))
+        f"{a or 0:.1f} % raw / {b or 0:.1f} % normalised ({n} passes)" for a, b, n in
+        zip(summary["calibration_drift_pct"], summary["calibration_normalised_drift_pct"],
+            summary["calibration_passes_run"]))
         + f"; measurement {raw_drift or 0:.1f} % raw / {norm_drift or 0:.1f} % normalised.")
     table = "\n".join(lines)
     print(table)

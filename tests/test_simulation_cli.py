@@ -119,7 +119,8 @@ def test_calibrate_command_writes_profile(tmp_path: Path, monkeypatch: pytest.Mo
     out = tmp_path / "host.yaml"
     r = CliRunner().invoke(calibrate_command, ["--model", "builtin:tiny-llama-small", "--model",
                                                "builtin:tiny-llama-small@layers=1", "--repeats", "1",
-                                               "--threads", "1", "-o", str(out), "--name", "my-host"])
+                                               "--threads", "1", "--max-passes", "3", "-o", str(out),
+                                               "--name", "my-host"])
     assert r.exit_code == 0, r.output
     r2 = CliRunner().invoke(hardware_group, ["show", "my-host", "--hardware-file", str(out), "--json"])
     assert r2.exit_code == 0, r2.output
@@ -148,7 +149,8 @@ def test_calibrate_command_writes_profile(tmp_path: Path, monkeypatch: pytest.Mo
     assert cal["reference"] == "builtin:tiny-llama-medium@layers=2 batch 1 in 16 out 8" and cal["reference_s"] > 0
     # two models x two shapes in three passes, and the micro-kernels before the first pass and
     # after each: a machine level around each of the 12 + 4 timings
-    assert len(cal["levels"]) == 16 and cal["normalised_drift_pct"] is not None
+    assert len(cal["levels"]) == 16 and cal["normalised_drift_pct"] is not None and cal["passes"] == 3
+    assert "(median over configurations; 3 passes)" in d["source"]
     # the exponent said is the one kept, between 0 (a reference the passes did not follow) and 1
     assert 0.0 <= cal["reference_tracking"] <= 1.0
     assert f"{cal['reference_tracking']:.2f}" == tracking.group(1)

@@ -232,6 +232,14 @@ def test_profile_source_states_the_drift_and_calibrate_warns_above_five_percent(
     _warn_drift(3.0)
     assert capsys.readouterr().err == ("passes: the same configurations ran 3.0 % slower in the slowest pass than "
                                        "in the fastest\n")
+    # more passes than asked for were run: said first
+    _warn_drift(6.0, 2.0, passes=(3, 5))
+    assert capsys.readouterr().err == ("passes: 5 (2 more than 3: the median pass did not yet rest on three that agree "
+                                       "within 3 %); the same configurations ran 6.0 % slower in the slowest pass "
+                                       "than in the fastest; 2.0 % once each was divided by the reference workload "
+                                       "timed around it\n")
+    _warn_drift(6.0, 2.0, passes=(3, 3))
+    assert capsys.readouterr().err.startswith("passes: the same configurations ran 6.0 %")
     _warn_drift(None)
     assert capsys.readouterr().err == ""
 

@@ -14,8 +14,8 @@ from perfsdk.hardware.catalog import builtin_profiles
 from perfsdk.hardware.profile import CalibrationRecord, parse_profile, profile_to_yaml
 from perfsdk.models.tiny import tiny_llama_config
 from perfsdk.simulation.calibration import (PARAMS, ConfigurationSamples, Measurement, bootstrap_coefficients, fit,
-                                            held_out_errors, median_of, normalised_runs, profile_from_fit,
-                                            reference_tracking)
+                                            held_out_errors, median_of, normalised_runs, pass_levels,
+                                            passes_settled, profile_from_fit, reference_tracking)
 from perfsdk.simulation.predictor import simulate_config
 from perfsdk.simulation.uncertainty import profile_origin
 from tests.test_simulation_fit import TRUTH, _observations
@@ -79,6 +79,54 @@ def test_the_normalisation_takes_the_power_the_passes_follow_the_reference_with(
     # the passes as plain (TTFT, TPOT) tuples, as the accuracy benchmark keeps them
     assert reference_tracking({"a": [((2.0, 0.5), 1.0), ((2.0 * 1.1 ** 0.25, 0.5 * 1.1 ** 0.25), 1.1)]}) \
         == pytest.approx(0.25)
+
+
+def test_the_median_pass_is_settled_when_three_passes_covering_it_agree() -> None:
+    # three passes: settled exactly when their whole spread is within the bound
+    assert passes_settled([1.0, 1.02, 1.01], 3.0)
+    assert not passes_settled([1.0, 1.05, 1.02], 3.0)
+    # a fourth pass at the first's level: 1.0, 1.0, 1.02 agree and cover the median
+    assert passes_settled([1.0, 1.05, 1.02, 1.0], 3.0)
+    # passes split between two speeds, none of the middle three within 3 %: not settled
+    assert not passes_settled([1.0, 1.06, 1.0, 1.06], 3.0)
+    assert passes_settled([1.0, 1.06, 1.0, 1.06, 1.06], 3.0)  # the slower speed is now the majority
+    # three that agree but leave the median outside them do not count
+    assert not passes_settled([1.0, 1.01, 1.02, 1.10, 1.20, 1.30], 3.0)
+    assert passes_settled([1.0, 1.2], 3.0)  # fewer than three: nothing more to decide on
+    # the levels of the passes: each configuration's time over its fastest pass, median over them
+    runs = [[_m(1.0, 1.0), _m(1.1, 1.1), _m(1.0, 1.0)], [_m(2.0, 2.0), _m(2.2, 2.2), _m(2.4, 2.4)],
+            [_m(1.0, 1.0), _m(1.0, 1.0), _m(1.5, 1.5)]]
+    assert pass_levels(runs) == pytest.approx([1.0, 1.1, 1.2])
+
+
+def test_calibrate_here_runs_more_passes_until_the_median_pass_is_settled(monkeypatch: pytest.MonkeyPatch) -> None:
+    import perfsdk.simulation.calibration.measure as cal
+
+    def machine(slow: dict[int, float]):  # type: ignore[no-untyped-def]
+        """A machine that runs pass ``p`` ``slow[p]`` times slower than its normal speed."""
+        def measure(model, b, i, o, *, calls, label, seed, min_time_s):  # type: ignore[no-untyped-def]
+            f = slow.get(seed, 1.0)
+            return Measurement(model=label, batch_size=b, input_tokens=i, output_tokens=o,
+                               ttft_s=f * 1e-3 * b * i, decode_s=f * 2e-4 * b * (o - 1), repeats=calls)
+        return measure
+
+    kw = dict(grid=[(1, 8, 3), (2, 16, 3)], repeats=1, normalise=False, micro=False, replicates=2)
+    models = ["builtin:tiny-llama-small", "builtin:tiny-llama-small@layers=1"]
+    # the second pass ran 10 % slower: three passes do not settle, a fourth at the usual speed does
+    monkeypatch.setattr(cal, "measure_in_session", machine({1: 1.10}))
+    res, meas = cal.calibrate_here(models, passes=3, max_passes=6, **kw)
+    assert res.passes == 4 and res.drift_pct == pytest.approx(10.0)
+    assert meas[0].ttft_s == pytest.approx(1e-3 * 8)  # the median of 1.0, 1.1, 1.0, 1.0 times
+    # without room for more (the default, or max_passes equal to passes): exactly the passes asked for
+    assert cal.calibrate_here(models, passes=3, **kw)[0].passes == 3
+    # a machine that never settles: up to max_passes and no more
+    monkeypatch.setattr(cal, "measure_in_session", machine({p: 1.0 + 0.05 * p for p in range(10)}))
+    assert cal.calibrate_here(models, passes=3, max_passes=5, **kw)[0].passes == 5
+    # a steady machine: the passes asked for
+    monkeypatch.setattr(cal, "measure_in_session", machine({}))
+    res, _ = cal.calibrate_here(models, passes=3, max_passes=6, **kw)
+    assert res.passes == 3 and res.drift_pct == pytest.approx(0.0)
+    assert profile_from_fit(res).calibration.passes == 3  # type: ignore[union-attr]
 
 
 def test_bootstrap_and_held_out_on_noise_free_timings_reproduce_the_fit() -> None:

@@ -16,7 +16,7 @@ from perfsdk.hardware.profile import (HardwareProfile, HardwareProfileError, pro
                                       read_profile_file)
 from perfsdk.plugins import hookimpl
 from perfsdk.terminal import wide_option
-from perfsdk.simulation.calibration.measure import DEFAULT_CALIBRATION_MODELS
+from perfsdk.simulation.calibration.measure import DEFAULT_CALIBRATION_MODELS, PASS_SETTLE_PCT
 from perfsdk.simulation.mapping import MappingError, mapping_from
 from perfsdk.simulation.predictor import SimulationResult, simulate_model
 
@@ -298,15 +298,19 @@ CALIBRATION_DRIFT_WARN_PCT = 5.0
 
 
 def _warn_drift(drift_pct: float | None, normalised_pct: float | None = None, *, isolated: bool = False,
-                tracking: float | None = None) -> None:
+                tracking: float | None = None, passes: tuple[int, int | None] | None = None) -> None:
     """Say how steady the machine was while calibrating, and warn when the drift that remains
     after normalising to the reference workload (or, without one, the raw drift) is large.
 
     ``isolated``: the calibration already ran on one thread with the CPU clock, so the advice to
-    do that is left out."""
+    do that is left out. ``passes``: (passes asked for, passes run), said when more were run."""
     if drift_pct is None:
         return
     msg = f"passes: the same configurations ran {drift_pct:.1f} % slower in the slowest pass than in the fastest"
+    if passes is not None and passes[1] is not None and passes[1] > passes[0]:
+        msg = (f"passes: {passes[1]} ({passes[1] - passes[0]} more than {passes[0]}: the median pass did not yet rest "
+               f"on three that agree within {PASS_SETTLE_PCT:g} %); the same configurations ran {drift_pct:.1f} % "
+               "slower in the slowest pass than in the fastest")
     remaining = drift_pct
     if normalised_pct is not None:
         msg += f"; {normalised_pct:.1f} % once each was divided by the reference workload timed around it"
@@ -348,6 +352,10 @@ def _say_uncertainty(result: Any) -> None:
               help="Timed calls per configuration in each pass (after a warm-up call)")
 @click.option("--passes", default=3, show_default=True, type=click.IntRange(min=1),
               help="Round-robin passes over all configurations; each configuration's time is the median over them")
+@click.option("--max-passes", "max_passes", default=6, show_default=True, type=click.IntRange(min=1),
+              help="Run more passes, one at a time up to this many, while the median pass does not yet rest on "
+                   "three passes that agree (after dividing by the reference workload); --max-passes equal to "
+                   "--passes runs exactly --passes")
 @click.option("--min-time", "min_time", default=0.2, show_default=True, type=click.FloatRange(min=0.0),
               help="Seconds each configuration is timed for at least, per pass (cheap ones are repeated more)")
 @click.option("--threads", type=click.IntRange(min=1), help="torch threads (default: torch's)")
@@ -359,7 +367,8 @@ def _say_uncertainty(result: Any) -> None:
 @click.option("--from-store", "from_store", type=click.Path(file_okay=False),
               help="Fit from the measured runs in this store instead of measuring (see --run)")
 @click.option("--run", "run_ids", multiple=True, help="With --from-store: only these run ids (default: all runs)")
-def calibrate_command(models: tuple[str, ...], repeats: int, passes: int, min_time: float, threads: int | None,
+def calibrate_command(models: tuple[str, ...], repeats: int, passes: int, max_passes: int, min_time: float,
+                      threads: int | None,
                       clock: str,
                       name: str, output: str | None, as_json: bool, from_store: str | None, run_ids: tuple[str, ...]) -> None:
     """Fit a host profile (FLOP/s, bandwidth, per-op and per-step overhead) from short measured runs,
@@ -385,10 +394,10 @@ def calibrate_command(models: tuple[str, ...], repeats: int, passes: int, min_ti
                     f"({len(used)} measured shapes).")
         else:
             result, _ = calibrate_here(list(models), repeats=repeats, threads=threads, progress=progress, clock=clock,
-                                       passes=passes, min_time_s=min_time)
+                                       passes=passes, max_passes=max(passes, max_passes), min_time_s=min_time)
             note = f"Models: {', '.join(models)}."
             _warn_drift(result.drift_pct, result.normalised_drift_pct, isolated=threads == 1,
-                        tracking=result.reference_tracking)
+                        tracking=result.reference_tracking, passes=(passes, result.passes))
             _say_held(result)
             _say_uncertainty(result)
         if result.cache_note:
@@ -407,7 +416,7 @@ def calibrate_command(models: tuple[str, ...], repeats: int, passes: int, min_ti
                                "matmul_half_rows": result.matmul_half_rows, "matmul_pack_rows": result.pack_rows,
                                "cache_bytes": result.cache_bytes, "cache_note": result.cache_note,
                                "drift_pct": result.drift_pct,
-                               "normalised_drift_pct": result.normalised_drift_pct,
+                               "normalised_drift_pct": result.normalised_drift_pct, "passes": result.passes,
                                "reference": result.reference, "reference_s": result.reference_s,
                                "reference_tracking": result.reference_tracking,
                                "fixed_cost": "per ATen call" if result.per_call else "per operation",

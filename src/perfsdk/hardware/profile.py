@@ -130,6 +130,7 @@ class CalibrationRecord(_Strict):
     drift_pct: float | None = Field(default=None, description="Slowest pass over fastest, raw timings, percent")
     normalised_drift_pct: float | None = Field(
         default=None, description="The same after each configuration is divided by the adjacent reference, percent")
+    passes: int | None = Field(default=None, ge=1, description="Round-robin passes over the configurations that were run")
 
     @model_validator(mode="after")
     def _shapes(self) -> CalibrationRecord:

@@ -37,6 +37,7 @@ from perfsdk.simulation.calibration.from_store import calibrate_from_store, meas
 from perfsdk.simulation.calibration.measure import (
     DEFAULT_CALIBRATION_GRID,
     DEFAULT_CALIBRATION_MODELS,
+    PASS_SETTLE_PCT,
     REFERENCE_MODEL,
     REFERENCE_SHAPE,
     Measurement,
@@ -52,6 +53,8 @@ from perfsdk.simulation.calibration.measure import (
     normalised_runs,
     observations_for,
     pass_drift_pct,
+    pass_levels,
+    passes_settled,
     reference_tracking,
     scaled,
 )
@@ -62,5 +65,5 @@ __all__ = [
     "CACHE_GRID", "CACHE_MIN_GAIN", "DEFAULT_CALIBRATION_GRID", "DEFAULT_CALIBRATION_MODELS", "HALF_ROWS_GRID", "PACK_ROWS_GRID", "PARAMS", "FitResult", "Measurement",
     "Observation", "build_random_model", "cached_fraction", "calibrate_from_store", "calibrate_here", "fit",
     "measure_generate", "measurements_of_run", "micro_observations", "model_config_of_run", "observations_for",
-    "captured_observations_for", "pass_drift_pct", "profile_from_fit", "reference_tracking", "keep_cache",
+    "captured_observations_for", "pass_drift_pct", "pass_levels", "passes_settled", "PASS_SETTLE_PCT", "profile_from_fit", "reference_tracking", "keep_cache",
 ]

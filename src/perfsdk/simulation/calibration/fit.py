@@ -248,6 +248,8 @@ class FitResult:
     drift_pct: float | None = None
     #: the same after each configuration's times are divided by the adjacent reference's
     normalised_drift_pct: float | None = None
+    #: round-robin passes run (more than asked when the first did not settle); None when not measured here
+    passes: int | None = None
     #: bootstrap refits' coefficients (PARAMS order), held-out errors ([prefill, decode]) and the
     #: reference workload's times relative to their median: see
     #: :class:`~perfsdk.hardware.profile.CalibrationRecord`
@@ -542,8 +544,9 @@ def profile_from_fit(result: FitResult, *, name: str = "host-calibrated", base: 
     source = (f"Fitted by perfsdk calibrate on {when} from {result.observations} measured phases "
               f"(least squares on the simulation's own cost model). {note}".strip())
     if result.drift_pct is not None:
+        over = f"; {result.passes} passes" if result.passes else ""
         source += (f" The same configurations ran {result.drift_pct:.1f} % slower in the calibration's slowest "
-                   "pass than in its fastest (median over configurations)")
+                   f"pass than in its fastest (median over configurations{over})")
         if result.normalised_drift_pct is not None:
             source += (f"; {result.normalised_drift_pct:.1f} % once each was divided by the reference workload "
                        "timed around it")
@@ -562,7 +565,7 @@ def profile_from_fit(result: FitResult, *, name: str = "host-calibrated", base: 
         replicates=result.replicates, held_out=result.held_out, levels=result.levels,
         cache_bytes=result.cache_bytes, pack_rows=result.pack_rows, reference=result.reference,
         reference_s=result.reference_s, reference_tracking=result.reference_tracking, drift_pct=result.drift_pct,
-        normalised_drift_pct=result.normalised_drift_pct)
+        normalised_drift_pct=result.normalised_drift_pct, passes=result.passes)
     cached = bool(result.cache_bytes) and k.get("s_per_cached_byte", 0) > 0
     where = "this host" if machine is None else f"{cpu} in stored runs"
     return HardwareProfile(

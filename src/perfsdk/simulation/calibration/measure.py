@@ -419,6 +419,9 @@ DEFAULT_CALIBRATION_MODELS = ["builtin:tiny-llama-medium", "builtin:tiny-llama-m
 #: The fixed workload timed right before and after every calibration configuration (and every
 #: measured configuration of the accuracy benchmark): the machine's speed at that moment.
 REFERENCE_MODEL = "builtin:tiny-llama-medium@layers=2"
+#: a calibration's median pass should rest on three passes within this many percent of each
+#: other (:func:`passes_settled`); more passes are run until it does (up to ``max_passes``)
+PASS_SETTLE_PCT = 3.0
 REFERENCE_SHAPE = (1, 16, 8)
 
 
@@ -547,8 +550,8 @@ def calibrate_here(models: list[str], grid: list[tuple[int, int, int]] | None = 
                    threads: int | None = None, fit_step_overhead: bool = True, micro: bool = True,
                    progress: Any = None, clock: str = "wall", passes: int = 3,
                    min_time_s: float = 0.2, normalise: bool = True, estimator: str | None = None,
-                   pause_gc: bool = False, replicates: int = 40,
-                   seed: int = 0) -> tuple[FitResult, list[Measurement]]:
+                   pause_gc: bool = False, replicates: int = 40, max_passes: int | None = None,
+                   settle_pct: float = PASS_SETTLE_PCT, seed: int = 0) -> tuple[FitResult, list[Measurement]]:
     """Measure ``models`` (random weights) on a grid of (batch, input tokens, output tokens),
     plus the micro-kernels (``micro``), and fit.
 
@@ -568,6 +571,11 @@ def calibrate_here(models: list[str], grid: list[tuple[int, int, int]] | None = 
     first order without the reference's own noise added. The configuration's
     time is the median over its passes. The drift is reported both ways (``drift_pct`` raw,
     ``normalised_drift_pct`` after normalising).
+
+    With ``max_passes`` above ``passes``, more passes are run, one at a time up to ``max_passes``,
+    while the median pass does not yet rest on three passes that agree within ``settle_pct``
+    percent (:func:`passes_settled`, on the normalised passes): a stretch in which the machine
+    ran slower than the reference shows is then outvoted instead of moving the median.
 
     The fit then keeps what it needs to state its own uncertainty: ``replicates`` bootstrap
     refits over configurations and passes, every configuration's errors when its model is left
@@ -599,8 +607,15 @@ def calibrate_here(models: list[str], grid: list[tuple[int, int, int]] | None = 
         else:
             micro_runs.append((micro_observations(clock=clock, estimator=estimator), -1))
 
-    time_micro()
-    for p in range(max(1, passes)):
+    def normalised() -> tuple[dict[Any, list[tuple[Measurement, float]]], float | None, dict[Any, list[Measurement]]]:
+        """The passes so far with their levels, the tracking exponent, and the normalised passes."""
+        if ref is None:
+            return {}, None, {k: [m for m, _ in v] for k, v in raw.items()}
+        leveled = {k: [(m, ref.level_at(i)) for m, i in v] for k, v in raw.items()}
+        tracking = reference_tracking(leveled)
+        return leveled, tracking, normalised_runs(leveled, ref.median, tracking)
+
+    def run_pass(p: int) -> None:
         for key in configs:
             spec, b, i, o = key
 
@@ -613,18 +628,25 @@ def calibrate_here(models: list[str], grid: list[tuple[int, int, int]] | None = 
 
             if ref is not None:
                 m, index = ref.around(one)
-                raw[key].append((m, index))
             else:
-                raw[key].append((one(), -1))
-            if progress is not None and p == max(1, passes) - 1:
+                m, index = one(), -1
+            raw[key].append((m, index))
+            if progress is not None and p == 0:
                 progress(m)
         time_micro()
+
+    time_micro()
+    done = 0
+    while done < max(1, passes):
+        run_pass(done)
+        done += 1
+    leveled, tracking, runs = normalised()
+    while done < (max_passes or 0) and not passes_settled(pass_levels([runs[key] for key in configs]), settle_pct):
+        run_pass(done)
+        done += 1
+        leveled, tracking, runs = normalised()
     ref_s = ref.median if ref is not None else 1.0
-    leveled = {k: [(m, ref.level_at(i)) for m, i in v] for k, v in raw.items()} if ref is not None else {}
-    tracking = reference_tracking(leveled) if ref is not None else None
     timed = median_micro(micro_runs, ref, ref_s, tracking if tracking is not None else 1.0)
-    runs = (normalised_runs(leveled, ref_s, tracking if tracking is not None else 1.0)
-            if ref is not None else {k: [m for m, _ in v] for k, v in raw.items()})
     merge = _best_of if estimator == "min" else median_of
     meas = [merge(runs[key]) for key in configs]
     samples: list[ConfigurationSamples] = []
@@ -641,6 +663,7 @@ def calibrate_here(models: list[str], grid: list[tuple[int, int, int]] | None = 
                                                                         fit_step_overhead=fit_step_overhead),
                                   samples, fit_step_overhead=fit_step_overhead)
     result.drift_pct = pass_drift_pct([[m for m, _ in raw[key]] for key in configs])
+    result.passes = done
     if ref is not None:
         result.normalised_drift_pct = pass_drift_pct([runs[key] for key in configs])
         result.levels = ref.levels(tracking if tracking is not None else 1.0)
@@ -723,10 +746,34 @@ def pass_drift_pct(runs: list[list[Measurement]]) -> float | None:
     A pass that met a busy moment for one configuration barely moves a median; a machine that ran
     slower for a whole pass does. None with fewer than two passes.
     """
-    passes = min((len(r) for r in runs), default=0)
-    if passes < 2:
+    levels = pass_levels(runs)
+    if len(levels) < 2:
         return None
-    totals = [[m.ttft_s + m.decode_s for m in r[:passes]] for r in runs]
-    levels = [percentile(sorted(t[p] / min(t) for t in totals), 50) for p in range(passes)]
     return 100.0 * (max(levels) / min(levels) - 1.0)
+
+
+def pass_levels(runs: list[list[Measurement]]) -> list[float]:
+    """Each round-robin pass's level (see :func:`pass_drift_pct`): the median, over
+    configurations, of its time (TTFT + decode) relative to the same configuration's fastest pass."""
+    passes = min((len(r) for r in runs), default=0)
+    totals = [[m.ttft_s + m.decode_s for m in r[:passes]] for r in runs]
+    return [percentile(sorted(t[p] / min(t) for t in totals), 50) for p in range(passes)]
+
+
+def passes_settled(levels: list[float], within_pct: float, need: int = 3) -> bool:
+    """Whether the median of the passes rests on ``need`` passes that agree: ``need`` passes,
+    consecutive in order of level and covering the median, whose slowest is at most
+    ``within_pct`` percent above their fastest. With ``need`` passes this is their whole drift;
+    with more, one or two passes that met a slower (or faster) stretch of the machine are
+    outvoted. Fewer passes than ``need``: settled (nothing more can be said)."""
+    ordered = sorted(levels)
+    n = len(ordered)
+    if n < need:
+        return True
+    lo_mid, hi_mid = (n - 1) // 2, n // 2
+    for start in range(max(0, hi_mid - need + 1), min(lo_mid, n - need) + 1):
+        window = ordered[start:start + need]
+        if window[-1] <= window[0] * (1.0 + within_pct / 100.0):
+            return True
+    return False
 
