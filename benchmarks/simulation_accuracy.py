@@ -151,17 +151,19 @@ def _inside(value: float, low: float | None, high: float | None) -> bool | None:
     return None if low is None or high is None else low <= value <= high
 
 
-def _summary(rows: list[dict], k: int | None = None, own_level: bool = False) -> dict:
+def _summary(rows: list[dict], k: int | None = None, own_level: bool = False, current_speed: bool = False) -> dict:
     """Median and worst |error|, share inside the interval and median interval width (percent of
     the prediction) of ``rows``, for calibration ``k`` (None: the first); ``own_level``: errors
-    against the measurement at its own reference level instead of the calibration's."""
+    against the measurement at its own reference level instead of the calibration's;
+    ``current_speed``: the prediction brought to the measurement's speed as ``perfsdk simulate
+    --at-current-speed`` does, against the measurement at its own level."""
     k = k or 0
     errs, inside, widths = [], [], []
-    key = "error_own_level_pct_each" if own_level else "error_pct_each"
+    tag = "_current_speed" if current_speed else "_own_level" if own_level else ""
     for r in rows:
         for x in ("ttft", "tpot"):
-            errs.append(abs(r[f"{x}_{key}"][k]))
-            flag = r[f"{x}_inside_own_level_each" if own_level else f"{x}_inside_each"][k]
+            errs.append(abs(r[f"{x}_error{tag}_pct_each"][k]))
+            flag = r[f"{x}_inside{tag}_each"][k]
             if flag is not None:
                 inside.append(flag)
                 widths.append(r[f"{x}_width_pct_each"][k])
@@ -277,6 +279,10 @@ def main(argv: list[str] | None = None) -> int:
     raw_drift = _pass_drift({k: [m for m, _ in v] for k, v in raw.items()})
     norm_drift = _pass_drift({k: [(a * (ref_s / adj) ** tracking, b * (ref_s / adj) ** tracking)
                                   for (a, b), adj in v] for k, v in raw.items()})
+    # each calibrated profile's speed factor at the measurement's reference median (``at_current_speed``'s)
+    speed = [prof.calibration.speed_factor(ref_s)
+             if ref is not None and prof.calibration is not None and prof.calibration.reference_s else 1.0
+             for prof in profiles]
     rows = []
     for spec, b, o in configs:
         cfg = models[spec].config
@@ -303,10 +309,13 @@ def main(argv: list[str] | None = None) -> int:
             row[f"{x}_inside_each"] = [_inside(mk, lo, hi) for mk, lo, hi in zip(meas_each, lows, highs)]
             row[f"{x}_inside_own_level_each"] = [_inside(own[j], lo, hi) for lo, hi in zip(lows, highs)]
             # each calibration's prediction brought from its reference level to one level (the
-            # measurement's), to the power it found its configurations follow the reference with
-            row[f"{x}_one_level_each"] = [v * (ref_s / lv) ** (f.reference_tracking if f.reference_tracking is not None
-                                                                else 1.0)
-                                          for v, lv, f in zip(vals, levels[1:], fits)]
+            # measurement's), to the power it found its configurations follow the reference with:
+            # what ``perfsdk simulate --at-current-speed`` would have printed during the measurement
+            row[f"{x}_one_level_each"] = [v * fk for v, fk in zip(vals, speed)]
+            row[f"{x}_error_current_speed_pct_each"] = [100 * (v * fk - own[j]) / own[j] for v, fk in zip(vals, speed)]
+            row[f"{x}_inside_current_speed_each"] = [_inside(own[j], None if lo is None else lo * fk,
+                                                             None if hi is None else hi * fk)
+                                                     for lo, hi, fk in zip(lows, highs, speed)]
             row[f"{x}_width_pct_each"] = [None if lo is None else 100 * (hi - lo) / v
                                           for lo, hi, v in zip(lows, highs, vals)]
         row["calibration_spread_pct"] = max(
@@ -329,6 +338,8 @@ def main(argv: list[str] | None = None) -> int:
         "per_family": {name: _summary(rs) for name, rs in by_family.items()},
         "llama": {k: _summary([r for r in rows if not r["family"]], k) for k in range(len(profiles))},
         "families_own_level": {k: _summary(fam_rows, k, own_level=True) for k in range(len(profiles))},
+        "families_current_speed": {k: _summary(fam_rows, k, current_speed=True) for k in range(len(profiles))},
+        "speed_factors": speed,
         "family_calibration_spread_pct": max((r["calibration_spread_pct"] for r in fam_rows), default=None),
         "family_calibration_spread_one_level_pct": max(
             (r["calibration_spread_one_level_pct"] for r in fam_rows), default=None),
@@ -386,6 +397,9 @@ def main(argv: list[str] | None = None) -> int:
         lines.append(f"Unseen families, calibration {k + 1}, against the measurement at its own reference level: "
                      f"median |error| {s_['median_abs_error_pct']:.1f} %, worst {s_['max_abs_error_pct']:.1f} %, "
                      f"inside the 90 % interval {100 * (s_['inside_share'] or 0):.0f} %.")
+    for k, s_ in summary["families_current_speed"].items():
+        lines.append(f"Unseen families, calibration {k + 1}, at the measurement's speed (x {speed[k]:.3f}, as "
+                     f"--at-current-speed): {said(s_)}.")
     if ref is not None:
         lines.append("Reference workload at its median: measurement " + f"{ref_s * 1e3:.2f} ms, calibrations "
                      + ", ".join(f"{(f.reference_s or 0) * 1e3:.2f} ms" for f in fits)

@@ -13,7 +13,7 @@ import yaml
 from perfsdk.hardware.catalog import builtin_profiles
 from perfsdk.hardware.profile import CalibrationRecord, parse_profile, profile_to_yaml
 from perfsdk.models.tiny import tiny_llama_config
-from perfsdk.simulation.calibration import (PARAMS, ConfigurationSamples, Measurement, bootstrap_coefficients, fit,
+from perfsdk.simulation.calibration import (PARAMS, REFERENCE_LABEL, ConfigurationSamples, at_current_speed, Measurement, bootstrap_coefficients, fit,
                                             held_out_errors, median_of, normalised_runs, pass_levels,
                                             passes_settled, profile_from_fit, reference_tracking)
 from perfsdk.simulation.predictor import simulate_config
@@ -21,15 +21,20 @@ from perfsdk.simulation.uncertainty import profile_origin
 from tests.test_simulation_fit import TRUTH, _observations
 
 
-def _calibrated(held_out: list[list[float]], levels: list[float], replicates: int = 1):
+def _calibrated(held_out: list[list[float]], levels: list[float], replicates: int = 1,
+                reference_s: float | None = None, tracking: float | None = None):
     """A profile fitted to noise-free observations, with the given held-out errors and levels;
-    every bootstrap replicate equal to the central coefficients (no parameter spread)."""
+    every bootstrap replicate equal to the central coefficients (no parameter spread). With
+    ``reference_s``: timed around this version's reference workload, at one thread."""
     obs, _ = _observations(np.random.default_rng(7), 16)
     res = fit(obs, cache_bytes=(0.0,), pack_rows=(0.0,), weight_row_term=True)
     central = [res.coefficients[p] for p in PARAMS]
     res.replicates = [list(central) for _ in range(replicates)]
     res.held_out = held_out
     res.levels = levels
+    if reference_s is not None:
+        res.reference, res.reference_s, res.reference_tracking = REFERENCE_LABEL, reference_s, tracking
+        res.threads, res.clock = 1, "wall"
     return profile_from_fit(res, name="my-host")
 
 
@@ -284,3 +289,106 @@ def test_simulate_command_prints_the_interval_and_origin(tmp_path) -> None:  # t
     assert "interval" not in r.output.split("times:")[0]
     assert "times: l4: spec sheet with efficiency factors (estimates)" in r.output
     assert "no interval: l4 (spec sheet) not calibrated on a host" in " ".join(r.output.split())
+
+
+class _Timer:
+    """A reference workload that takes the given times, one per timing."""
+
+    def __init__(self, *times: float) -> None:
+        self.given, self.times = list(times), []  # type: ignore[var-annotated]
+
+    def tick(self) -> float:
+        self.times.append(self.given[len(self.times)])
+        return self.times[-1]
+
+
+def test_a_calibrated_host_at_its_speed_now_prices_every_time_by_the_reference_ratio() -> None:
+    prof = _calibrated([[0.1, -0.1], [-0.1, 0.1]], [0.95, 1.05], reference_s=0.040, tracking=0.5)
+    # the reference now takes 44 ms (the median of three timings) against 40 ms when calibrated;
+    # the calibration's work followed it to the power 0.5: every time x 1.1 ** 0.5
+    now, said = at_current_speed(prof, timer=_Timer(0.044, 0.050, 0.043))  # type: ignore[arg-type]
+    f = 1.1 ** 0.5
+    assert said == ("at this machine's speed now: the reference workload took 44.00 ms against 40.00 ms when "
+                    "my-host was calibrated; every predicted time and bound x 1.049 (that ratio to the power 0.50)")
+    assert now.memory_bandwidth_gbs == pytest.approx(prof.memory_bandwidth_gbs / f)
+    assert now.peak_tflops.fp32 == pytest.approx(prof.peak_tflops.fp32 / f)  # type: ignore[operator]
+    assert now.op_overhead_s == pytest.approx(prof.op_overhead_s * f)
+    assert now.step_overhead_s == pytest.approx(prof.step_overhead_s * f)
+    assert now.memory_capacity_gb == prof.memory_capacity_gb and now.static_power_w == prof.static_power_w
+    assert now.calibration.reference_s == pytest.approx(0.044 ** 0.5 * 0.040 ** 0.5)  # type: ignore[union-attr]
+    assert now.calibration.coefficients == pytest.approx([c * f for c in prof.calibration.coefficients])  # type: ignore[union-attr]
+    assert parse_profile(yaml.safe_load(profile_to_yaml(now))) == now  # still a valid profile file
+    cfg = tiny_llama_config("tiny-llama")
+    base = simulate_config(cfg, prof, batch_size=2, input_tokens=16, output_tokens=4)
+    slow = simulate_config(cfg, now, batch_size=2, input_tokens=16, output_tokens=4)
+    for metric in ("ttft_s", "tpot_s", "e2e_s", "ttft_s_low", "ttft_s_high", "tpot_s_low", "tpot_s_high"):
+        assert getattr(slow, metric) == pytest.approx(getattr(base, metric) * f, rel=1e-9), metric
+    assert slow.output_tokens_per_s == pytest.approx(base.output_tokens_per_s / f, rel=1e-9)  # type: ignore[operator]
+    # what cannot be brought to this machine's speed says why
+    with pytest.raises(ValueError, match="re-timed from a calibration on this host with the reference workload"):
+        at_current_speed(builtin_profiles()["h100-sxm"])
+    with pytest.raises(ValueError, match="re-timed from a calibration on this host"):
+        at_current_speed(_calibrated([[0.1, -0.1]], [1.0]))  # no reference (as from stored runs)
+    cal = prof.calibration
+    assert cal is not None
+    other = prof.model_copy(update={"calibration": cal.model_copy(update={"host": "Some Other CPU"})})
+    with pytest.raises(ValueError, match="calibrated on Some Other CPU, and this machine is"):
+        at_current_speed(other)
+    older = prof.model_copy(update={"calibration": cal.model_copy(update={"reference": "builtin:x batch 1"})})
+    with pytest.raises(ValueError, match="timed the reference 'builtin:x batch 1'.*calibrate again"):
+        at_current_speed(older)
+    unthreaded = prof.model_copy(update={"calibration": cal.model_copy(update={"threads": None})})
+    with pytest.raises(ValueError, match="did not record how many torch threads it ran with.*calibrate again"):
+        at_current_speed(unthreaded)
+
+
+def test_simulate_and_the_collector_at_the_current_speed_time_the_reference_again(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    import re
+
+    import torch
+    from click.testing import CliRunner
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    import perfsdk
+    from perfsdk.cli.simulate import simulate_command
+
+    host = tmp_path / "my-host.yaml"
+    host.write_text(profile_to_yaml(_calibrated([[0.1, -0.1], [-0.1, 0.1]], [0.95, 1.05], reference_s=0.040,
+                                                tracking=1.0)), encoding="utf-8")
+    args = ["--model", "builtin:tiny-llama", "--hardware", str(host), "--output-tokens", "4", "--input-tokens", "8",
+            "--json"]
+    base = json.loads(CliRunner().invoke(simulate_command, args).output)
+    r = CliRunner().invoke(simulate_command, [*args, "--at-current-speed"])
+    assert r.exit_code == 0, r.output
+    now = json.loads(r.output)
+    said = re.fullmatch(r"at this machine's speed now: the reference workload took (\S+) ms against 40\.00 ms when "
+                        r"my-host was calibrated; every predicted time and bound x (\d+\.\d{3}) \(that ratio to the "
+                        r"power 1\.00\)", now["notes"][-1])
+    assert said is not None, now["notes"]
+    assert float(said.group(2)) == pytest.approx(float(said.group(1)) / 40.0, abs=6e-4)
+    for metric in ("ttft_s", "tpot_s", "ttft_s_high"):
+        assert now[metric] / base[metric] == pytest.approx(float(said.group(2)), abs=6e-4)
+    r = CliRunner().invoke(simulate_command, ["--model", "builtin:tiny-llama", "--hardware", "l4",
+                                              "--at-current-speed"])
+    assert r.exit_code != 0
+    assert "profile l4: its speed can only be re-timed from a calibration on this host" in r.output
+    # the collector: the measured device predicted at the speed timed after the run, said in its notes;
+    # a profile that cannot be re-timed leaves the prediction as it was and says why
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(LlamaConfig(hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+                                         num_key_value_heads=2, intermediate_size=128, vocab_size=256,
+                                         max_position_embeddings=256)).eval()
+    ids = torch.randint(4, 256, (1, 10))
+    for profile, timed in ((str(host), True), ("host-cpu", False)):
+        cfg = {"collectors": {"simulation": {"host": profile, "at_current_speed": True}}, "store": None}
+        with perfsdk.session(cfg) as s:
+            s.load(model=model)
+            s.generate(model, input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=4,
+                       min_new_tokens=4, pad_token_id=0)
+        res = s.result.collectors["simulation"]
+        assert res["predictions"]
+        if timed:
+            assert any(n.startswith("at this machine's speed now: the reference workload took") for n in res["notes"])
+            assert "at_current_speed" not in res["errors"]
+        else:
+            assert res["errors"]["at_current_speed"].startswith("profile host-cpu: its speed can only be re-timed")

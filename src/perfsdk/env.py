@@ -12,7 +12,8 @@ from typing import Any
 from perfsdk.schemas import EnvironmentInfo
 
 
-def _cpu_model() -> str | None:
+def cpu_model() -> str | None:
+    """This machine's CPU model name (``/proc/cpuinfo``; else what :mod:`platform` says)."""
     try:
         with open("/proc/cpuinfo", encoding="utf-8") as fh:
             for line in fh:
@@ -43,7 +44,7 @@ def _static_environment() -> dict[str, Any]:
         "os": f"{platform.system()} {platform.release()}",
         "platform": platform.platform(),
         "python": sys.version.split()[0],
-        "cpu_model": _cpu_model(),
+        "cpu_model": cpu_model(),
         "cpu_cores_physical": psutil.cpu_count(logical=False),
         "cpu_cores_logical": psutil.cpu_count(logical=True),
         "ram_bytes": int(psutil.virtual_memory().total),

@@ -73,9 +73,13 @@ def _auto_dtype(config: Any, profile: HardwareProfile) -> tuple[str, str]:
               help="Simulate with this attention window instead of the model's (0: full attention)")
 @click.option("--top", "top_n", default=10, show_default=True, type=click.IntRange(min=0), help="Layers listed per phase")
 @click.option("--json", "as_json", is_flag=True, help="Print the full result as JSON")
+@click.option("--at-current-speed", "current_speed", is_flag=True,
+              help="With a profile calibrated on this host: time its reference workload again (about a second) "
+                   "and predict at the machine's speed now rather than the calibration's")
 def simulate_command(model_spec: str, hardware: str, hardware_files: tuple[str, ...], mapping_file: str | None,
                      batch_size: int, input_tokens: int, output_tokens: int, images: int | None, dtype: str,
-                     kv_heads: int | None, sliding_window: int | None, top_n: int, as_json: bool) -> None:
+                     kv_heads: int | None, sliding_window: int | None, top_n: int, as_json: bool,
+                     current_speed: bool) -> None:
     """Predict TTFT, TPOT, tokens/s, energy and memory fit of MODEL on HARDWARE (analytic ops).
 
     Encoder-decoder (T5) and vision-language (LLaVA) models get an encode phase: the encoder, or
@@ -90,6 +94,11 @@ def simulate_command(model_spec: str, hardware: str, hardware_files: tuple[str, 
     try:
         catalog = Catalog.load(hardware_files)
         profile = _profile(hardware, catalog)
+        speed_note = None
+        if current_speed:
+            from perfsdk.simulation.calibration.measure import at_current_speed
+
+            profile, speed_note = at_current_speed(profile)
         mapping = mapping_from(mapping_file)
         config = resolve_config(model_spec)[0]
         base = _architecture_or_none(config)
@@ -117,6 +126,8 @@ def simulate_command(model_spec: str, hardware: str, hardware_files: tuple[str, 
         _fail(str(exc))
         return
     notes: list[str] = []
+    if speed_note:
+        res = res.model_copy(update={"notes": [*res.notes, speed_note]})
     if dtype_why:
         res = res.model_copy(update={"notes": [*res.notes, f"dtype {dtype} ({dtype_why}; --dtype to choose)"]})
     if kv_heads is not None and base is not None:

@@ -48,6 +48,10 @@ class SimulationConfig(CollectorConfig):
         description="Predict generate steps with this attention window (0: full attention); analytic ops from the "
                     "model's config")
     top_n: int = Field(default=5, ge=0, description="Layers listed per phase and target")
+    at_current_speed: bool = Field(
+        default=False,
+        description="With a host profile calibrated on this machine: time its reference workload again after the "
+                    "run (about a second) and predict the measured device at the machine's speed of the moment")
 
     @model_validator(mode="after")
     def _files(self) -> SimulationConfig:
@@ -458,12 +462,23 @@ class SimulationCollector(Collector):
         model_id = getattr(session.model_info, "model_id", None) if getattr(session, "model_info", None) else None
         preds: dict[str, TargetPrediction] = {}
         full: dict[str, Any] = {}
+        now_host: HardwareProfile | None = None
+        if cfg.at_current_speed:
+            from perfsdk.simulation.calibration.measure import at_current_speed
+
+            try:
+                now_host, said = at_current_speed(host)
+                notes.append(said)
+            except ValueError as exc:
+                errors["at_current_speed"] = str(exc)
         for target in [*cfg.targets, measured_name]:
             if target in preds or (target != measured_name and "overrides" in errors):
                 continue
             here = target == measured_name  # the measured device: as run, no mapping, no dtype change
             try:
                 tgt = _resolve_target(target, catalog, host)
+                if here and now_host is not None:
+                    tgt = _Target(tgt.label, now_host, device_file=tgt.device_file)
                 sim_mapping = None if here else mapping
                 if shape is not None and not here:
                     assert in_tok is not None and n_out is not None

@@ -131,6 +131,17 @@ class CalibrationRecord(_Strict):
     normalised_drift_pct: float | None = Field(
         default=None, description="The same after each configuration is divided by the adjacent reference, percent")
     passes: int | None = Field(default=None, ge=1, description="Round-robin passes over the configurations that were run")
+    threads: int | None = Field(default=None, ge=1, description="torch threads the calibration ran with")
+    clock: Literal["wall", "cpu"] | None = Field(default=None, description="The clock its times were taken on")
+
+    def speed_factor(self, reference_now_s: float) -> float:
+        """How much longer every time takes with the reference workload at ``reference_now_s``
+        instead of its calibration median: ``(now / reference_s) ** reference_tracking`` (the
+        power the calibration's configurations followed the reference with; 1 when unknown)."""
+        if self.reference_s is None:
+            raise ValueError("this calibration timed no reference workload")
+        b = self.reference_tracking if self.reference_tracking is not None else 1.0
+        return float((reference_now_s / self.reference_s) ** b)
 
     @model_validator(mode="after")
     def _shapes(self) -> CalibrationRecord:
@@ -281,6 +292,33 @@ class HardwareProfile(_Strict):
     def has_host_link(self) -> bool:
         """False for the host itself: transfers through the host cost nothing."""
         return self.host_to_device_gbs is not None and self.device_to_host_gbs is not None
+
+    def slower_by(self, factor: float) -> HardwareProfile:
+        """The same device with every time it prices ``factor`` times as long: each rate
+        (``*_gbs``, ``peak_tflops``) divided by ``factor``, each fixed or per-element cost (``*_s``,
+        ``*_ns_per_*``) multiplied by it; sizes, energies per bit or FLOP and power unchanged.
+        A calibration record's coefficients (all seconds per unit) and reference time follow, so
+        the intervals keep their relative width. Used to bring a calibrated host to its speed of
+        the moment (the reference workload timed again)."""
+        if factor <= 0:
+            raise ValueError(f"profile {self.name}: a speed factor must be positive, got {factor}")
+        update: dict[str, Any] = {}
+        for name in type(self).model_fields:
+            value = getattr(self, name)
+            if value is None or isinstance(value, bool):
+                continue
+            if name.endswith("_gbs"):
+                update[name] = value / factor
+            elif name.endswith("_s") or "_ns_per_" in name:
+                update[name] = value * factor
+        update["peak_tflops"] = PeakTflops(**{k: v / factor for k, v in self.peak_tflops.available().items()})
+        cal = self.calibration
+        if cal is not None:
+            update["calibration"] = cal.model_copy(update={
+                "coefficients": [c * factor for c in cal.coefficients],
+                "replicates": [[c * factor for c in r] for r in cal.replicates],
+                "reference_s": cal.reference_s * factor if cal.reference_s is not None else None})
+        return self.model_copy(update=update)
 
 
 def format_validation_error(err: ValidationError, origin: str) -> str:

@@ -38,10 +38,12 @@ from perfsdk.simulation.calibration.measure import (
     DEFAULT_CALIBRATION_GRID,
     DEFAULT_CALIBRATION_MODELS,
     PASS_SETTLE_PCT,
+    REFERENCE_LABEL,
     REFERENCE_MODEL,
     REFERENCE_SHAPE,
     Measurement,
     ReferenceTimer,
+    at_current_speed,
     build_random_model,
     calibrate_here,
     captured_observations_for,
@@ -60,7 +62,7 @@ from perfsdk.simulation.calibration.measure import (
 )
 
 __all__ = [
-    "REFERENCE_MODEL", "REFERENCE_SHAPE", "ConfigurationSamples", "ReferenceTimer", "bootstrap_coefficients",
+    "REFERENCE_LABEL", "REFERENCE_MODEL", "REFERENCE_SHAPE", "at_current_speed", "ConfigurationSamples", "ReferenceTimer", "bootstrap_coefficients",
     "fit_with_micro", "held_out_errors", "measure_in_session", "median_of", "normalised_runs", "scaled",
     "CACHE_GRID", "CACHE_MIN_GAIN", "DEFAULT_CALIBRATION_GRID", "DEFAULT_CALIBRATION_MODELS", "HALF_ROWS_GRID", "PACK_ROWS_GRID", "PARAMS", "FitResult", "Measurement",
     "Observation", "build_random_model", "cached_fraction", "calibrate_from_store", "calibrate_here", "fit",

@@ -43,7 +43,7 @@ from __future__ import annotations
 import platform
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 import structlog
@@ -250,6 +250,9 @@ class FitResult:
     normalised_drift_pct: float | None = None
     #: round-robin passes run (more than asked when the first did not settle); None when not measured here
     passes: int | None = None
+    #: torch threads and clock of a calibration measured here (what re-timing the reference repeats)
+    threads: int | None = None
+    clock: Literal["wall", "cpu"] | None = None
     #: bootstrap refits' coefficients (PARAMS order), held-out errors ([prefill, decode]) and the
     #: reference workload's times relative to their median: see
     #: :class:`~perfsdk.hardware.profile.CalibrationRecord`
@@ -500,6 +503,13 @@ def _fit_once(observations: list[Observation], h: float | None, c: float = 0.0, 
                      held=held)
 
 
+def this_host() -> str:
+    """The name a calibration on this machine records as its host (the CPU model)."""
+    from perfsdk.env import cpu_model
+
+    return cpu_model() or platform.machine() or "unknown"
+
+
 def profile_from_fit(result: FitResult, *, name: str = "host-calibrated", base: HardwareProfile | None = None,
                      note: str = "") -> HardwareProfile:
     """A profile carrying the fitted rates at efficiency 1.0 (they are achieved rates): a ``cpu``
@@ -530,15 +540,7 @@ def profile_from_fit(result: FitResult, *, name: str = "host-calibrated", base: 
             capacity_gb = psutil.virtual_memory().total / 1e9
         except Exception:
             capacity_gb = base.memory_capacity_gb
-        cpu = platform.processor() or platform.machine()
-        try:
-            with open("/proc/cpuinfo", encoding="utf-8") as fh:
-                for line in fh:
-                    if line.startswith("model name"):
-                        cpu = line.split(":", 1)[1].strip()
-                        break
-        except OSError:
-            pass
+        cpu = this_host()
     missing = [k for k, v in (("FLOP/s", result.flops_per_s), ("bandwidth", result.bytes_per_s)) if v is None]
     when = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     source = (f"Fitted by perfsdk calibrate on {when} from {result.observations} measured phases "
@@ -565,7 +567,8 @@ def profile_from_fit(result: FitResult, *, name: str = "host-calibrated", base: 
         replicates=result.replicates, held_out=result.held_out, levels=result.levels,
         cache_bytes=result.cache_bytes, pack_rows=result.pack_rows, reference=result.reference,
         reference_s=result.reference_s, reference_tracking=result.reference_tracking, drift_pct=result.drift_pct,
-        normalised_drift_pct=result.normalised_drift_pct, passes=result.passes)
+        normalised_drift_pct=result.normalised_drift_pct, passes=result.passes, threads=result.threads,
+        clock=result.clock)
     cached = bool(result.cache_bytes) and k.get("s_per_cached_byte", 0) > 0
     where = "this host" if machine is None else f"{cpu} in stored runs"
     return HardwareProfile(

@@ -13,6 +13,7 @@ from typing import Any
 import numpy as np
 
 from perfsdk.capture.ops import OpRecord
+from perfsdk.hardware.profile import HardwareProfile
 from perfsdk.simulation.calibration.fit import FitResult, Observation, fit
 from perfsdk.stats import percentile
 
@@ -425,6 +426,10 @@ PASS_SETTLE_PCT = 3.0
 REFERENCE_SHAPE = (1, 16, 8)
 
 
+#: how a calibration's record names the reference workload this version times
+REFERENCE_LABEL = f"{REFERENCE_MODEL} batch {REFERENCE_SHAPE[0]} in {REFERENCE_SHAPE[1]} out {REFERENCE_SHAPE[2]}"
+
+
 class ReferenceTimer:
     """Times the reference workload (:data:`REFERENCE_MODEL` at :data:`REFERENCE_SHAPE`) on
     demand, so that other timings can be expressed relative to the machine's speed of the moment.
@@ -447,8 +452,7 @@ class ReferenceTimer:
 
     @property
     def label(self) -> str:
-        b, i, o = REFERENCE_SHAPE
-        return f"{REFERENCE_MODEL} batch {b} in {i} out {o}"
+        return REFERENCE_LABEL
 
     def tick(self) -> float:
         """Time the reference once (median of ``repeats`` calls; TTFT + decode), and keep it."""
@@ -485,6 +489,53 @@ class ReferenceTimer:
         level does to a configuration's time."""
         med = self.median
         return [(self.level_at(i) / med) ** tracking for i in range(max(0, len(self.times) - 1))]
+
+
+def at_current_speed(profile: HardwareProfile, *, ticks: int = 3,
+                     timer: ReferenceTimer | None = None) -> tuple[HardwareProfile, str]:
+    """A profile calibrated on this host, brought to the machine's speed of the moment.
+
+    The reference workload the calibration was normalised by is timed again (``ticks`` timings,
+    each the median of its calls, with the calibration's torch threads and clock; their median),
+    and every time the profile prices is multiplied by
+    :meth:`~perfsdk.hardware.profile.CalibrationRecord.speed_factor` (intervals included): a
+    machine that runs slower now than while it was calibrated gets predictions that are slower by
+    as much as its calibrated work followed the reference. Returns the profile and the sentence
+    that says what was found. ``ValueError`` when it cannot be done: no calibration, a
+    calibration without the reference (one from stored runs), another host, another reference
+    than the one this version times, or a calibration that did not record its threads."""
+    from perfsdk.fmt import fmt_s
+    from perfsdk.simulation.calibration.fit import this_host
+
+    cal = profile.calibration
+    if cal is None or cal.reference_s is None or cal.reference is None:
+        raise ValueError(f"profile {profile.name}: its speed can only be re-timed from a calibration on this host "
+                         "with the reference workload (perfsdk calibrate; not --from-store, not a spec sheet)")
+    host = this_host()
+    if cal.host != host:
+        raise ValueError(f"profile {profile.name}: calibrated on {cal.host}, and this machine is {host}: the "
+                         "reference workload timed here says nothing about that machine's speed")
+    if cal.reference != REFERENCE_LABEL:
+        raise ValueError(f"profile {profile.name}: its calibration timed the reference {cal.reference!r}; this "
+                         f"version times {REFERENCE_LABEL!r}: calibrate again")
+    if cal.threads is None:
+        raise ValueError(f"profile {profile.name}: its calibration did not record how many torch threads it ran "
+                         "with, and the reference's time depends on it: calibrate again")
+    import torch
+
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(cal.threads)
+        timer = timer or ReferenceTimer(clock=cal.clock or "wall")
+        now = float(statistics.median(timer.tick() for _ in range(max(1, ticks))))
+    finally:
+        torch.set_num_threads(before)
+    factor = cal.speed_factor(now)
+    b = cal.reference_tracking if cal.reference_tracking is not None else 1.0
+    said = (f"at this machine's speed now: the reference workload took {fmt_s(now)} against {fmt_s(cal.reference_s)} "
+            f"when {profile.name} was calibrated; every predicted time and bound x {factor:.3f} (that ratio to "
+            f"the power {b:.2f})")
+    return profile.slower_by(factor), said
 
 
 def scaled(m: Measurement, factor: float) -> Measurement:
@@ -663,7 +714,8 @@ def calibrate_here(models: list[str], grid: list[tuple[int, int, int]] | None = 
                                                                         fit_step_overhead=fit_step_overhead),
                                   samples, fit_step_overhead=fit_step_overhead)
     result.drift_pct = pass_drift_pct([[m for m, _ in raw[key]] for key in configs])
-    result.passes = done
+    result.passes, result.threads = done, torch.get_num_threads()
+    result.clock = "cpu" if clock == "cpu" else "wall"
     if ref is not None:
         result.normalised_drift_pct = pass_drift_pct([runs[key] for key in configs])
         result.levels = ref.levels(tracking if tracking is not None else 1.0)
