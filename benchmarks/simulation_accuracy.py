@@ -7,7 +7,8 @@ Protocol
    ``builtin:tiny-llama-medium`` configuration (hidden 512) at 8, 4, 2 and 1 layers, narrowed
    to width 256 at 4 layers and to width 64 at 8 and 2 layers, and small GPT-BigCode and CodeGen
    models, on a grid of batch sizes and prompt lengths in
-   ``--calibration-passes`` round-robin passes, plus three micro-kernels (a 1024^3 matmul, a
+   ``--calibration-passes`` round-robin passes (more, up to ``--calibration-max-passes``, while
+   the median pass is not settled, as ``perfsdk calibrate`` does), plus three micro-kernels (a 1024^3 matmul, a
    3 x 64 MiB add, a chain of tiny kernels).
 2. Predict, with the calibrated profile (``simulate_config``: the model's own ATen calls counted
    by the meta-device capture; no timing information),
@@ -25,7 +26,10 @@ Protocol
    as the calibration does), and the
    median of the passes is kept; the errors against the measurement at its own level (the
    reference's median over the measurement), and whether it falls inside the interval there, are
-   reported beside. The measurement passes alternate
+   reported beside, and so are the errors of each prediction brought to the measurement's speed
+   the way ``perfsdk simulate --at-current-speed`` brings it (``CalibrationRecord.speed_factor`` at
+   the measurement's reference median), with the share inside the interval so scaled. The
+   measurement passes alternate
    with the ``--calibrations`` calibrations (measure, calibrate, measure, calibrate, measure), so
    that a drift of the machine's speed over minutes hits both sides alike. Report the signed error
    ``(predicted - measured) / measured``, whether the measurement is inside the 90 % interval, and

@@ -349,8 +349,11 @@ def test_simulate_and_the_collector_at_the_current_speed_time_the_reference_agai
     from click.testing import CliRunner
     from transformers import LlamaConfig, LlamaForCausalLM
 
+    from rich.console import Console
+
     import perfsdk
     from perfsdk.cli.simulate import simulate_command
+    from perfsdk.collectors.simulation import _summary_tables
 
     host = tmp_path / "my-host.yaml"
     host.write_text(profile_to_yaml(_calibrated([[0.1, -0.1], [-0.1, 0.1]], [0.95, 1.05], reference_s=0.040,
@@ -387,8 +390,17 @@ def test_simulate_and_the_collector_at_the_current_speed_time_the_reference_agai
                        min_new_tokens=4, pad_token_id=0)
         res = s.result.collectors["simulation"]
         assert res["predictions"]
+        console = Console(width=250, record=True)
+        for table in _summary_tables(res):
+            console.print(table)
+        shown = " ".join(console.export_text().split())  # captions wrap to their table's width
         if timed:
-            assert any(n.startswith("at this machine's speed now: the reference workload took") for n in res["notes"])
+            said = next(n for n in res["notes"] if n.startswith("at this machine's speed now"))
+            factor = re.search(r"every predicted time and bound x (\d+\.\d{3})", said)
+            assert factor is not None and res["speed_factor"] == pytest.approx(float(factor.group(1)), abs=6e-4)
             assert "at_current_speed" not in res["errors"]
+            assert f"predicted at this machine's speed after the run: x {res['speed_factor']:.3f}" in shown
         else:
+            assert res["speed_factor"] is None
             assert res["errors"]["at_current_speed"].startswith("profile host-cpu: its speed can only be re-timed")
+            assert "at the calibration's speed: profile host-cpu: its speed can only be re-timed" in shown

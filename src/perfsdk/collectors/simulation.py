@@ -181,6 +181,9 @@ class SimulationCollectorResult(CollectorResult):
     comparison: dict[str, PhaseError] = Field(default_factory=dict)
     errors: dict[str, str] = Field(default_factory=dict)
     notes: list[str] = Field(default_factory=list)
+    speed_factor: float | None = Field(
+        default=None, description="at_current_speed: how much longer every predicted time of the measured device was "
+                                  "made, from its reference workload timed after the run (None: not re-timed)")
 
 
 def _summarize(res: SimulationResult, top_n: int) -> TargetPrediction:
@@ -469,6 +472,9 @@ class SimulationCollector(Collector):
             try:
                 now_host, said = at_current_speed(host)
                 notes.append(said)
+                before, after = host.calibration, now_host.calibration
+                if before is not None and after is not None and before.reference_s and after.reference_s:
+                    out = out.model_copy(update={"speed_factor": after.reference_s / before.reference_s})
             except ValueError as exc:
                 errors["at_current_speed"] = str(exc)
         for target in [*cfg.targets, measured_name]:
@@ -607,8 +613,14 @@ def _summary_tables(res: dict[str, Any]) -> list[Any]:
     comp = res.get("comparison") or {}
     if comp:
         n_same = res.get("compared_steps") or 0
+        said = [f"measured: median of the run's {n_same} steps of this shape"] if n_same > 1 else []
+        if res.get("speed_factor") is not None:
+            said.append(f"predicted at this machine's speed after the run: x {res['speed_factor']:.3f} (its "
+                        "calibration's reference workload timed again)")
+        elif (res.get("errors") or {}).get("at_current_speed"):
+            said.append(f"at the calibration's speed: {res['errors']['at_current_speed']}")
         ct = Table(title=f"Predicted vs measured on {res.get('measured_profile')}", show_edge=False,
-                   caption=(f"measured: median of the run's {n_same} steps of this shape" if n_same > 1 else None))
+                   caption="; ".join(said) or None)
         level = (res.get("predictions", {}).get(res.get("measured_profile")) or {}).get("interval_level")
         heads = ["phase", "measured", "predicted", "error"]
         if level:
