@@ -183,6 +183,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--calls", type=int, default=5, help="measured generate calls per configuration and pass")
     ap.add_argument("--passes", type=int, default=3)
     ap.add_argument("--calibration-passes", type=int, default=3, help="round-robin passes of the calibration (perfsdk calibrate's default)")
+    ap.add_argument("--calibration-cache", action="store_true",
+                    help="let the calibrations fit a cache term (perfsdk calibrate --cache; off by default)")
     ap.add_argument("--calibration-max-passes", type=int, default=6,
                     help="more calibration passes, up to this many, until the median pass is settled "
                          "(perfsdk calibrate's --max-passes default)")
@@ -237,6 +239,7 @@ def main(argv: list[str] | None = None) -> int:
         fit, _ = calibrate_here(list(DEFAULT_CALIBRATION_MODELS), repeats=args.calibration_repeats,
                                 threads=args.threads, clock=args.clock, passes=args.calibration_passes,
                                 max_passes=max(args.calibration_passes, args.calibration_max_passes),
+                                cache=args.calibration_cache,
                                 min_time_s=args.min_time, normalise=not args.no_normalise, seed=k)
         fits.append(fit)
         profiles.append(profile_from_fit(fit, name="host-calibrated", note="benchmarks/simulation_accuracy.py"))

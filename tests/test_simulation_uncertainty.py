@@ -132,6 +132,21 @@ def test_calibrate_here_runs_more_passes_until_the_median_pass_is_settled(monkey
     res, _ = cal.calibrate_here(models, passes=3, max_passes=6, **kw)
     assert res.passes == 3 and res.drift_pct == pytest.approx(0.0)
     assert profile_from_fit(res).calibration.passes == 3  # type: ignore[union-attr]
+    # no cache term unless asked for: the fit is offered no cache size but 0; with cache=True
+    # it chooses on its grid (and the check against the left-out models decides)
+    grids = []
+    real = cal.fit_with_micro
+
+    def spy(micro, measured, **kw):  # type: ignore[no-untyped-def]
+        grids.append(kw.get("cache_bytes"))
+        return real(micro, measured, **kw)
+
+    monkeypatch.setattr(cal, "fit_with_micro", spy)
+    res, _ = cal.calibrate_here(models, passes=3, **kw)
+    assert grids == [(0.0,)] and res.cache_bytes == 0.0 and res.cache_note is None
+    grids.clear()
+    cal.calibrate_here(models, passes=3, cache=True, **kw)
+    assert grids[0] is None  # the whole grid
 
 
 def test_bootstrap_and_held_out_on_noise_free_timings_reproduce_the_fit() -> None:

@@ -367,6 +367,9 @@ def _say_uncertainty(result: Any) -> None:
               help="Run more passes, one at a time up to this many, while the median pass does not yet rest on "
                    "three passes that agree (after dividing by the reference workload); --max-passes equal to "
                    "--passes runs exactly --passes")
+@click.option("--cache/--no-cache", "cache", default=False, show_default=True,
+              help="Fit a cache size and rate (kept only where it also predicts the models left out of the fit "
+                   "better); off by default: two calibrations of one machine did not agree on it")
 @click.option("--min-time", "min_time", default=0.2, show_default=True, type=click.FloatRange(min=0.0),
               help="Seconds each configuration is timed for at least, per pass (cheap ones are repeated more)")
 @click.option("--threads", type=click.IntRange(min=1), help="torch threads (default: torch's)")
@@ -378,8 +381,8 @@ def _say_uncertainty(result: Any) -> None:
 @click.option("--from-store", "from_store", type=click.Path(file_okay=False),
               help="Fit from the measured runs in this store instead of measuring (see --run)")
 @click.option("--run", "run_ids", multiple=True, help="With --from-store: only these run ids (default: all runs)")
-def calibrate_command(models: tuple[str, ...], repeats: int, passes: int, max_passes: int, min_time: float,
-                      threads: int | None,
+def calibrate_command(models: tuple[str, ...], repeats: int, passes: int, max_passes: int, cache: bool,
+                      min_time: float, threads: int | None,
                       clock: str,
                       name: str, output: str | None, as_json: bool, from_store: str | None, run_ids: tuple[str, ...]) -> None:
     """Fit a host profile (FLOP/s, bandwidth, per-op and per-step overhead) from short measured runs,
@@ -405,7 +408,8 @@ def calibrate_command(models: tuple[str, ...], repeats: int, passes: int, max_pa
                     f"({len(used)} measured shapes).")
         else:
             result, _ = calibrate_here(list(models), repeats=repeats, threads=threads, progress=progress, clock=clock,
-                                       passes=passes, max_passes=max(passes, max_passes), min_time_s=min_time)
+                                       passes=passes, max_passes=max(passes, max_passes), min_time_s=min_time,
+                                       cache=cache)
             note = f"Models: {', '.join(models)}."
             _warn_drift(result.drift_pct, result.normalised_drift_pct, isolated=threads == 1,
                         tracking=result.reference_tracking, passes=(passes, result.passes))
