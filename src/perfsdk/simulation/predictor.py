@@ -590,5 +590,11 @@ def simulate_captured(config: Any, hardware: HardwareProfile, *, batch_size: int
     res = sim.predict(ops, batch_size=batch_size, input_tokens=input_tokens, step_weights={0: 1.0, **weights},
                       dtype=dtype, top_n=top_n, model=name or model_type, op_source="meta-device capture",
                       kv_cache_bytes=kv, weight_bytes=int(cap.param_count * dtype_bytes(dtype)))
-    notes = [*res.notes, *cap.notes, f"analytic cross-check: not available for model type {model_type}"]
+    from perfsdk.flops.meta import _architecture_or_none
+
+    if _architecture_or_none(config) is None:
+        said = f"analytic cross-check: not available for model type {model_type}"
+    else:  # described, but captured on purpose (a calibrated host prices every ATen call)
+        said = "ops captured from the model's own code: the calibrated profile prices each ATen call"
+    notes = [*res.notes, *cap.notes, said]
     return res.model_copy(update={"notes": notes})
