@@ -180,6 +180,9 @@ def test_calibrate_from_store_predicts_its_runs(tmp_path: Path) -> None:
     prof2 = HardwareProfile.model_validate(yaml.safe_load(out.read_text(encoding="utf-8")))
     assert prof2.name == "my-host" and "Stored runs" in prof2.source and ids[0] in prof2.source
     assert "using builtin:tiny-llama-small batch 4 in 16 out 6" in r.output
+    assert re.search(r"uncertainty: \d+ bootstrap refits over configurations and passes; no model could be left out "
+                     r"of the fit \(one model measured\): its predictions carry no interval; no reference workload "
+                     r"was timed \(stored runs\): no term for the machine's drift", r.output), r.output
     # one model: nothing held out, so its predictions carry no interval and say why
     assert prof2.calibration is not None and prof2.calibration.held_out == []
     p2 = simulate_model(architecture_from_config(tiny_llama_config("tiny-llama-small")), prof2, batch_size=1,

@@ -349,10 +349,13 @@ def _say_uncertainty(result: Any) -> None:
         return
     held = [abs(x) for pair in result.held_out for x in pair]
     typical = f", median |error| {100 * statistics.median(held):.1f} %" if held else ""
-    click.echo(f"uncertainty: {len(result.replicates)} bootstrap refits over configurations and passes; "
-               f"{len(result.held_out)} configurations predicted with their model (another family: all of it) "
-               f"left out of the fit{typical}; the machine's level (the reference timed around) at "
-               f"{len(result.levels)} timings", err=True)
+    left = (f"{len(result.held_out)} configurations predicted with their model (another family: all of it) left out "
+            f"of the fit{typical}" if result.held_out else
+            "no model could be left out of the fit (one model measured): its predictions carry no interval")
+    machine = (f"the machine's level (the reference timed around) at {len(result.levels)} timings" if result.levels
+               else "no reference workload was timed (stored runs): no term for the machine's drift")
+    click.echo(f"uncertainty: {len(result.replicates)} bootstrap refits over configurations and passes; {left}; "
+               f"{machine}", err=True)
 
 
 @click.command("calibrate")
@@ -404,6 +407,7 @@ def calibrate_command(models: tuple[str, ...], repeats: int, passes: int, max_pa
             for m in used:
                 click.echo(f"using {m.model} batch {m.batch_size} in {m.input_tokens} out {m.output_tokens}: "
                            f"TTFT {_fmt_s(m.ttft_s)}, TPOT {_fmt_s(m.tpot_s)}", err=True)
+            _say_uncertainty(result)
             note = (f"Stored runs of {from_store}: {', '.join(run_ids) if run_ids else 'all'} "
                     f"({len(used)} measured shapes).")
         else:
