@@ -323,8 +323,9 @@ def test_a_calibrated_host_at_its_speed_now_prices_every_time_by_the_reference_r
     prof = _calibrated([[0.1, -0.1], [-0.1, 0.1]], [0.95, 1.05], reference_s=0.040, tracking=0.5)
     # the reference now takes 44 ms (the median of three timings) against 40 ms when calibrated;
     # the calibration's work followed it to the power 0.5: every time x 1.1 ** 0.5
-    now, said = at_current_speed(prof, timer=_Timer(0.044, 0.050, 0.043))  # type: ignore[arg-type]
+    now, factor, said = at_current_speed(prof, timer=_Timer(0.044, 0.050, 0.043))  # type: ignore[arg-type]
     f = 1.1 ** 0.5
+    assert factor == pytest.approx(f)
     assert said == ("at this machine's speed now: the reference workload took 44.00 ms against 40.00 ms when "
                     "my-host was calibrated; every predicted time and bound x 1.049 (that ratio to the power 0.50)")
     assert now.memory_bandwidth_gbs == pytest.approx(prof.memory_bandwidth_gbs / f)

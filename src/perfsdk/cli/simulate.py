@@ -98,7 +98,7 @@ def simulate_command(model_spec: str, hardware: str, hardware_files: tuple[str, 
         if current_speed:
             from perfsdk.simulation.calibration.measure import at_current_speed
 
-            profile, speed_note = at_current_speed(profile)
+            profile, _, speed_note = at_current_speed(profile)
         mapping = mapping_from(mapping_file)
         config = resolve_config(model_spec)[0]
         base = _architecture_or_none(config)

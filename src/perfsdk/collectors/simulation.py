@@ -470,11 +470,9 @@ class SimulationCollector(Collector):
             from perfsdk.simulation.calibration.measure import at_current_speed
 
             try:
-                now_host, said = at_current_speed(host)
+                now_host, factor, said = at_current_speed(host)
                 notes.append(said)
-                before, after = host.calibration, now_host.calibration
-                if before is not None and after is not None and before.reference_s and after.reference_s:
-                    out = out.model_copy(update={"speed_factor": after.reference_s / before.reference_s})
+                out = out.model_copy(update={"speed_factor": factor})
             except ValueError as exc:
                 errors["at_current_speed"] = str(exc)
         for target in [*cfg.targets, measured_name]:

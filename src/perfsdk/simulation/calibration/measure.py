@@ -420,14 +420,12 @@ DEFAULT_CALIBRATION_MODELS = ["builtin:tiny-llama-medium", "builtin:tiny-llama-m
 #: The fixed workload timed right before and after every calibration configuration (and every
 #: measured configuration of the accuracy benchmark): the machine's speed at that moment.
 REFERENCE_MODEL = "builtin:tiny-llama-medium@layers=2"
+REFERENCE_SHAPE = (1, 16, 8)
+#: how a calibration's record names the reference workload this version times
+REFERENCE_LABEL = f"{REFERENCE_MODEL} batch {REFERENCE_SHAPE[0]} in {REFERENCE_SHAPE[1]} out {REFERENCE_SHAPE[2]}"
 #: a calibration's median pass should rest on three passes within this many percent of each
 #: other (:func:`passes_settled`); more passes are run until it does (up to ``max_passes``)
 PASS_SETTLE_PCT = 3.0
-REFERENCE_SHAPE = (1, 16, 8)
-
-
-#: how a calibration's record names the reference workload this version times
-REFERENCE_LABEL = f"{REFERENCE_MODEL} batch {REFERENCE_SHAPE[0]} in {REFERENCE_SHAPE[1]} out {REFERENCE_SHAPE[2]}"
 
 
 class ReferenceTimer:
@@ -492,7 +490,7 @@ class ReferenceTimer:
 
 
 def at_current_speed(profile: HardwareProfile, *, ticks: int = 3,
-                     timer: ReferenceTimer | None = None) -> tuple[HardwareProfile, str]:
+                     timer: ReferenceTimer | None = None) -> tuple[HardwareProfile, float, str]:
     """A profile calibrated on this host, brought to the machine's speed of the moment.
 
     The reference workload the calibration was normalised by is timed again (``ticks`` timings,
@@ -500,8 +498,8 @@ def at_current_speed(profile: HardwareProfile, *, ticks: int = 3,
     and every time the profile prices is multiplied by
     :meth:`~perfsdk.hardware.profile.CalibrationRecord.speed_factor` (intervals included): a
     machine that runs slower now than while it was calibrated gets predictions that are slower by
-    as much as its calibrated work followed the reference. Returns the profile and the sentence
-    that says what was found. ``ValueError`` when it cannot be done: no calibration, a
+    as much as its calibrated work followed the reference. Returns the profile, that factor and
+    the sentence that says what was found. ``ValueError`` when it cannot be done: no calibration, a
     calibration without the reference (one from stored runs), another host, another reference
     than the one this version times, or a calibration that did not record its threads."""
     from perfsdk.fmt import fmt_s
@@ -535,7 +533,7 @@ def at_current_speed(profile: HardwareProfile, *, ticks: int = 3,
     said = (f"at this machine's speed now: the reference workload took {fmt_s(now)} against {fmt_s(cal.reference_s)} "
             f"when {profile.name} was calibrated; every predicted time and bound x {factor:.3f} (that ratio to "
             f"the power {b:.2f})")
-    return profile.slower_by(factor), said
+    return profile.slower_by(factor), factor, said
 
 
 def scaled(m: Measurement, factor: float) -> Measurement:
@@ -665,13 +663,13 @@ def calibrate_here(models: list[str], grid: list[tuple[int, int, int]] | None = 
         else:
             micro_runs.append((micro_observations(clock=clock, estimator=estimator), -1))
 
-    def normalised() -> tuple[dict[Any, list[tuple[Measurement, float]]], float | None, dict[Any, list[Measurement]]]:
-        """The passes so far with their levels, the tracking exponent, and the normalised passes."""
+    def normalised() -> tuple[float | None, dict[Any, list[Measurement]]]:
+        """The tracking exponent of the passes so far, and the passes normalised by it."""
         if ref is None:
-            return {}, None, {k: [m for m, _ in v] for k, v in raw.items()}
+            return None, {k: [m for m, _ in v] for k, v in raw.items()}
         leveled = {k: [(m, ref.level_at(i)) for m, i in v] for k, v in raw.items()}
         tracking = reference_tracking(leveled)
-        return leveled, tracking, normalised_runs(leveled, ref.median, tracking)
+        return tracking, normalised_runs(leveled, ref.median, tracking)
 
     def run_pass(p: int) -> None:
         for key in configs:
@@ -698,11 +696,11 @@ def calibrate_here(models: list[str], grid: list[tuple[int, int, int]] | None = 
     while done < max(1, passes):
         run_pass(done)
         done += 1
-    leveled, tracking, runs = normalised()
+    tracking, runs = normalised()
     while done < (max_passes or 0) and not passes_settled(pass_levels([runs[key] for key in configs]), settle_pct):
         run_pass(done)
         done += 1
-        leveled, tracking, runs = normalised()
+        tracking, runs = normalised()
     ref_s = ref.median if ref is not None else 1.0
     timed = median_micro(micro_runs, ref, ref_s, tracking if tracking is not None else 1.0)
     merge = _best_of if estimator == "min" else median_of
