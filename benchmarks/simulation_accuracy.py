@@ -15,7 +15,8 @@ Protocol
    families the fit never sees (``FAMILY_MODELS``: GPT-2, Qwen2 with tied embeddings, Phi-3, a
    small Mixtral with a sliding window, built from their ``transformers`` config classes) and three
    other Llama sizes (``tiny-llama-small``, ``tiny-llama``, ``tiny-llama-large``) x batch sizes
-   {1, 4} x output lengths {8, 32} at a 32-token prompt (``--models`` picks the sets).
+   {1, 4} x output lengths {8, 32} at a 32-token prompt (``--models`` picks the sets;
+   ``--batches``, ``--outputs`` and ``--input-tokens`` other configurations than these).
 3. Measure the same configurations in a perfsdk session (default collectors, wall clock; TTFT =
    generate start to first token, TPOT = decode time / (output tokens - 1)): the median of
    ``--calls`` calls after a warm-up, in each of ``--passes`` round-robin passes over all
@@ -151,6 +152,13 @@ OUTPUTS = [8, 32]
 INPUT_TOKENS = 32
 
 
+def _ints(text: str) -> list[int]:
+    try:
+        return [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
+
+
 def _inside(value: float, low: float | None, high: float | None) -> bool | None:
     return None if low is None or high is None else low <= value <= high
 
@@ -202,6 +210,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--models", choices=["all", "llama", "families", "any", "extra"], default="all",
                     help="which predicted models: the llama sizes, the four other families, the five families only "
                          "the any-model path describes (any), all of these (all), or eight more families (extra)")
+    ap.add_argument("--batches", type=_ints, default=BATCHES,
+                    help=f"batch sizes predicted and measured, comma-separated (default {','.join(map(str, BATCHES))})")
+    ap.add_argument("--outputs", type=_ints, default=OUTPUTS,
+                    help=f"output lengths, comma-separated (default {','.join(map(str, OUTPUTS))}; at least 2)")
+    ap.add_argument("--input-tokens", type=int, default=INPUT_TOKENS,
+                    help=f"prompt length (default {INPUT_TOKENS})")
     ap.add_argument("--json", help="write the rows as JSON here")
     ap.add_argument("--markdown", help="write the table as Markdown here")
     ap.add_argument("--profile-out", help="write the first calibrated profile YAML here")
@@ -219,14 +233,16 @@ def main(argv: list[str] | None = None) -> int:
     specs = {"all": TEST_MODELS + FAMILY_MODELS + ANY_FAMILY_MODELS, "llama": TEST_MODELS,
              "families": FAMILY_MODELS, "any": ANY_FAMILY_MODELS, "extra": EXTRA_FAMILY_MODELS}[args.models]
     models = {spec: build_model(spec) for spec in specs}
-    configs = [(spec, b, o) for spec in specs for b in BATCHES for o in OUTPUTS]
+    if min(args.outputs) < 2 or min(args.batches) < 1 or args.input_tokens < 1:
+        ap.error("--outputs must be at least 2 (a TPOT needs two tokens); --batches and --input-tokens at least 1")
+    configs = [(spec, b, o) for spec in specs for b in args.batches for o in args.outputs]
     ref = None if args.no_normalise else ReferenceTimer()
     raw: dict[tuple[str, int, int], list[tuple[tuple[float, float], int]]] = {c: [] for c in configs}
 
     def measure_pass(p: int) -> None:
         for spec, b, o in configs:
             def one() -> tuple[float, float]:
-                m = measure_in_session(models[spec], b, INPUT_TOKENS, o, calls=args.calls, seed=p, label=spec)
+                m = measure_in_session(models[spec], b, args.input_tokens, o, calls=args.calls, seed=p, label=spec)
                 return m.ttft_s, m.tpot_s or 0.0
 
             m, index = ref.around(one) if ref is not None else (one(), -1)
@@ -293,11 +309,11 @@ def main(argv: list[str] | None = None) -> int:
     rows = []
     for spec, b, o in configs:
         cfg = models[spec].config
-        preds = [simulate_config(cfg, prof, batch_size=b, input_tokens=INPUT_TOKENS, output_tokens=o,
+        preds = [simulate_config(cfg, prof, batch_size=b, input_tokens=args.input_tokens, output_tokens=o,
                                  dtype="float32", name=spec) for prof in profiles]
         own, *per_cal = measured[(spec, b, o)]
         row = {"model": spec.split(":", 1)[-1], "family": spec.startswith("family:"), "batch": b,
-               "input_tokens": INPUT_TOKENS, "output_tokens": o, "ttft_measured_ms": per_cal[0][0] * 1e3,
+               "input_tokens": args.input_tokens, "output_tokens": o, "ttft_measured_ms": per_cal[0][0] * 1e3,
                "tpot_measured_ms": per_cal[0][1] * 1e3, "ttft_measured_own_level_ms": own[0] * 1e3,
                "tpot_measured_own_level_ms": own[1] * 1e3}
         for j, x in enumerate(("ttft", "tpot")):
