@@ -323,11 +323,23 @@ def test_a_calibrated_host_at_its_speed_now_prices_every_time_by_the_reference_r
     prof = _calibrated([[0.1, -0.1], [-0.1, 0.1]], [0.95, 1.05], reference_s=0.040, tracking=0.5)
     # the reference now takes 44 ms (the median of three timings) against 40 ms when calibrated;
     # the calibration's work followed it to the power 0.5: every time x 1.1 ** 0.5
-    now, factor, said = at_current_speed(prof, timer=_Timer(0.044, 0.050, 0.043))  # type: ignore[arg-type]
+    now, factor, said = at_current_speed(prof, ticks=3, min_time_s=0.0,
+                                         timer=_Timer(0.044, 0.050, 0.043))  # type: ignore[arg-type]
     f = 1.1 ** 0.5
     assert factor == pytest.approx(f)
+    # the re-timing is a window of seconds: it may stray from the machine's level as far as the
+    # calibration's levels (0.95, 1.05) did, 1 / level; the central 90 % of (1 / 1.05, 1 / 0.95)
+    lo = 1 / 1.05 + 0.05 * (1 / 0.95 - 1 / 1.05)
+    hi = 1 / 1.05 + 0.95 * (1 / 0.95 - 1 / 1.05)
+    assert f"{100 * (lo - 1):+.1f} / {100 * (hi - 1):+.1f}" == "-4.3 / +4.8"
     assert said == ("at this machine's speed now: the reference workload took 44.00 ms against 40.00 ms when "
-                    "my-host was calibrated; every predicted time and bound x 1.049 (that ratio to the power 0.50)")
+                    "my-host was calibrated; every predicted time x 1.049 (that ratio to the power 0.50); the median "
+                    "of 3 timings over 0.0 s, from 43.00 ms to 50.00 ms; a window of seconds strays from the "
+                    "machine's level by -4.3 / +4.8 % (90 %, as the calibration's reference did), which the "
+                    "intervals include")
+    # the machine's levels: the run's level (0.95 or 1.05) times the window's stray (1 / 0.95 or 1 / 1.05)
+    assert sorted(now.calibration.levels) == pytest.approx(  # type: ignore[union-attr]
+        sorted([1.0, 0.95 / 1.05, 1.05 / 0.95, 1.0]))
     assert now.memory_bandwidth_gbs == pytest.approx(prof.memory_bandwidth_gbs / f)
     assert now.peak_tflops.fp32 == pytest.approx(prof.peak_tflops.fp32 / f)  # type: ignore[operator]
     assert now.op_overhead_s == pytest.approx(prof.op_overhead_s * f)
@@ -339,9 +351,24 @@ def test_a_calibrated_host_at_its_speed_now_prices_every_time_by_the_reference_r
     cfg = tiny_llama_config("tiny-llama")
     base = simulate_config(cfg, prof, batch_size=2, input_tokens=16, output_tokens=4)
     slow = simulate_config(cfg, now, batch_size=2, input_tokens=16, output_tokens=4)
-    for metric in ("ttft_s", "tpot_s", "e2e_s", "ttft_s_low", "ttft_s_high", "tpot_s_low", "tpot_s_high"):
+    for metric in ("ttft_s", "tpot_s", "e2e_s"):
         assert getattr(slow, metric) == pytest.approx(getattr(base, metric) * f, rel=1e-9), metric
     assert slow.output_tokens_per_s == pytest.approx(base.output_tokens_per_s / f, rel=1e-9)  # type: ignore[operator]
+    # the interval moves with the speed and widens by the re-timing's uncertainty
+    for x in ("ttft_s", "tpot_s"):
+        assert getattr(slow, f"{x}_low") < getattr(base, f"{x}_low") * f < getattr(slow, x), x
+        assert getattr(slow, x) < getattr(base, f"{x}_high") * f < getattr(slow, f"{x}_high"), x
+    # a calibration that kept no levels has no stray to draw: its interval only moves, and the note
+    # claims nothing about it
+    cal0 = prof.calibration
+    assert cal0 is not None
+    flat = prof.model_copy(update={"calibration": cal0.model_copy(update={"levels": []})})
+    still, _, said0 = at_current_speed(flat, ticks=3, min_time_s=0.0, timer=_Timer(0.044, 0.044, 0.044))  # type: ignore[arg-type]
+    assert said0.endswith("the median of 3 timings over 0.0 s, from 44.00 ms to 44.00 ms")
+    flat_base = simulate_config(cfg, flat, batch_size=2, input_tokens=16, output_tokens=4)
+    moved = simulate_config(cfg, still, batch_size=2, input_tokens=16, output_tokens=4)
+    for metric in ("ttft_s_low", "ttft_s_high", "tpot_s_low", "tpot_s_high"):
+        assert getattr(moved, metric) == pytest.approx(getattr(flat_base, metric) * f, rel=1e-9), metric
     # a described family captured because the profile prices each ATen call: said so, and no
     # claim that an analytic description is missing
     per_call = simulate_config(cfg, prof.model_copy(update={"call_overhead_s": 3e-6}), batch_size=1,
@@ -389,12 +416,18 @@ def test_simulate_and_the_collector_at_the_current_speed_time_the_reference_agai
     assert r.exit_code == 0, r.output
     now = json.loads(r.output)
     said = re.fullmatch(r"at this machine's speed now: the reference workload took (\S+) ms against 40\.00 ms when "
-                        r"my-host was calibrated; every predicted time and bound x (\d+\.\d{3}) \(that ratio to the "
-                        r"power 1\.00\)", now["notes"][-1])
+                        r"my-host was calibrated; every predicted time x (\d+\.\d{3}) \(that ratio to the "
+                        r"power 1\.00\); the median of (\d+) timings over (\d+\.\d) s, from \S+ ms to \S+ ms; "
+                        r"a window of seconds strays from the machine's level by -4\.3 / \+4\.8 % \(90 %, as the "
+                        r"calibration's reference did\), which the intervals include",
+                        now["notes"][-1])
     assert said is not None, now["notes"]
     assert float(said.group(2)) == pytest.approx(float(said.group(1)) / 40.0, abs=6e-4)
-    for metric in ("ttft_s", "tpot_s", "ttft_s_high"):
+    # timed for three seconds at least, five timings or more
+    assert int(said.group(3)) >= 5 and float(said.group(4)) >= 3.0
+    for metric in ("ttft_s", "tpot_s"):
         assert now[metric] / base[metric] == pytest.approx(float(said.group(2)), abs=6e-4)
+    assert now["ttft_s_high"] / base["ttft_s_high"] >= float(said.group(2)) - 6e-4
     r = CliRunner().invoke(simulate_command, ["--model", "builtin:tiny-llama", "--hardware", "l4",
                                               "--at-current-speed"])
     assert r.exit_code != 0
@@ -420,7 +453,7 @@ def test_simulate_and_the_collector_at_the_current_speed_time_the_reference_agai
         shown = " ".join(console.export_text().split())  # captions wrap to their table's width
         if timed:
             said = next(n for n in res["notes"] if n.startswith("at this machine's speed now"))
-            factor = re.search(r"every predicted time and bound x (\d+\.\d{3})", said)
+            factor = re.search(r"every predicted time x (\d+\.\d{3})", said)
             assert factor is not None and res["speed_factor"] == pytest.approx(float(factor.group(1)), abs=6e-4)
             assert "at_current_speed" not in res["errors"]
             assert f"predicted at this machine's speed after the run: x {res['speed_factor']:.3f}" in shown

@@ -74,8 +74,9 @@ def _auto_dtype(config: Any, profile: HardwareProfile) -> tuple[str, str]:
 @click.option("--top", "top_n", default=10, show_default=True, type=click.IntRange(min=0), help="Layers listed per phase")
 @click.option("--json", "as_json", is_flag=True, help="Print the full result as JSON")
 @click.option("--at-current-speed", "current_speed", is_flag=True,
-              help="With a profile calibrated on this host: time its reference workload again (about a second) "
-                   "and predict at the machine's speed now rather than the calibration's")
+              help="With a profile calibrated on this host: time its reference workload again (three seconds) "
+                   "and predict at the machine's speed now rather than the calibration's; the interval "
+                   "widens by how far such a window strays from the machine's level")
 def simulate_command(model_spec: str, hardware: str, hardware_files: tuple[str, ...], mapping_file: str | None,
                      batch_size: int, input_tokens: int, output_tokens: int, images: int | None, dtype: str,
                      kv_heads: int | None, sliding_window: int | None, top_n: int, as_json: bool,

@@ -51,7 +51,8 @@ class SimulationConfig(CollectorConfig):
     at_current_speed: bool = Field(
         default=False,
         description="With a host profile calibrated on this machine: time its reference workload again after the "
-                    "run (about a second) and predict the measured device at the machine's speed of the moment")
+                    "run (three seconds) and predict the measured device at the machine's speed of the moment, its "
+                    "interval widened by how far such a window strays from the machine's level")
 
     @model_validator(mode="after")
     def _files(self) -> SimulationConfig:

@@ -489,19 +489,29 @@ class ReferenceTimer:
         return [(self.level_at(i) / med) ** tracking for i in range(max(0, len(self.times) - 1))]
 
 
-def at_current_speed(profile: HardwareProfile, *, ticks: int = 3,
-                     timer: ReferenceTimer | None = None) -> tuple[HardwareProfile, float, str]:
+#: how long :func:`at_current_speed` times the reference workload for, at least: on a shared
+#: two-core machine the medians of three timings (0.6 s) taken within the same ten seconds stood
+#: 15-45 % apart, of fifteen (3 s) 3-23 %
+RETIME_MIN_S = 3.0
+
+
+def at_current_speed(profile: HardwareProfile, *, ticks: int = 5, min_time_s: float = RETIME_MIN_S,
+                     max_ticks: int = 60, timer: ReferenceTimer | None = None) -> tuple[HardwareProfile, float, str]:
     """A profile calibrated on this host, brought to the machine's speed of the moment.
 
-    The reference workload the calibration was normalised by is timed again (``ticks`` timings,
-    each the median of its calls, with the calibration's torch threads and clock; their median),
-    and every time the profile prices is multiplied by
-    :meth:`~perfsdk.hardware.profile.CalibrationRecord.speed_factor` (intervals included): a
-    machine that runs slower now than while it was calibrated gets predictions that are slower by
-    as much as its calibrated work followed the reference. Returns the profile, that factor and
-    the sentence that says what was found. ``ValueError`` when it cannot be done: no calibration, a
-    calibration without the reference (one from stored runs), another host, another reference
-    than the one this version times, or a calibration that did not record its threads."""
+    The reference workload the calibration was normalised by is timed again, with the
+    calibration's torch threads and clock: at least ``ticks`` timings (each the median of its
+    calls) and for at least ``min_time_s`` seconds (at most ``max_ticks`` timings); their median
+    is the machine's speed now. Every time the profile prices is multiplied by
+    :meth:`~perfsdk.hardware.profile.CalibrationRecord.speed_factor`: a machine that runs slower
+    now than while it was calibrated gets predictions that are slower by as much as its
+    calibrated work followed the reference. The intervals follow, widened by how far a window of
+    a few seconds strays from the machine's level (:func:`_retimed_levels`): a re-timing is such
+    a window, and the run it predicts another. Returns the profile, that
+    factor and the sentence that says what was found. ``ValueError`` when it cannot be done: no
+    calibration, a calibration without the reference (one from stored runs), another host,
+    another reference than the one this version times, or a calibration that did not record its
+    threads."""
     from perfsdk.fmt import fmt_s
     from perfsdk.simulation.calibration.fit import this_host
 
@@ -525,15 +535,49 @@ def at_current_speed(profile: HardwareProfile, *, ticks: int = 3,
     try:
         torch.set_num_threads(cal.threads)
         timer = timer or ReferenceTimer(clock=cal.clock or "wall")
-        now = float(statistics.median(timer.tick() for _ in range(max(1, ticks))))
+        times: list[float] = []
+        start = time.perf_counter()
+        while len(times) < max(1, ticks) or (time.perf_counter() - start < min_time_s and len(times) < max_ticks):
+            times.append(timer.tick())
+        spent = time.perf_counter() - start
     finally:
         torch.set_num_threads(before)
+    now = float(statistics.median(times))
     factor = cal.speed_factor(now)
     b = cal.reference_tracking if cal.reference_tracking is not None else 1.0
+    levels, (lo, hi) = _retimed_levels(cal.levels)
+    slowed = profile.slower_by(factor)
+    assert slowed.calibration is not None
+    slowed = slowed.model_copy(update={"calibration": slowed.calibration.model_copy(update={"levels": levels})})
     said = (f"at this machine's speed now: the reference workload took {fmt_s(now)} against {fmt_s(cal.reference_s)} "
-            f"when {profile.name} was calibrated; every predicted time and bound x {factor:.3f} (that ratio to "
-            f"the power {b:.2f})")
-    return profile.slower_by(factor), factor, said
+            f"when {profile.name} was calibrated; every predicted time x {factor:.3f} (that ratio to "
+            f"the power {b:.2f}); the median of {len(times)} timings over {spent:.1f} s, from {fmt_s(min(times))} "
+            f"to {fmt_s(max(times))}")
+    if cal.levels:
+        said += (f"; a window of seconds strays from the machine's level by {100 * (lo - 1):+.1f} / "
+                 f"{100 * (hi - 1):+.1f} % (90 %, as the calibration's reference did), which the intervals include")
+    return slowed, factor, said
+
+
+def _retimed_levels(levels: list[float], *, keep: int = 1000) -> tuple[list[float], tuple[float, float]]:
+    """The machine's levels for a profile brought to the speed of the moment, and how far the
+    re-timed window may stray (the central 90 %, as a factor).
+
+    A re-timing is a window of a few seconds, and on a shared machine such a window strays from
+    the machine's level over minutes about as far as the calibration's own levels do (each the
+    reference's median over a few seconds, relative to its median over the whole calibration):
+    two re-timings seconds apart on this machine stood up to 23 % apart. So the stray is drawn
+    from ``1 / levels`` and the run's own level from ``levels``; every combination is one level,
+    thinned to ``keep`` evenly spaced quantiles. No levels: nothing to draw from, unchanged."""
+    if not levels:
+        return [], (1.0, 1.0)
+    base = np.asarray(levels, dtype=float)
+    stray = 1.0 / base
+    lo, hi = (float(x) for x in np.quantile(stray, [0.05, 0.95]))
+    combined = (base[:, None] * stray[None, :]).reshape(-1)
+    if combined.size > keep:
+        combined = np.quantile(combined, np.linspace(0.0, 1.0, keep))
+    return [float(x) for x in combined], (lo, hi)
 
 
 def scaled(m: Measurement, factor: float) -> Measurement:
