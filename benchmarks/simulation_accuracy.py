@@ -28,8 +28,9 @@ Protocol
    median of the passes is kept; the errors against the measurement at its own level (the
    reference's median over the measurement), and whether it falls inside the interval there, are
    reported beside, and so are the errors of each prediction brought to the measurement's speed
-   the way ``perfsdk simulate --at-current-speed`` brings it (``CalibrationRecord.speed_factor`` at
-   the measurement's reference median), with the share inside the interval so scaled. The
+   with the scaling ``perfsdk simulate --at-current-speed`` applies (``CalibrationRecord.speed_factor``),
+   here at the measurement's reference median over all its passes (minutes; the command re-times
+   a few seconds), with the share inside the interval so scaled. The
    measurement passes alternate
    with the ``--calibrations`` calibrations (measure, calibrate, measure, calibrate, measure), so
    that a drift of the machine's speed over minutes hits both sides alike. Report the signed error
@@ -167,8 +168,9 @@ def _summary(rows: list[dict], k: int | None = None, own_level: bool = False, cu
     """Median and worst |error|, share inside the interval and median interval width (percent of
     the prediction) of ``rows``, for calibration ``k`` (None: the first); ``own_level``: errors
     against the measurement at its own reference level instead of the calibration's;
-    ``current_speed``: the prediction brought to the measurement's speed as ``perfsdk simulate
-    --at-current-speed`` does, against the measurement at its own level."""
+    ``current_speed``: the prediction brought to the measurement's speed with ``perfsdk simulate
+    --at-current-speed``'s scaling (at the measurement's reference median), against the
+    measurement at its own level."""
     k = k or 0
     errs, inside, widths = [], [], []
     tag = "_current_speed" if current_speed else "_own_level" if own_level else ""
@@ -333,7 +335,8 @@ def main(argv: list[str] | None = None) -> int:
             row[f"{x}_inside_own_level_each"] = [_inside(own[j], lo, hi) for lo, hi in zip(lows, highs)]
             # each calibration's prediction brought from its reference level to one level (the
             # measurement's), to the power it found its configurations follow the reference with:
-            # what ``perfsdk simulate --at-current-speed`` would have printed during the measurement
+            # ``perfsdk simulate --at-current-speed``'s scaling, at the reference's median over the
+            # whole measurement (the command re-times a window of seconds)
             row[f"{x}_one_level_each"] = [v * fk for v, fk in zip(vals, speed)]
             row[f"{x}_error_current_speed_pct_each"] = [100 * (v * fk - own[j]) / own[j] for v, fk in zip(vals, speed)]
             row[f"{x}_inside_current_speed_each"] = [_inside(own[j], None if lo is None else lo * fk,
@@ -421,8 +424,8 @@ def main(argv: list[str] | None = None) -> int:
                      f"median |error| {s_['median_abs_error_pct']:.1f} %, worst {s_['max_abs_error_pct']:.1f} %, "
                      f"inside the 90 % interval {100 * (s_['inside_share'] or 0):.0f} %.")
     for k, s_ in summary["families_current_speed"].items():
-        lines.append(f"Unseen families, calibration {k + 1}, at the measurement's speed (x {speed[k]:.3f}, as "
-                     f"--at-current-speed): {said(s_)}.")
+        lines.append(f"Unseen families, calibration {k + 1}, at the measurement's speed (x {speed[k]:.3f}, "
+                     f"--at-current-speed's scaling at the measurement's reference median): {said(s_)}.")
     if ref is not None:
         lines.append("Reference workload at its median: measurement " + f"{ref_s * 1e3:.2f} ms, calibrations "
                      + ", ".join(f"{(f.reference_s or 0) * 1e3:.2f} ms" for f in fits)
