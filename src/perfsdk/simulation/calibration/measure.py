@@ -566,7 +566,9 @@ def _retimed_levels(levels: list[float], *, keep: int = 1000) -> tuple[list[floa
     A re-timing is a window of a few seconds, and on a shared machine such a window strays from
     the machine's level over minutes about as far as the calibration's own levels do (each the
     reference's median over a few seconds, relative to its median over the whole calibration):
-    two re-timings seconds apart on this machine stood up to 23 % apart. So the stray is drawn
+    on a shared two-core machine the medians of three-second windows a few seconds apart stood
+    up to 23 % apart, and two ``perfsdk simulate --at-current-speed`` calls seconds apart put the
+    same prediction up to 24 % apart. So the stray is drawn
     from ``1 / levels`` and the run's own level from ``levels``; every combination is one level,
     thinned to ``keep`` evenly spaced quantiles. No levels: nothing to draw from, unchanged."""
     if not levels:
