@@ -175,6 +175,18 @@ def test_other_families_are_held_out_whole_and_predicted_by_the_rest() -> None:
     other = held[-1]
     # fitted on the Llama models only, the other family comes out 1/1.25 - 1 = -20 % off
     assert other == pytest.approx([-0.2, -0.2], abs=0.02)
+    # which entries left a whole family out, and the families, are what the intervals need
+    from perfsdk.simulation.calibration import held_out_predictions, keep_held_out
+
+    preds = held_out_predictions(res, configs, [])
+    assert [(h.family, h.whole_family) for h in preds] == [("llama", False)] * 3 + [("other", True)]
+    assert [h.errors for h in preds] == held
+    keep_held_out(res, configs, [])
+    assert res.held_out == held and res.held_out_whole_family == [False, False, False, True]
+    assert res.families == ["llama", "other"]
+    cal = profile_from_fit(res).calibration
+    assert cal is not None and cal.held_out_whole_family == [False, False, False, True]
+    assert cal.families == ["llama", "other"]
 
 
 def test_small_configurations_of_other_families_build_by_model_type() -> None:

@@ -209,6 +209,39 @@ def test_interval_is_the_central_share_of_prediction_over_one_plus_error_times_l
     assert {"ttft_s_low", "ttft_s_high", "tpot_s_low", "tpot_s_high", "origin", "interval_level"} <= set(data)
 
 
+def test_a_family_the_calibration_never_measured_draws_on_the_families_left_out_whole() -> None:
+    from transformers import GPT2Config
+
+    # two Llama models left out one at a time (+-1 %), one other family left out whole (-20 %)
+    base = _calibrated([[0.01, -0.01], [-0.01, 0.01], [-0.2, -0.2]], [1.0])
+    assert base.calibration is not None
+    cal = base.calibration.model_copy(update={"held_out_whole_family": [False, False, True],
+                                              "families": ["codegen", "llama"]})
+    prof = base.model_copy(update={"calibration": cal})
+    gpt2 = GPT2Config(n_embd=128, n_layer=2, n_head=4, vocab_size=1024, n_positions=128)
+    res = simulate_config(gpt2, prof, batch_size=1, input_tokens=16, output_tokens=9, dtype="float32")
+    # only the -20 % of the family left out whole: every sample is p / 0.8
+    assert (res.ttft_s_low, res.ttft_s_high) == pytest.approx((res.ttft_s / 0.8, res.ttft_s / 0.8), rel=1e-9)
+    assert (res.tpot_s_low, res.tpot_s_high) == pytest.approx((res.tpot_s / 0.8, res.tpot_s / 0.8), rel=1e-9)
+    # a Llama (a family the calibration measured) draws on all three
+    res = simulate_config(tiny_llama_config("tiny-llama"), prof, batch_size=1, input_tokens=16, output_tokens=9,
+                          dtype="float32")
+    ttft = res.ttft_s
+    expect = np.quantile([ttft / 1.01, ttft / 0.99, ttft / 0.8], [0.05, 0.95])
+    assert (res.ttft_s_low, res.ttft_s_high) == pytest.approx(tuple(expect), rel=1e-9)
+    # a record that does not say which entries left a whole family out: all of them, whatever the family
+    res = simulate_config(gpt2, base, batch_size=1, input_tokens=16, output_tokens=9, dtype="float32")
+    expect = np.quantile([res.tpot_s / 0.99, res.tpot_s / 1.01, res.tpot_s / 0.8], [0.05, 0.95])
+    assert (res.tpot_s_low, res.tpot_s_high) == pytest.approx(tuple(expect), rel=1e-9)
+    # the record round-trips, and one flag per entry is required
+    again = parse_profile(yaml.safe_load(profile_to_yaml(prof)), "my-host.yaml")
+    assert again.calibration is not None and again.calibration.held_out_whole_family == [False, False, True]
+    assert again.calibration.families == ["codegen", "llama"]
+    with pytest.raises(Exception, match=r"held_out_whole_family needs one value per held_out entry \(3\), got 2"):
+        CalibrationRecord(host="h", fitted_at="now", params=["a"], coefficients=[1.0],
+                          held_out=[[0.1, 0.1], [0.2, 0.2], [0.3, 0.3]], held_out_whole_family=[True, False])
+
+
 def test_spec_sheet_and_user_file_profiles_say_so_instead_of_an_interval() -> None:
     h100 = builtin_profiles()["h100-sxm"]
     assert profile_origin(h100) == "spec sheet"

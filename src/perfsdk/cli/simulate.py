@@ -353,6 +353,12 @@ def _say_uncertainty(result: Any) -> None:
     left = (f"{len(result.held_out)} configurations predicted with their model (another family: all of it) left out "
             f"of the fit{typical}" if result.held_out else
             "no model could be left out of the fit (one model measured): its predictions carry no interval")
+    whole = [pair for pair, w in zip(result.held_out, result.held_out_whole_family) if w]
+    if whole:
+        errs = [abs(x) for pair in whole for x in pair]
+        left += (f" ({len(whole)} of them with their whole family left out, median |error| "
+                 f"{100 * statistics.median(errs):.1f} %: what the interval of a model of a family other than "
+                 f"{', '.join(result.families)} draws on)")
     machine = (f"the machine's level (the reference timed around) at {len(result.levels)} timings" if result.levels
                else "no reference workload was timed (stored runs): no term for the machine's drift")
     click.echo(f"uncertainty: {len(result.replicates)} bootstrap refits over configurations and passes; {left}; "
@@ -442,6 +448,7 @@ def calibrate_command(models: tuple[str, ...], repeats: int, passes: int, max_pa
                                "fixed_cost": "per ATen call" if result.per_call else "per operation",
                                "measured_not_fitted": result.held,
                                "bootstrap_refits": len(result.replicates), "held_out": result.held_out,
+                               "held_out_whole_family": result.held_out_whole_family, "families": result.families,
                                "observations": result.observations}, indent=2))
     elif not output:
         click.echo(text, nl=False)

@@ -464,6 +464,8 @@ class SimulationCollector(Collector):
                                         note=_NOTES[step.kind], batch_size=b, input_tokens=in_tok, output_tokens=n_out,
                                         measured_profile=measured_name, dtype=cfg.dtype, overrides=overrides)
         model_id = getattr(session.model_info, "model_id", None) if getattr(session, "model_info", None) else None
+        # the model's type decides which held-out errors its interval draws on (a plain module: none)
+        family = getattr(getattr(step.model, "config", None), "model_type", None) or None
         preds: dict[str, TargetPrediction] = {}
         full: dict[str, Any] = {}
         now_host: HardwareProfile | None = None
@@ -493,7 +495,8 @@ class SimulationCollector(Collector):
                 else:
                     sim = Simulator(tgt.profile, sim_mapping, catalog)
                     res = sim.predict(ops if here else target_ops, batch_size=b, input_tokens=in_tok, top_n=cfg.top_n,
-                                      weight_bytes=weight_bytes, model=model_id, dtype=None if here else cfg.dtype)
+                                      weight_bytes=weight_bytes, model=model_id, dtype=None if here else cfg.dtype,
+                                      family=family)
             except (HardwareProfileError, MappingError, ValueError) as exc:
                 errors[target] = str(exc)
                 continue

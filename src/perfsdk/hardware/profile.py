@@ -100,7 +100,9 @@ class CalibrationRecord(_Strict):
       calibration's configurations and passes (how well the timings pin the coefficients);
     - ``held_out``: relative errors ``(predicted - measured) / measured`` of the prefill and of the
       decode of each calibration configuration, predicted by a fit that left that configuration's
-      model out (how far the cost model misses a model it was not fitted on);
+      model out (how far the cost model misses a model it was not fitted on); those whose fit left
+      out the configuration's whole family (``held_out_whole_family``) are how far it misses a
+      family it never saw, which is what a prediction of a family outside ``families`` draws on;
     - ``levels``: the reference workload's times over the calibration, relative to their median
       (how much the machine's own speed moved while it was measured).
     """
@@ -115,6 +117,14 @@ class CalibrationRecord(_Strict):
     held_out: list[list[float]] = Field(default_factory=list,
                                         description="[prefill error, decode error] of each configuration predicted "
                                                     "without its model, as fractions")
+    held_out_whole_family: list[bool] = Field(
+        default_factory=list,
+        description="For each held_out entry, whether the fit that predicted it left out the configuration's whole "
+                    "family (a family other than the calibration's main one); empty: not recorded")
+    families: list[str] = Field(
+        default_factory=list,
+        description="The families (model types) the calibration measured; a prediction of any other family draws its "
+                    "model error from the held_out entries of families left out whole")
     levels: list[float] = Field(default_factory=list,
                                 description="The reference workload's times relative to their median, to the power "
                                             "reference_tracking")
@@ -150,6 +160,9 @@ class CalibrationRecord(_Strict):
             raise ValueError(f"coefficients and every replicate need {n} values (one per name in params)")
         if any(len(h) != 2 for h in self.held_out):
             raise ValueError("each held_out entry is [prefill error, decode error]")
+        if self.held_out_whole_family and len(self.held_out_whole_family) != len(self.held_out):
+            raise ValueError(f"held_out_whole_family needs one value per held_out entry ({len(self.held_out)}), "
+                             f"got {len(self.held_out_whole_family)}")
         return self
 
 

@@ -221,7 +221,8 @@ class Simulator:
     def predict(self, ops: list[OpRecord], *, batch_size: int | None = None, input_tokens: int | None = None,
                 step_weights: dict[int, float] | None = None, dtype: str | None = None, top_n: int = 10,
                 model: str | None = None, op_source: str = "captured",
-                kv_cache_bytes: int | None = None, weight_bytes: int | None = None) -> SimulationResult:
+                kv_cache_bytes: int | None = None, weight_bytes: int | None = None,
+                family: str | None = None) -> SimulationResult:
         """Predict TTFT, TPOT, throughput, energy and memory fit for ``ops``.
 
         ``step_weights`` gives how many real steps each step index stands for (sampled decode
@@ -229,6 +230,9 @@ class Simulator:
         the KV size read off the ops (the largest ``kv_bytes`` per attention module);
         ``weight_bytes`` (the model's total) replaces the weights read off the ops for the
         default device (captured embedding lookups only report the rows they gather).
+        ``family``: the model's type (``config.model_type``), which decides the model error its
+        interval draws on (:func:`~perfsdk.simulation.uncertainty.model_errors`; None: a family
+        the calibration did not measure).
         """
         if not ops:
             raise ValueError("no operations to simulate")
@@ -360,7 +364,7 @@ class Simulator:
                     energy_j=a.energy_j, bound=a.bound(), compute_s=a.compute_s, memory_s=a.memory_s,
                     transfer_s=a.transfer_s, flops=a.flops, bytes_moved=a.bytes_moved, ops=a.ops))
 
-        bounds_ = self._interval(ops, out_phases, step_weights, n_decode, out_tokens, n_fwd)
+        bounds_ = self._interval(ops, out_phases, step_weights, n_decode, out_tokens, n_fwd, family)
         for ph, (lo, hi) in bounds_.pop("phase_bounds", {}).items():
             out_phases[ph] = out_phases[ph].model_copy(update={"time_s_low": lo, "time_s_high": hi})
         return SimulationResult(
@@ -392,7 +396,7 @@ class Simulator:
 
     def _interval(self, ops: list[OpRecord], phases: dict[str, PhasePrediction],
                   step_weights: dict[int, float] | None, n_decode: float, out_tokens: float,
-                  n_fwd: float) -> dict[str, Any]:
+                  n_fwd: float, family: str | None = None) -> dict[str, Any]:
         """Origin fields, and the interval bounds where every device is calibrated
         (:mod:`perfsdk.simulation.uncertainty`)."""
         from perfsdk.simulation.uncertainty import bounds, no_interval_reason, origin_text, profile_origin
@@ -421,7 +425,7 @@ class Simulator:
             by_phase[_phase_of(op)].append(op)
         times = {ph: p.time_s for ph, p in phases.items()}
         smp = time_interval_samples(cal, {ph: by_phase[ph] for ph in times if by_phase.get(ph)}, times,
-                                    step_weights).phases
+                                    step_weights, family=family).phases
         level = cal.level
         out["interval_level"] = level
         out["phase_bounds"] = {ph: bounds(v, level) for ph, v in smp.items()}
@@ -524,7 +528,7 @@ def simulate_model(arch: Any, hardware: HardwareProfile, *, batch_size: int = 1,
     sim = Simulator(hardware, mapping, catalog)
     res = sim.predict(ops, batch_size=batch_size, input_tokens=input_tokens, step_weights=weights, dtype=dtype,
                       top_n=top_n, model=name or arch.architecture or arch.model_type, op_source="analytic",
-                      kv_cache_bytes=kv)
+                      kv_cache_bytes=kv, family=arch.model_type or None)
     if hardware.call_overhead_s is not None:
         res = res.model_copy(update={"notes": [*res.notes, ANALYTIC_CALLS_NOTE]})
     return res
@@ -589,7 +593,8 @@ def simulate_captured(config: Any, hardware: HardwareProfile, *, batch_size: int
     model_type = getattr(config, "model_type", None) or type(config).__name__
     res = sim.predict(ops, batch_size=batch_size, input_tokens=input_tokens, step_weights={0: 1.0, **weights},
                       dtype=dtype, top_n=top_n, model=name or model_type, op_source="meta-device capture",
-                      kv_cache_bytes=kv, weight_bytes=int(cap.param_count * dtype_bytes(dtype)))
+                      kv_cache_bytes=kv, weight_bytes=int(cap.param_count * dtype_bytes(dtype)),
+                      family=getattr(config, "model_type", None) or None)
     from perfsdk.flops.meta import _architecture_or_none
 
     if _architecture_or_none(config) is None:

@@ -29,8 +29,11 @@ from perfsdk.simulation.calibration.fit import (
     bootstrap_coefficients,
     cached_fraction,
     fit,
+    HeldOut,
     held_out_errors,
+    held_out_predictions,
     keep_cache,
+    keep_held_out,
     profile_from_fit,
 )
 from perfsdk.simulation.calibration.from_store import calibrate_from_store, measurements_of_run, model_config_of_run
@@ -63,7 +66,7 @@ from perfsdk.simulation.calibration.measure import (
 
 __all__ = [
     "REFERENCE_LABEL", "REFERENCE_MODEL", "REFERENCE_SHAPE", "at_current_speed", "ConfigurationSamples", "ReferenceTimer", "bootstrap_coefficients",
-    "fit_with_micro", "held_out_errors", "measure_in_session", "median_of", "normalised_runs", "scaled",
+    "fit_with_micro", "HeldOut", "held_out_errors", "held_out_predictions", "keep_held_out", "measure_in_session", "median_of", "normalised_runs", "scaled",
     "CACHE_GRID", "CACHE_MIN_GAIN", "DEFAULT_CALIBRATION_GRID", "DEFAULT_CALIBRATION_MODELS", "HALF_ROWS_GRID", "PACK_ROWS_GRID", "PARAMS", "FitResult", "Measurement",
     "Observation", "build_random_model", "cached_fraction", "calibrate_from_store", "calibrate_here", "fit",
     "measure_generate", "measurements_of_run", "micro_observations", "model_config_of_run", "observations_for",

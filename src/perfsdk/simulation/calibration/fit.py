@@ -258,6 +258,11 @@ class FitResult:
     #: :class:`~perfsdk.hardware.profile.CalibrationRecord`
     replicates: list[list[float]] = field(default_factory=list)
     held_out: list[list[float]] = field(default_factory=list)
+    #: for each ``held_out`` entry, whether its fit left out the configuration's whole family (a
+    #: family other than the calibration's main one), and the families (model types) measured:
+    #: see :func:`held_out_predictions`
+    held_out_whole_family: list[bool] = field(default_factory=list)
+    families: list[str] = field(default_factory=list)
     levels: list[float] = field(default_factory=list)
     reference: str | None = None
     reference_s: float | None = None
@@ -565,6 +570,7 @@ def profile_from_fit(result: FitResult, *, name: str = "host-calibrated", base: 
     record = CalibrationRecord(
         host=cpu, fitted_at=when, params=list(PARAMS), coefficients=[float(k[p]) for p in PARAMS],
         replicates=result.replicates, held_out=result.held_out, levels=result.levels,
+        held_out_whole_family=result.held_out_whole_family, families=result.families,
         cache_bytes=result.cache_bytes, pack_rows=result.pack_rows, reference=result.reference,
         reference_s=result.reference_s, reference_tracking=result.reference_tracking, drift_pct=result.drift_pct,
         normalised_drift_pct=result.normalised_drift_pct, passes=result.passes, threads=result.threads,
@@ -608,7 +614,7 @@ class ConfigurationSamples:
     model: str
     observations: list[Observation]
     per_pass: list[list[float]]
-    #: the model's width (hidden size) and family (model type): see :func:`held_out_errors`
+    #: the model's width (hidden size) and family (model type): see :func:`held_out_predictions`
     width: int | None = None
     family: str | None = None
 
@@ -650,10 +656,20 @@ def bootstrap_coefficients(result: FitResult, configs: list[ConfigurationSamples
     return out
 
 
-def held_out_errors(result: FitResult, configs: list[ConfigurationSamples], fixed: list[Observation], *,
-                    fit_step_overhead: bool = True, robust: float | None = 0.1) -> list[list[float]]:
-    """``[prefill error, decode error]`` (fractions, ``(predicted - measured) / measured``) of
-    every configuration, predicted by a fit on the other models' configurations only: how far
+@dataclass
+class HeldOut:
+    """One configuration predicted by a fit that left its model out: ``errors`` ``[prefill,
+    decode]`` (fractions, ``(predicted - measured) / measured``), the configuration's ``family``
+    (model type, None when unknown) and whether the fit left out that ``whole_family``."""
+
+    errors: list[float]
+    family: str | None
+    whole_family: bool
+
+
+def held_out_predictions(result: FitResult, configs: list[ConfigurationSamples], fixed: list[Observation], *,
+                         fit_step_overhead: bool = True, robust: float | None = 0.1) -> list[HeldOut]:
+    """Every configuration predicted by a fit on the other models' configurations only: how far
     the cost model misses a model it was not fitted on. Needs at least two models.
 
     The models of the most common width are held out one at a time; models of other widths stay
@@ -663,10 +679,10 @@ def held_out_errors(result: FitResult, configs: list[ConfigurationSamples], fixe
 
     With models of several families (``family``), the family most of them belong to is treated
     so, and every other family is left out whole, all its models at once, and predicted by a fit
-    on the rest: how far the calibration misses a family it never saw, which is what a
-    prediction of another family's model risks."""
+    on the rest (``whole_family``): how far the calibration misses a family it never saw, which
+    is what a prediction of another family's model risks."""
     models = list(dict.fromkeys(c.model for c in configs))
-    out: list[list[float]] = []
+    out: list[HeldOut] = []
     if len(models) < 2:
         return out
     families = {c.model: c.family for c in configs}
@@ -680,9 +696,9 @@ def held_out_errors(result: FitResult, configs: list[ConfigurationSamples], fixe
     for m in own:
         counts[widths[m]] = counts.get(widths[m], 0) + 1
     common = max(counts, key=lambda w: counts[w])
-    groups = [[m] for m in own if counts[common] == 1 or widths[m] == common]
-    groups += [ms for f, ms in per_family.items() if f != main]
-    for group in groups:
+    groups = [([m], False) for m in own if counts[common] == 1 or widths[m] == common]
+    groups += [(ms, True) for f, ms in per_family.items() if f != main]
+    for group, whole in groups:
         train = list(fixed) + [ob for c in configs if c.model not in group for ob in c.observations]
         if len(train) < 3:
             continue
@@ -693,8 +709,25 @@ def held_out_errors(result: FitResult, configs: list[ConfigurationSamples], fixe
             errs = {ob.phase: (ob.predict(x, 0.0, result.cache_bytes, result.pack_rows) - ob.measured_s)
                     / ob.measured_s for ob in c.observations}
             if "prefill" in errs and "decode" in errs:
-                out.append([float(errs["prefill"]), float(errs["decode"])])
+                out.append(HeldOut([float(errs["prefill"]), float(errs["decode"])], c.family, whole))
     return out
+
+
+def held_out_errors(result: FitResult, configs: list[ConfigurationSamples], fixed: list[Observation], *,
+                    fit_step_overhead: bool = True, robust: float | None = 0.1) -> list[list[float]]:
+    """``[prefill error, decode error]`` of every configuration of :func:`held_out_predictions`."""
+    return [h.errors for h in held_out_predictions(result, configs, fixed, fit_step_overhead=fit_step_overhead,
+                                                   robust=robust)]
+
+
+def keep_held_out(result: FitResult, configs: list[ConfigurationSamples], fixed: list[Observation], *,
+                  fit_step_overhead: bool = True) -> None:
+    """Set ``result``'s held-out errors, which of them left out a whole family, and the
+    calibration's families (what the intervals of its predictions draw on)."""
+    held = held_out_predictions(result, configs, fixed, fit_step_overhead=fit_step_overhead)
+    result.held_out = [h.errors for h in held]
+    result.held_out_whole_family = [h.whole_family for h in held]
+    result.families = sorted({c.family for c in configs if c.family})
 
 
 def _held_out_loss(errors: list[list[float]]) -> float:

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from perfsdk.simulation.calibration.fit import (ConfigurationSamples, FitResult, Observation, bootstrap_coefficients, fit,
-                                              checked_cache, held_out_errors)
+                                              checked_cache, keep_held_out)
 from perfsdk.simulation.calibration.measure import Measurement, observations_for
 
 
@@ -190,5 +190,5 @@ def calibrate_from_store(store_dir: str, run_ids: list[str] | None = None, *,
     result.machine = next(iter(machines))
     # each stored configuration is one measurement: the bootstrap draws configurations only
     result.replicates = bootstrap_coefficients(result, samples, [], fit_step_overhead=fit_step_overhead)
-    result.held_out = held_out_errors(result, samples, [], fit_step_overhead=fit_step_overhead)
+    keep_held_out(result, samples, [], fit_step_overhead=fit_step_overhead)
     return result, used, skipped

@@ -687,7 +687,7 @@ def calibrate_here(models: list[str], grid: list[tuple[int, int, int]] | None = 
     import torch
 
     from perfsdk.simulation.calibration.fit import (ConfigurationSamples, bootstrap_coefficients, checked_cache,
-                                                    held_out_errors)
+                                                    keep_held_out)
 
     if threads:
         torch.set_num_threads(threads)
@@ -779,7 +779,7 @@ def calibrate_here(models: list[str], grid: list[tuple[int, int, int]] | None = 
         result.reference_tracking = tracking
     result.replicates = bootstrap_coefficients(result, samples, fixed, replicates=replicates, seed=seed,
                                                fit_step_overhead=fit_step_overhead)
-    result.held_out = held_out_errors(result, samples, fixed, fit_step_overhead=fit_step_overhead)
+    keep_held_out(result, samples, fixed, fit_step_overhead=fit_step_overhead)
     return result, meas
 
 
