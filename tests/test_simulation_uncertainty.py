@@ -315,6 +315,44 @@ def test_session_run_with_a_calibrated_host_judges_the_measurement_with_the_inte
     assert row["collectors.simulation.comparison.tpot.inside_interval"] in ("True", "true")
 
 
+def test_the_collector_gives_the_run_model_s_family_to_its_interval(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    import perfsdk
+
+    # one entry from a family left out whole (-50 %), one from a model left out (0 %)
+    base = _calibrated([[-0.5, -0.5], [0.0, 0.0]], [1.0])
+    assert base.calibration is not None
+
+    def record(name: str, families: list[str]) -> str:
+        cal = base.calibration.model_copy(update={"held_out_whole_family": [True, False], "families": families})
+        path = tmp_path / f"{name}.yaml"
+        path.write_text(profile_to_yaml(base.model_copy(update={"name": name, "calibration": cal})), encoding="utf-8")
+        return str(path)
+
+    never = record("never-saw-llama", ["gpt2"])
+    saw = record("saw-llama", ["llama"])
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(LlamaConfig(hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+                                         num_key_value_heads=2, intermediate_size=128, vocab_size=256,
+                                         max_position_embeddings=256)).eval()
+    ids = torch.randint(4, 256, (1, 10))
+    cfg = {"collectors": {"simulation": {"targets": [saw], "host": never}}}
+    with perfsdk.session(cfg) as s:
+        s.load(model=model)
+        s.generate(model, input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=4, min_new_tokens=4,
+                   pad_token_id=0)
+    preds = s.result.collectors["simulation"]["predictions"]
+    # a calibration that measured no Llama: only the family left out whole, every sample p / 0.5
+    here = preds[never]
+    assert (here["ttft_s_low"], here["ttft_s_high"]) == pytest.approx((2 * here["ttft_s"], 2 * here["ttft_s"]))
+    # one that measured a Llama: both entries
+    other = preds[saw]
+    expect = np.quantile([other["ttft_s"] / 0.5, other["ttft_s"]], [0.05, 0.95])
+    assert (other["ttft_s_low"], other["ttft_s_high"]) == pytest.approx(tuple(expect))
+
+
 def test_simulate_command_prints_the_interval_and_origin(tmp_path) -> None:  # type: ignore[no-untyped-def]
     from click.testing import CliRunner
 
