@@ -222,6 +222,8 @@ def test_a_family_the_calibration_never_measured_draws_on_the_families_left_out_
     res = simulate_config(gpt2, prof, batch_size=1, input_tokens=16, output_tokens=9, dtype="float32")
     # only the -20 % of the family left out whole: every sample is p / 0.8
     assert (res.ttft_s_low, res.ttft_s_high) == pytest.approx((res.ttft_s / 0.8, res.ttft_s / 0.8), rel=1e-9)
+    assert res.interval_basis == ("gpt2 is not a family the calibration measured (codegen, llama): the cost "
+                                  "model's errors on the 1 configurations of the families left out of the fit whole")
     assert (res.tpot_s_low, res.tpot_s_high) == pytest.approx((res.tpot_s / 0.8, res.tpot_s / 0.8), rel=1e-9)
     # a Llama (a family the calibration measured) draws on all three
     res = simulate_config(tiny_llama_config("tiny-llama"), prof, batch_size=1, input_tokens=16, output_tokens=9,
@@ -229,10 +231,14 @@ def test_a_family_the_calibration_never_measured_draws_on_the_families_left_out_
     ttft = res.ttft_s
     expect = np.quantile([ttft / 1.01, ttft / 0.99, ttft / 0.8], [0.05, 0.95])
     assert (res.ttft_s_low, res.ttft_s_high) == pytest.approx(tuple(expect), rel=1e-9)
+    assert res.interval_basis == ("llama is a family the calibration measured: the cost model's errors on all 3 "
+                                  "held-out configurations")
     # a record that does not say which entries left a whole family out: all of them, whatever the family
     res = simulate_config(gpt2, base, batch_size=1, input_tokens=16, output_tokens=9, dtype="float32")
     expect = np.quantile([res.tpot_s / 0.99, res.tpot_s / 1.01, res.tpot_s / 0.8], [0.05, 0.95])
     assert (res.tpot_s_low, res.tpot_s_high) == pytest.approx(tuple(expect), rel=1e-9)
+    assert res.interval_basis == ("the cost model's errors on all 3 held-out configurations (the calibration does "
+                                  "not say which left a whole family out)")
     # the record round-trips, and one flag per entry is required
     again = parse_profile(yaml.safe_load(profile_to_yaml(prof)), "my-host.yaml")
     assert again.calibration is not None and again.calibration.held_out_whole_family == [False, False, True]
@@ -347,6 +353,7 @@ def test_the_collector_gives_the_run_model_s_family_to_its_interval(tmp_path) ->
     # a calibration that measured no Llama: only the family left out whole, every sample p / 0.5
     here = preds[never]
     assert (here["ttft_s_low"], here["ttft_s_high"]) == pytest.approx((2 * here["ttft_s"], 2 * here["ttft_s"]))
+    assert here["interval_basis"].startswith("llama is not a family the calibration measured (gpt2)")
     # one that measured a Llama: both entries
     other = preds[saw]
     expect = np.quantile([other["ttft_s"] / 0.5, other["ttft_s"]], [0.05, 0.95])
@@ -371,6 +378,7 @@ def test_simulate_command_prints_the_interval_and_origin(tmp_path) -> None:  # t
     assert "90 % interval" in r.output
     assert "times: my-host: calibrated on " in r.output
     assert "energy: my-host: energy figures copied from host-cpu" in r.output
+    assert "model error: the cost model's errors on all 2 held-out configurations" in r.output
     r = CliRunner().invoke(simulate_command, ["--model", "builtin:tiny-llama", "--hardware", "l4",
                                               "--output-tokens", "4"], env={"COLUMNS": "120"})
     assert r.exit_code == 0, r.output

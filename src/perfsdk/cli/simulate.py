@@ -180,6 +180,8 @@ def _print_simulation(res: SimulationResult) -> None:
     if level:
         con.print(f"interval: {100 * level:.0f} % of the measurements this calibration allows for (its coefficients "
                   "refitted on resampled timings, its errors on models and families left out of the fit, the machine's drift)")
+        if res.interval_basis:
+            con.print(f"model error: {res.interval_basis}")
     elif res.interval_note:
         con.print(res.interval_note)
     if res.energy_origin:

@@ -127,6 +127,8 @@ class TargetPrediction(CollectorResult):
     interval_level: float | None = Field(default=None, description="Coverage of the *_low/*_high bounds; None: "
                                          "no interval (interval_note says why)")
     interval_note: str | None = None
+    interval_basis: str | None = Field(default=None, description="Which held-out errors of the calibration the "
+                                       "interval's model error draws on (by the model's family)")
     ttft_s_low: float | None = None
     ttft_s_high: float | None = None
     tpot_s_low: float | None = None
@@ -210,7 +212,7 @@ def _summarize(res: SimulationResult, top_n: int) -> TargetPrediction:
                                fits_in_memory=d.fits_in_memory) for d in res.devices],
         top_layers=layers,
         origin=res.origin, origin_detail=res.origin_detail, energy_origin=res.energy_origin,
-        interval_level=res.interval_level, interval_note=res.interval_note,
+        interval_level=res.interval_level, interval_note=res.interval_note, interval_basis=res.interval_basis,
         ttft_s_low=res.ttft_s_low, ttft_s_high=res.ttft_s_high, tpot_s_low=res.tpot_s_low,
         tpot_s_high=res.tpot_s_high, output_tokens_per_s_low=res.output_tokens_per_s_low,
         output_tokens_per_s_high=res.output_tokens_per_s_high, forward_s_low=res.forward_s_low,

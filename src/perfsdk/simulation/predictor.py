@@ -115,6 +115,8 @@ class SimulationResult(_Frozen):
     interval_level: float | None = Field(default=None, description="Coverage of the *_low/*_high bounds (0.9: 90 %); "
                                          "None: no interval")
     interval_note: str | None = Field(default=None, description="Why there is no interval, when there is none")
+    interval_basis: str | None = Field(default=None, description="Which of the calibration's held-out errors the "
+                                       "interval's model error draws on (by the model's family)")
     ttft_s_low: float | None = None
     ttft_s_high: float | None = None
     tpot_s_low: float | None = None
@@ -416,10 +418,11 @@ class Simulator:
         if reason is not None:
             out["interval_note"] = reason
             return out
-        from perfsdk.simulation.uncertainty import time_interval_samples
+        from perfsdk.simulation.uncertainty import model_error_basis, time_interval_samples
 
         cal = profiles[0].calibration
         assert cal is not None
+        out["interval_basis"] = model_error_basis(cal, family)
         by_phase: dict[str, list[OpRecord]] = defaultdict(list)
         for op in ops:
             by_phase[_phase_of(op)].append(op)

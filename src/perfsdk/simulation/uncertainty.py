@@ -98,6 +98,13 @@ def _phase_observation(ops: list[OpRecord], phase: str, step_weights: dict[int, 
                                 step_weights)
 
 
+def _whole_families_only(cal: CalibrationRecord, family: str | None) -> bool:
+    """Whether a model of ``family`` draws on the held-out configurations of whole families only."""
+    whole = cal.held_out_whole_family
+    return (bool(cal.held_out) and len(whole) == len(cal.held_out) and any(whole)
+            and family not in cal.families)
+
+
 def model_errors(cal: CalibrationRecord, family: str | None) -> np.ndarray:
     """The held-out errors (rows ``[prefill, decode]``) that a prediction of a model of ``family``
     (its model type; None: unknown) draws its model error from: those of the configurations
@@ -105,10 +112,23 @@ def model_errors(cal: CalibrationRecord, family: str | None) -> np.ndarray:
     measured and the record says which those are; every one otherwise (and on a record that
     does not say)."""
     held = np.array(cal.held_out, dtype=float) if cal.held_out else np.zeros((1, 2))
-    whole = np.array(cal.held_out_whole_family, dtype=bool)
-    if cal.held_out and len(whole) == len(held) and whole.any() and family not in cal.families:
-        return held[whole]
+    if _whole_families_only(cal, family):
+        return held[np.array(cal.held_out_whole_family, dtype=bool)]
     return held
+
+
+def model_error_basis(cal: CalibrationRecord, family: str | None) -> str:
+    """Which held-out errors a prediction of a model of ``family`` draws on, as a user reads it."""
+    who = family or "a model without a model type"
+    if _whole_families_only(cal, family):
+        n = sum(cal.held_out_whole_family)
+        return (f"{who} is not a family the calibration measured ({', '.join(cal.families)}): the cost model's "
+                f"errors on the {n} configurations of the families left out of the fit whole")
+    n = len(cal.held_out)
+    if family is not None and family in cal.families:
+        return f"{family} is a family the calibration measured: the cost model's errors on all {n} held-out configurations"
+    return (f"the cost model's errors on all {n} held-out configurations (the calibration does not say which left "
+            "a whole family out)")
 
 
 def time_interval_samples(cal: CalibrationRecord, phase_ops: dict[str, list[OpRecord]],
