@@ -239,6 +239,14 @@ def test_a_family_the_calibration_never_measured_draws_on_the_families_left_out_
     assert (res.tpot_s_low, res.tpot_s_high) == pytest.approx(tuple(expect), rel=1e-9)
     assert res.interval_basis == ("the cost model's errors on all 3 held-out configurations (the calibration does "
                                   "not say which left a whole family out)")
+    # a calibration of one family only: no family left out whole, so every entry, and it says why
+    one = prof.model_copy(update={"calibration": cal.model_copy(update={"held_out_whole_family": [False] * 3,
+                                                                        "families": ["llama"]})})
+    res = simulate_config(gpt2, one, batch_size=1, input_tokens=16, output_tokens=9, dtype="float32")
+    expect = np.quantile([res.tpot_s / 0.99, res.tpot_s / 1.01, res.tpot_s / 0.8], [0.05, 0.95])
+    assert (res.tpot_s_low, res.tpot_s_high) == pytest.approx(tuple(expect), rel=1e-9)
+    assert res.interval_basis == ("gpt2 is not a family the calibration measured (llama), and it left no whole family "
+                                  "out of its fit: the cost model's errors on all 3 held-out configurations")
     # the record round-trips, and one flag per entry is required
     again = parse_profile(yaml.safe_load(profile_to_yaml(prof)), "my-host.yaml")
     assert again.calibration is not None and again.calibration.held_out_whole_family == [False, False, True]

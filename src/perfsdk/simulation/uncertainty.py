@@ -127,6 +127,9 @@ def model_error_basis(cal: CalibrationRecord, family: str | None) -> str:
     n = len(cal.held_out)
     if family is not None and family in cal.families:
         return f"{family} is a family the calibration measured: the cost model's errors on all {n} held-out configurations"
+    if cal.held_out_whole_family and len(cal.held_out_whole_family) == n:
+        return (f"{who} is not a family the calibration measured ({', '.join(cal.families)}), and it left no whole "
+                f"family out of its fit: the cost model's errors on all {n} held-out configurations")
     return (f"the cost model's errors on all {n} held-out configurations (the calibration does not say which left "
             "a whole family out)")
 
