@@ -593,11 +593,11 @@ def simulate_captured(config: Any, hardware: HardwareProfile, *, batch_size: int
     scale = dtype_bytes(dtype) / cap.element_bytes
     kv = int(cap.kv_cache_bytes * scale) if cap.kv_cache_bytes else None
     sim = Simulator(hardware, mapping, catalog)
-    model_type = getattr(config, "model_type", None) or type(config).__name__
+    family = getattr(config, "model_type", None) or None
+    model_type = family or type(config).__name__
     res = sim.predict(ops, batch_size=batch_size, input_tokens=input_tokens, step_weights={0: 1.0, **weights},
                       dtype=dtype, top_n=top_n, model=name or model_type, op_source="meta-device capture",
-                      kv_cache_bytes=kv, weight_bytes=int(cap.param_count * dtype_bytes(dtype)),
-                      family=getattr(config, "model_type", None) or None)
+                      kv_cache_bytes=kv, weight_bytes=int(cap.param_count * dtype_bytes(dtype)), family=family)
     from perfsdk.flops.meta import _architecture_or_none
 
     if _architecture_or_none(config) is None:
