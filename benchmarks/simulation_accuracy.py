@@ -223,7 +223,8 @@ def main(argv: list[str] | None = None) -> int:
                     help=f"prompt length (default {INPUT_TOKENS})")
     ap.add_argument("--json", help="write the rows as JSON here")
     ap.add_argument("--markdown", help="write the table as Markdown here")
-    ap.add_argument("--profile-out", help="write the first calibrated profile YAML here")
+    ap.add_argument("--profile-out", help="write the first calibrated profile YAML here, and each further "
+                                          "calibration's beside it (NAME-2.yaml, NAME-3.yaml ...)")
     args = ap.parse_args(argv)
 
     import torch
@@ -285,8 +286,11 @@ def main(argv: list[str] | None = None) -> int:
         measure_pass(p)
         p += 1
     if args.profile_out:
-        with open(args.profile_out, "w", encoding="utf-8") as fh:
-            fh.write(profile_to_yaml(profiles[0]))
+        stem, dot, ext = args.profile_out.rpartition(".")
+        for k, prof in enumerate(profiles):
+            path = args.profile_out if k == 0 else (f"{stem}-{k + 1}.{ext}" if dot else f"{ext}-{k + 1}")
+            with open(path, "w", encoding="utf-8") as fh:
+                fh.write(profile_to_yaml(prof))
     ref_s = ref.median if ref is not None else 1.0
     raw = {k: [(m, ref.level_at(i) if ref is not None else 1.0) for m, i in v] for k, v in raw.items()}
     # each measurement pass divided by the machine's level around it, brought back to seconds at
