@@ -156,6 +156,14 @@ def test_calibrate_command_writes_profile(tmp_path: Path, monkeypatch: pytest.Mo
     assert f"{cal['reference_tracking']:.2f}" == tracking.group(1)
     assert f"(to the power {tracking.group(1)}, the one the passes follow it with)" in d["source"]
     assert re.search(r"; the machine's level \(the reference timed around\) at 16 timings", r.stderr), r.stderr
+    # what the seconds mean: the reference's median kept in the profile, and the spread of the level around it
+    level = re.search(r"seconds: at this machine's speed while calibrating, the reference workload's median of "
+                      r"(\d+\.\d\d) ms; the machine's level around the configurations stood at (\d\.\d\d)–(\d\.\d\d) "
+                      r"times it \(10th–90th percentile\); a calibration at another moment states every time in "
+                      r"proportion to its own median", r.stderr)
+    assert level is not None, r.stderr
+    assert level.group(1) == f"{cal['reference_s'] * 1e3:.2f}"
+    assert 0.5 < float(level.group(2)) <= float(level.group(3)) < 2.0
 
 
 def test_simulate_kv_heads_and_sliding_window_overrides() -> None:

@@ -19,6 +19,7 @@ from perfsdk.terminal import wide_option
 from perfsdk.simulation.calibration.measure import DEFAULT_CALIBRATION_MODELS, PASS_SETTLE_PCT
 from perfsdk.simulation.mapping import MappingError, mapping_from
 from perfsdk.simulation.predictor import SimulationResult, simulate_model
+from perfsdk.stats import percentile
 
 #: Data types ``perfsdk simulate --dtype`` accepts.
 SIMULATED_DTYPES = ("float32", "float16", "bfloat16", "float8_e4m3fn", "int8", "int4")
@@ -367,6 +368,23 @@ def _say_uncertainty(result: Any) -> None:
                f"{machine}", err=True)
 
 
+def _say_level(result: Any) -> None:
+    """What the fit's seconds mean: the reference workload's median while calibrating, and how far
+    the machine's level around the configurations stood from it. Two calibrations agree in seconds
+    no more closely than their medians do."""
+    if not result.reference_s:
+        return
+    spread = ""
+    if result.levels:
+        rel = sorted(result.levels)
+        spread = (f"; the machine's level around the configurations stood at {percentile(rel, 10):.2f}–"
+                  f"{percentile(rel, 90):.2f} times it (10th–90th percentile)")
+    click.echo(f"seconds: at this machine's speed while calibrating, the reference workload's median of "
+               f"{result.reference_s * 1e3:.2f} ms{spread}; a calibration at another moment states every time in "
+               "proportion to its own median (perfsdk simulate --at-current-speed rescales to the speed of the "
+               "moment)", err=True)
+
+
 @click.command("calibrate")
 @click.option("--model", "models", multiple=True,
               default=DEFAULT_CALIBRATION_MODELS, show_default=True,
@@ -428,6 +446,7 @@ def calibrate_command(models: tuple[str, ...], repeats: int, passes: int, max_pa
                         tracking=result.reference_tracking, passes=(passes, result.passes))
             _say_held(result)
             _say_uncertainty(result)
+            _say_level(result)
         if result.cache_note:
             click.echo(f"cache: {result.cache_note}", err=True)
         profile = profile_from_fit(result, name=name, note=note)
