@@ -36,7 +36,9 @@ Protocol
    that a drift of the machine's speed over minutes hits both sides alike. Report the signed error
    ``(predicted - measured) / measured``, whether the measurement is inside the 90 % interval, and
    per family and overall the median and worst absolute error, the share inside and the median
-   interval width; and how far the calibrations' predictions are apart.
+   interval width; and how far the calibrations' predictions are apart, and their inputs: each
+   later calibration's measured configurations against the first's at one reference level, by
+   model (a model the reference did not track moves as a whole).
 
 Run: ``PYTHONPATH=src python benchmarks/simulation_accuracy.py [--threads 1] [--models all|extra]
 [--json out.json] [--markdown out.md]``. Random weights, nothing downloaded; about nine minutes on
@@ -258,12 +260,13 @@ def main(argv: list[str] | None = None) -> int:
 
     def calibrate(k: int) -> None:
         tc = time.time()
-        fit, _ = calibrate_here(list(DEFAULT_CALIBRATION_MODELS), repeats=args.calibration_repeats,
+        fit, measured_configs = calibrate_here(list(DEFAULT_CALIBRATION_MODELS), repeats=args.calibration_repeats,
                                 threads=args.threads, clock=args.clock, passes=args.calibration_passes,
                                 max_passes=max(args.calibration_passes, args.calibration_max_passes),
                                 cache=args.calibration_cache,
                                 min_time_s=args.min_time, normalise=not args.no_normalise, seed=k)
         fits.append(fit)
+        cal_inputs.append(measured_configs)
         profiles.append(profile_from_fit(fit, name="host-calibrated", note="benchmarks/simulation_accuracy.py"))
         walls.append(time.time() - tc)
         print(f"calibration {k + 1} in {time.time() - tc:.0f} s: {json.dumps(fit.coefficients)}, "
@@ -274,7 +277,7 @@ def main(argv: list[str] | None = None) -> int:
 
     # measurement passes and calibrations alternate (measure, calibrate, measure, calibrate,
     # measure …), so that both sides see the same stretch of the machine's time
-    profiles, fits, walls = [], [], []
+    profiles, fits, walls, cal_inputs = [], [], [], []
     p = 0
     for k in range(max(args.calibrations, args.passes)):
         if p < args.passes:
@@ -394,6 +397,7 @@ def main(argv: list[str] | None = None) -> int:
         "calibration_drift_pct": [f.drift_pct for f in fits],
         "calibration_normalised_drift_pct": [f.normalised_drift_pct for f in fits],
         "calibration_wall_s": walls,
+        "calibration_inputs_apart_pct": _inputs_apart(fits, cal_inputs),
         "calibration_passes_run": [f.passes for f in fits],
         "measurement_drift_pct": raw_drift, "measurement_normalised_drift_pct": norm_drift,
         "reference_s": {"measurement": ref_s if ref is not None else None,
@@ -424,7 +428,7 @@ def main(argv: list[str] | None = None) -> int:
         return (f"median |error| {s['median_abs_error_pct']:.1f} %, worst {s['max_abs_error_pct']:.1f} %, "
                 f"inside the 90 % interval {inside}, median interval width {width}")
 
-    for k, s_ in summary["families"].items():
+    for k, s_ in (summary["families"] if fam_rows else {}).items():
         lines.append(f"Unseen families, calibration {k + 1}: {said(s_)}.")
     for name, s_ in summary["per_family"].items():
         lines.append(f"- {name}: {said(s_)}.")
@@ -438,15 +442,15 @@ def main(argv: list[str] | None = None) -> int:
                      f"{summary['family_calibration_spread_one_level_pct'] or 0:.1f} %.")
     for k, f in enumerate(fits):
         lines.append(f"Calibration {k + 1}, cache: {f.cache_note or 'none fitted'}.")
-    for k, s_ in summary["families_every_entry"].items():
+    for k, s_ in (summary["families_every_entry"] if fam_rows else {}).items():
         lines.append(f"Unseen families, calibration {k + 1}, intervals drawn on every held-out configuration (not only "
                      f"the families left out whole): inside the 90 % interval {100 * (s_['inside_share'] or 0):.0f} %, "
                      f"median interval width {s_['median_width_pct'] or 0:.0f} %.")
-    for k, s_ in summary["families_own_level"].items():
+    for k, s_ in (summary["families_own_level"] if fam_rows else {}).items():
         lines.append(f"Unseen families, calibration {k + 1}, against the measurement at its own reference level: "
                      f"median |error| {s_['median_abs_error_pct']:.1f} %, worst {s_['max_abs_error_pct']:.1f} %, "
                      f"inside the 90 % interval {100 * (s_['inside_share'] or 0):.0f} %.")
-    for k, s_ in summary["families_current_speed"].items():
+    for k, s_ in (summary["families_current_speed"] if fam_rows else {}).items():
         lines.append(f"Unseen families, calibration {k + 1}, at the measurement's speed (x {speed[k]:.3f}, "
                      f"--at-current-speed's scaling at the measurement's reference median): {said(s_)}.")
     if ref is not None:
@@ -455,6 +459,11 @@ def main(argv: list[str] | None = None) -> int:
                      + "; the times follow it to the power " + f"{tracking:.2f} (measurement), "
                      + ", ".join(f"{f.reference_tracking:.2f}" for f in fits if f.reference_tracking is not None)
                      + " (calibrations).")
+    for k, groups in enumerate(summary["calibration_inputs_apart_pct"], start=2):
+        lines.append(f"Calibration {k}'s configurations against calibration 1's, at one reference level (their "
+                     "TTFT and decode time, over the ratio of the reference medians), by model: " + "; ".join(
+                         f"{name} {g['median']:+.1f} % ({g['min']:+.1f} to {g['max']:+.1f})"
+                         for name, g in groups.items()) + ".")
     lines.append("Drift, slowest pass over fastest: calibrations " + ", ".join(
         f"{a or 0:.1f} % raw / {b or 0:.1f} % normalised ({n} passes)" for a, b, n in
         zip(summary["calibration_drift_pct"], summary["calibration_normalised_drift_pct"],
@@ -478,6 +487,25 @@ def _every_entry(prof: object) -> object:
     if cal is None:
         return prof
     return prof.model_copy(update={"calibration": cal.model_copy(update={"held_out_whole_family": []})})  # type: ignore[attr-defined]
+
+
+def _inputs_apart(fits: list, inputs: list[list]) -> list[dict[str, dict[str, float]]]:
+    """For each calibration after the first: its configurations' measured TTFT and decode time
+    against the first calibration's, each over the ratio of the two reference medians (what the
+    fits' seconds rest on), in percent, by model: median, lowest and highest. Were the reference
+    to follow every configuration alike, these would scatter around 0 by the measurement's noise
+    only; a model whose median moves is one the reference did not track."""
+    out: list[dict[str, dict[str, float]]] = []
+    for fit, meas in zip(fits[1:], inputs[1:]):
+        level = (fit.reference_s / fits[0].reference_s) if fit.reference_s and fits[0].reference_s else 1.0
+        by_model: dict[str, list[float]] = {}
+        for a, b in zip(inputs[0], meas):
+            for x, y in ((a.ttft_s, b.ttft_s), (a.decode_s, b.decode_s)):
+                if x and y:
+                    by_model.setdefault(a.model, []).append(100 * (y / x / level - 1))
+        out.append({name: {"median": statistics.median(v), "min": min(v), "max": max(v)}
+                    for name, v in by_model.items()})
+    return out
 
 
 def _pass_drift(runs: dict) -> float | None:
