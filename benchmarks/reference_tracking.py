@@ -10,8 +10,14 @@ time), its slope on the reference's log time (the exponent ``b`` that
 divided by the reference's level and by the level to the power ``b``; for the reference, the
 scatter between its two timings of a cycle (its own noise).
 
-Usage: ``PYTHONPATH=src python benchmarks/reference_tracking.py [SECONDS] [--json OUT]``; run it
-with nothing else busy.
+With ``--narrow``, three phases of the calibration's narrow models are added (the 64-wide Llama
+at 8 layers, TTFT and decode at batch 4 and a 32-token prompt; the 256-wide at 4 layers, decode at
+batch 4), and a second reference of the narrow kind is timed beside the first (``NARROW_REFERENCE``
+at ``REFERENCE_SHAPE``): every phase is then also regressed on that second reference's level alone,
+and on both levels at once (least squares on the logs), with the scatter each leaves.
+
+Usage: ``PYTHONPATH=src python benchmarks/reference_tracking.py [SECONDS] [--narrow] [--json OUT]``;
+run it with nothing else busy.
 """
 
 from __future__ import annotations
@@ -28,6 +34,9 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 PHASES = ["prefill1024", "medium_decode", "gpt2_ttft", "gpt2_decode", "qwen2_ttft", "qwen2_decode"]
+NARROW_PHASES = ["narrow64_ttft", "narrow64_decode", "narrow256_decode"]
+#: the second reference of ``--narrow``: the calibration's narrowest model, call-bound
+NARROW_REFERENCE = "builtin:tiny-llama-medium@hidden=64@layers=2"
 
 
 def _rms(values: list[float]) -> float:
@@ -38,6 +47,8 @@ def _rms(values: list[float]) -> float:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("seconds", type=float, nargs="?", default=300.0)
+    ap.add_argument("--narrow", action="store_true",
+                    help="add the narrow models' phases and a second, narrow reference (see above)")
     ap.add_argument("--json", help="write every cycle's timings and the summary here")
     args = ap.parse_args(argv)
 
@@ -59,17 +70,30 @@ def main(argv: list[str] | None = None) -> int:
     def reference() -> float:
         return sum(gen(ref, *REFERENCE_SHAPE))
 
-    for model, shape in ((ref, REFERENCE_SHAPE), (medium, (1, 1024, 2)), (gpt2, (1, 32, 8)), (qwen2, (4, 32, 8))):
+    narrow = {}
+    if args.narrow:
+        narrow = {"ref": build_random_model(NARROW_REFERENCE),
+                  "w64": build_random_model("builtin:tiny-llama-medium@hidden=64@layers=8"),
+                  "w256": build_random_model("builtin:tiny-llama-medium@hidden=256@layers=4")}
+    phases = PHASES + (NARROW_PHASES if narrow else [])
+    for model, shape in ((ref, REFERENCE_SHAPE), (medium, (1, 1024, 2)), (gpt2, (1, 32, 8)), (qwen2, (4, 32, 8)),
+                         *((narrow[k], REFERENCE_SHAPE if k == "ref" else (4, 32, 8)) for k in narrow)):
         gen(model, *shape, reps=1)  # warm-up
     rows = []
     t0 = time.time()
     while time.time() - t0 < args.seconds:
         row = {"t": time.time() - t0, "reference_start": reference()}
+        if narrow:
+            row["narrow_reference_start"] = sum(gen(narrow["ref"], *REFERENCE_SHAPE))
+            row["narrow64_ttft"], row["narrow64_decode"] = gen(narrow["w64"], 4, 32, 8)
+            row["narrow256_decode"] = gen(narrow["w256"], 4, 32, 8)[1]
         row["prefill1024"] = gen(medium, 1, 1024, 2, 1)[0]
         row["medium_decode"] = gen(medium, 1, 16, 8)[1]
         row["gpt2_ttft"], row["gpt2_decode"] = gen(gpt2, 1, 32, 8)
         row["qwen2_ttft"], row["qwen2_decode"] = gen(qwen2, 4, 32, 8)
         row["reference_end"] = reference()
+        if narrow:
+            row["narrow_reference_end"] = sum(gen(narrow["ref"], *REFERENCE_SHAPE))
         rows.append(row)
     if len(rows) < 3:
         print("too few cycles: give more seconds", file=sys.stderr)
@@ -80,7 +104,9 @@ def main(argv: list[str] | None = None) -> int:
                      "reference_own_noise_pct": 100 * _rms([math.log(r["reference_start"] / r["reference_end"])
                                                             for r in rows]),
                      "reference_scatter_pct": 100 * _rms(level), "phases": {}}
-    for ph in PHASES:
+    narrow_level = ([math.log(r["narrow_reference_start"] * r["narrow_reference_end"]) / 2 for r in rows]
+                    if narrow else [])
+    for ph in phases:
         y = [math.log(r[ph]) for r in rows]
         my = statistics.fmean(y)
         b = (sum((x - mx) * (v - my) for x, v in zip(level, y)) / sum((x - mx) ** 2 for x in level))
@@ -88,16 +114,37 @@ def main(argv: list[str] | None = None) -> int:
             "scatter_pct": 100 * _rms(y), "slope": b,
             "scatter_divided_by_level_pct": 100 * _rms([v - x for v, x in zip(y, level)]),
             "scatter_divided_by_level_to_slope_pct": 100 * _rms([v - b * x for v, x in zip(y, level)])}
+        if narrow:
+            summary["phases"][ph].update(_on_two_levels(y, level, narrow_level))
     print(f"{len(rows)} cycles in {time.time() - t0:.0f} s; reference: scatter {summary['reference_scatter_pct']:.1f} %, "
           f"its two timings of a cycle apart by {summary['reference_own_noise_pct']:.1f} % (rms)")
-    print("phase          scatter  slope  /level  /level^slope")
+    print("phase             scatter  slope  /level  /level^slope" + (
+        "  narrow: slope  /level^slope   both: slopes  /levels^slopes" if narrow else ""))
     for ph, d in summary["phases"].items():
-        print(f"{ph:14s} {d['scatter_pct']:6.1f} % {d['slope']:6.2f} {d['scatter_divided_by_level_pct']:6.1f} % "
-              f"{d['scatter_divided_by_level_to_slope_pct']:6.1f} %")
+        line = (f"{ph:17s} {d['scatter_pct']:6.1f} % {d['slope']:6.2f} {d['scatter_divided_by_level_pct']:6.1f} % "
+                f"{d['scatter_divided_by_level_to_slope_pct']:6.1f} %")
+        if narrow:
+            line += (f"  {d['narrow_slope']:13.2f} {d['narrow_scatter_pct']:8.1f} %   {d['both_slopes'][0]:5.2f}, "
+                     f"{d['both_slopes'][1]:5.2f} {d['both_scatter_pct']:8.1f} %")
+        print(line)
     if args.json:
         with open(args.json, "w", encoding="utf-8") as fh:
             json.dump({"rows": rows, "summary": summary}, fh, indent=2)
     return 0
+
+
+def _on_two_levels(y: list[float], a: list[float], b: list[float]) -> dict:
+    """``y`` (log times) regressed on the narrow reference's log level ``b`` alone and on both
+    ``a`` and ``b`` (least squares with an intercept): the slopes and the rms residual, percent."""
+    import numpy as np
+
+    yy = np.asarray(y) - np.mean(y)
+    aa, bb = np.asarray(a) - np.mean(a), np.asarray(b) - np.mean(b)
+    s1 = float(bb @ yy / (bb @ bb))
+    coef, *_ = np.linalg.lstsq(np.column_stack([aa, bb]), yy, rcond=None)
+    return {"narrow_slope": s1, "narrow_scatter_pct": 100 * float(np.sqrt(np.mean((yy - s1 * bb) ** 2))),
+            "both_slopes": [float(coef[0]), float(coef[1])],
+            "both_scatter_pct": 100 * float(np.sqrt(np.mean((yy - np.column_stack([aa, bb]) @ coef) ** 2)))}
 
 
 if __name__ == "__main__":
