@@ -53,6 +53,7 @@ import os
 import statistics
 import sys
 import time
+from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
@@ -260,11 +261,10 @@ def main(argv: list[str] | None = None) -> int:
 
     def calibrate(k: int) -> None:
         tc = time.time()
-        fit, measured_configs = calibrate_here(list(DEFAULT_CALIBRATION_MODELS), repeats=args.calibration_repeats,
-                                threads=args.threads, clock=args.clock, passes=args.calibration_passes,
-                                max_passes=max(args.calibration_passes, args.calibration_max_passes),
-                                cache=args.calibration_cache,
-                                min_time_s=args.min_time, normalise=not args.no_normalise, seed=k)
+        fit, measured_configs = calibrate_here(
+            list(DEFAULT_CALIBRATION_MODELS), repeats=args.calibration_repeats, threads=args.threads, clock=args.clock,
+            passes=args.calibration_passes, max_passes=max(args.calibration_passes, args.calibration_max_passes),
+            cache=args.calibration_cache, min_time_s=args.min_time, normalise=not args.no_normalise, seed=k)
         fits.append(fit)
         cal_inputs.append(measured_configs)
         profiles.append(profile_from_fit(fit, name="host-calibrated", note="benchmarks/simulation_accuracy.py"))
@@ -289,11 +289,10 @@ def main(argv: list[str] | None = None) -> int:
         measure_pass(p)
         p += 1
     if args.profile_out:
-        stem, dot, ext = args.profile_out.rpartition(".")
+        first = Path(args.profile_out)
         for k, prof in enumerate(profiles):
-            path = args.profile_out if k == 0 else (f"{stem}-{k + 1}.{ext}" if dot else f"{ext}-{k + 1}")
-            with open(path, "w", encoding="utf-8") as fh:
-                fh.write(profile_to_yaml(prof))
+            path = first if k == 0 else first.with_name(f"{first.stem}-{k + 1}{first.suffix}")
+            path.write_text(profile_to_yaml(prof), encoding="utf-8")
     ref_s = ref.median if ref is not None else 1.0
     raw = {k: [(m, ref.level_at(i) if ref is not None else 1.0) for m, i in v] for k, v in raw.items()}
     # each measurement pass divided by the machine's level around it, brought back to seconds at
@@ -436,10 +435,10 @@ def main(argv: list[str] | None = None) -> int:
         if s_["figures"]:
             lines.append(f"Llama sizes, calibration {k + 1}: {said(s_)}.")
     if len(profiles) > 1:
-        lines.append(f"Calibrations' predictions differ by at most {summary['calibration_spread_pct']:.1f} % "
-                     f"(unseen families {summary['family_calibration_spread_pct'] or 0:.1f} %); brought to one "
-                     "reference level (the measurement's), unseen families "
-                     f"{summary['family_calibration_spread_one_level_pct'] or 0:.1f} %.")
+        lines.append(f"Calibrations' predictions differ by at most {summary['calibration_spread_pct']:.1f} %" + (
+            f" (unseen families {summary['family_calibration_spread_pct']:.1f} %); brought to one reference level "
+            f"(the measurement's), unseen families {summary['family_calibration_spread_one_level_pct']:.1f} %."
+            if fam_rows else "."))
     for k, f in enumerate(fits):
         lines.append(f"Calibration {k + 1}, cache: {f.cache_note or 'none fitted'}.")
     for k, s_ in (summary["families_every_entry"] if fam_rows else {}).items():
