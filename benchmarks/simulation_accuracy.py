@@ -234,7 +234,8 @@ def main(argv: list[str] | None = None) -> int:
 
     from perfsdk.hardware.profile import profile_to_yaml
     from perfsdk.simulation.calibration import (DEFAULT_CALIBRATION_MODELS, ReferenceTimer, calibrate_here,
-                                                measure_in_session, profile_from_fit, reference_tracking)
+                                                measure_in_session, pass_order, profile_from_fit,
+                                                reference_tracking)
     from perfsdk.simulation.predictor import simulate_config
 
     torch.set_num_threads(args.threads)
@@ -249,7 +250,9 @@ def main(argv: list[str] | None = None) -> int:
     raw: dict[tuple[str, int, int], list[tuple[tuple[float, float], int]]] = {c: [] for c in configs}
 
     def measure_pass(p: int) -> None:
-        for spec, b, o in configs:
+        # in a shuffled order of its own, as the calibration measures (``pass_order``): a slow
+        # stretch of the machine then falls on several families rather than on one family's rows
+        for spec, b, o in pass_order(configs, p, seed=-1):
             def one() -> tuple[float, float]:
                 m = measure_in_session(models[spec], b, args.input_tokens, o, calls=args.calls, seed=p, label=spec)
                 return m.ttft_s, m.tpot_s or 0.0

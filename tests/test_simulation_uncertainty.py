@@ -14,7 +14,7 @@ from perfsdk.hardware.catalog import builtin_profiles
 from perfsdk.hardware.profile import CalibrationRecord, parse_profile, profile_to_yaml
 from perfsdk.models.tiny import tiny_llama_config
 from perfsdk.simulation.calibration import (PARAMS, REFERENCE_LABEL, ConfigurationSamples, at_current_speed, Measurement, bootstrap_coefficients, fit,
-                                            held_out_errors, median_of, normalised_runs, pass_levels,
+                                            held_out_errors, median_of, normalised_runs, pass_levels, pass_order,
                                             passes_settled, profile_from_fit, reference_tracking)
 from perfsdk.simulation.predictor import simulate_config
 from perfsdk.simulation.uncertainty import profile_origin
@@ -147,6 +147,39 @@ def test_calibrate_here_runs_more_passes_until_the_median_pass_is_settled(monkey
     grids.clear()
     cal.calibrate_here(models, passes=3, cache=True, **kw)
     assert grids[0] is None  # the whole grid
+
+
+def test_each_calibration_pass_measures_the_configurations_in_its_own_shuffled_order(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    import perfsdk.simulation.calibration.measure as cal
+
+    configs = [(m, b, 8, 3) for m in ("a", "b", "c") for b in (1, 2, 4, 8)]
+    orders = [pass_order(configs, p, seed=0) for p in range(3)]
+    for order in orders:
+        assert sorted(order) == sorted(configs)  # every configuration, once
+    assert orders[0] != configs and orders[0] != orders[1] != orders[2]  # no pass in model order, none alike
+    assert pass_order(configs, 1, seed=0) == orders[1]  # reproducible from the seed and the pass
+    assert pass_order(configs, 1, seed=1) != orders[1]
+    # model order would measure each model's configurations back to back: a shuffle breaks most runs
+    runs = sum(1 for x, y in zip(orders[0], orders[0][1:]) if x[0] != y[0])
+    assert runs >= 4
+
+    # the calibration measures in exactly that order, pass after pass, and keeps its results in grid order
+    seen: list[tuple[str, int, int, int, int]] = []
+
+    def measure(model, b, i, o, *, calls, label, seed, min_time_s):  # type: ignore[no-untyped-def]
+        seen.append((label, b, i, o, seed))
+        return Measurement(model=label, batch_size=b, input_tokens=i, output_tokens=o,
+                           ttft_s=1e-3 * b * i, decode_s=2e-4 * b * (o - 1), repeats=calls)
+
+    monkeypatch.setattr(cal, "measure_in_session", measure)
+    grid = [(1, 8, 3), (2, 16, 3), (4, 8, 3)]
+    models = ["builtin:tiny-llama-small", "builtin:tiny-llama-small@layers=1"]
+    _, meas = cal.calibrate_here(models, grid=grid, passes=2, seed=5, repeats=1, normalise=False, micro=False,
+                                 replicates=2)
+    keys = [(m, b, i, o) for m in models for b, i, o in grid]
+    assert seen == [(*k, p) for p in range(2) for k in pass_order(keys, p, seed=5)]
+    assert [(m.model, m.batch_size, m.input_tokens, m.output_tokens) for m in meas] == keys
 
 
 def test_bootstrap_and_held_out_on_noise_free_timings_reproduce_the_fit() -> None:

@@ -59,6 +59,7 @@ from perfsdk.simulation.calibration.measure import (
     observations_for,
     pass_drift_pct,
     pass_levels,
+    pass_order,
     passes_settled,
     reference_tracking,
     scaled,
@@ -70,5 +71,5 @@ __all__ = [
     "CACHE_GRID", "CACHE_MIN_GAIN", "DEFAULT_CALIBRATION_GRID", "DEFAULT_CALIBRATION_MODELS", "HALF_ROWS_GRID", "PACK_ROWS_GRID", "PARAMS", "FitResult", "Measurement",
     "Observation", "build_random_model", "cached_fraction", "calibrate_from_store", "calibrate_here", "fit",
     "measure_generate", "measurements_of_run", "micro_observations", "model_config_of_run", "observations_for",
-    "captured_observations_for", "pass_drift_pct", "pass_levels", "passes_settled", "PASS_SETTLE_PCT", "profile_from_fit", "reference_tracking", "keep_cache",
+    "captured_observations_for", "pass_drift_pct", "pass_levels", "pass_order", "passes_settled", "PASS_SETTLE_PCT", "profile_from_fit", "reference_tracking", "keep_cache",
 ]
