@@ -5,6 +5,7 @@ grid of shapes, plus two micro-kernels, turned into observations and fitted
 from __future__ import annotations
 
 import gc
+import random
 import statistics
 import time
 from dataclasses import dataclass
@@ -653,8 +654,6 @@ def pass_order(configs: list[Any], p: int, seed: int = 0) -> list[Any]:
     against 3.6-4.6 % and 3.6-5.5 % that the configurations' own noise accounts for (the slow
     stretches the reference misses are mostly shorter than one configuration); the shuffle costs
     nothing."""
-    import random
-
     order = list(configs)
     random.Random(f"{seed}:{p}").shuffle(order)
     return order
