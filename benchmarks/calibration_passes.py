@@ -21,8 +21,9 @@ the part of it the configurations' own scatter accounts for (a slow stretch the 
 that fell on one model's configurations shows as the excess).
 
 Usage: ``PYTHONPATH=src python benchmarks/calibration_passes.py [--passes 6] [--calibrations 2]
-[--json OUT]``; about six minutes a calibration at six passes on two cores. Run it with nothing
-else busy. ``--models`` and ``--families`` (comma-separated) narrow it for a quick check.
+[--json OUT]``; about eight minutes a calibration at six passes (the default grid) on two cores. Run it with nothing
+else busy. ``--models`` and ``--families`` (comma-separated) narrow it for a quick check;
+``--grid 1:16:16,4:32:16,...`` (batch:prompt:new-token triples) tries another calibration grid.
 """
 
 from __future__ import annotations
@@ -59,7 +60,17 @@ def _patched(module: Any, **attrs: Any) -> Any:
             setattr(module, k, v)
 
 
-def record(models: list[str], passes: int, seed: int) -> dict[str, Any]:
+def _grid(text: str) -> list[tuple[int, int, int]]:
+    try:
+        out = [tuple(int(x) for x in part.split(":")) for part in text.split(",") if part.strip()]
+    except ValueError:
+        out = []
+    if not out or any(len(t) != 3 or min(t) < 1 for t in out):
+        raise argparse.ArgumentTypeError(f"expected batch:input:output triples of positive integers, got {text!r}")
+    return out  # type: ignore[return-value]
+
+
+def record(models: list[str], passes: int, seed: int, grid: list[tuple[int, int, int]] | None = None) -> dict[str, Any]:
     """One calibration at ``passes`` passes, every timing it made kept in order."""
     import perfsdk.simulation.calibration.measure as m
 
@@ -89,8 +100,8 @@ def record(models: list[str], passes: int, seed: int) -> dict[str, Any]:
 
     with _patched(m, measure_in_session=measured, micro_observations=timed_micro), \
             _patched(m.ReferenceTimer, tick=ticked):
-        fit, _ = m.calibrate_here(models, threads=1, passes=passes, max_passes=passes, seed=seed)
-    return {"runs": runs, "ticks": ticks, "micro": micro, "order": order, "seed": seed, "fit": fit}
+        fit, _ = m.calibrate_here(models, threads=1, passes=passes, max_passes=passes, seed=seed, grid=grid)
+    return {"runs": runs, "ticks": ticks, "micro": micro, "order": order, "seed": seed, "fit": fit, "grid": grid}
 
 
 def replay(rec: dict[str, Any], models: list[str], passes: int, built: dict[str, Any]) -> Any:
@@ -113,7 +124,8 @@ def replay(rec: dict[str, Any], models: list[str], passes: int, built: dict[str,
     with _patched(m, measure_in_session=lambda model, b, i, o, **kw: rec["runs"][((kw["label"], b, i, o), kw["seed"])],
                   micro_observations=lambda **kw: next(micro), build_random_model=model_of), \
             _patched(m.ReferenceTimer, tick=ticked):
-        fit, _ = m.calibrate_here(models, threads=1, passes=passes, max_passes=passes, seed=rec["seed"])
+        fit, _ = m.calibrate_here(models, threads=1, passes=passes, max_passes=passes, seed=rec["seed"],
+                                  grid=rec["grid"])
     return fit
 
 
@@ -192,6 +204,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--calibrations", type=int, default=2, help="calibrations one after another (at least 2)")
     ap.add_argument("--models", help="calibration models, comma-separated (default: perfsdk calibrate's)")
     ap.add_argument("--families", help="families to predict, comma-separated (default: the accuracy benchmark's unseen ones)")
+    ap.add_argument("--grid", type=_grid, help="calibration grid, batch:input:output triples, comma-separated "
+                                                "(default: perfsdk calibrate's, DEFAULT_CALIBRATION_GRID)")
     ap.add_argument("--json", help="write the figures as JSON here")
     args = ap.parse_args(argv)
     if args.passes < 3 or args.calibrations < 2:
@@ -209,12 +223,12 @@ def main(argv: list[str] | None = None) -> int:
     recs = []
     for k in range(args.calibrations):
         tc = time.time()
-        recs.append(record(models, args.passes, seed=k))
+        recs.append(record(models, args.passes, seed=k, grid=args.grid))
         fit = recs[-1]["fit"]
         print(f"calibration {k + 1}: {time.time() - tc:.0f} s, {fit.passes} passes, drift {fit.drift_pct or 0:.1f} % raw / "
               f"{fit.normalised_drift_pct or 0:.1f} % normalised, tracking {fit.reference_tracking:.2f}, reference median "
               f"{fit.reference_s * 1e3:.2f} ms", flush=True)
-    summary: dict[str, Any] = {"passes": args.passes, "calibrations": args.calibrations, "models": models,
+    summary: dict[str, Any] = {"passes": args.passes, "calibrations": args.calibrations, "models": models, "grid": args.grid,
                                "families": families, "scatter": [scatter(r) for r in recs], "by_passes": {}}
     for k, s in enumerate(summary["scatter"], start=1):
         print(f"calibration {k}, passes normalised: TTFT {s['ttft_pass_rms_pct']:.1f} % per configuration and pass, a "

@@ -49,6 +49,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import statistics
 import sys
@@ -406,6 +407,8 @@ def main(argv: list[str] | None = None) -> int:
                         "calibrations": [f.reference_s for f in fits]},
         "reference_tracking": {"measurement": tracking if ref is not None else None,
                                "calibrations": [f.reference_tracking for f in fits]},
+        "measurement_repeatability_pct": {"families": _repeatability(fam_rows),
+                                          "llama": _repeatability([r for r in rows if not r["family"]])},
         "threads": args.threads, "calls": args.calls, "passes": args.passes, "clock": args.clock,
         "wall_s": time.time() - t0,
     }
@@ -471,6 +474,12 @@ def main(argv: list[str] | None = None) -> int:
         zip(summary["calibration_drift_pct"], summary["calibration_normalised_drift_pct"],
             summary["calibration_passes_run"]))
         + f"; measurement {raw_drift or 0:.1f} % raw / {norm_drift or 0:.1f} % normalised.")
+    for group, rep in summary["measurement_repeatability_pct"].items():
+        if rep is not None:
+            lines.append(f"The measurement's own repeatability ({'unseen families' if group == 'families' else 'Llama sizes'}): "
+                         f"the same prefill's TTFT, measured once per output length, {rep['rms']:.1f} % apart (rms of "
+                         f"{rep['pairs']:.0f} pairs), at most {rep['max']:.1f} %: about {rep['per_measurement']:.1f} % on each "
+                         "measurement; errors of that size cannot be told from the measurement's own noise.")
     table = "\n".join(lines)
     print(table)
     if args.markdown:
@@ -508,6 +517,23 @@ def _inputs_apart(fits: list, inputs: list[list]) -> list[dict[str, dict[str, fl
         out.append({name: {"median": statistics.median(v), "min": min(v), "max": max(v)}
                     for name, v in by_model.items()})
     return out
+
+
+def _repeatability(rows: list[dict]) -> dict[str, float] | None:
+    """How far the measurement repeats itself: TTFT does not depend on the number of new tokens,
+    so each model and batch measured at several output lengths measured the same prefill more
+    than once. Every pair's log ratio, in percent: rms, largest, and the rms over sqrt(2) (the
+    noise of one measurement, were both alike); None with fewer than one pair."""
+    by: dict[tuple[str, int], list[float]] = {}
+    for r in rows:
+        if r["ttft_measured_ms"]:
+            by.setdefault((r["model"], r["batch"]), []).append(r["ttft_measured_ms"])
+    logs = [math.log(a / b) for v in by.values() for i, a in enumerate(v) for b in v[i + 1:]]
+    if not logs:
+        return None
+    rms = math.sqrt(sum(x * x for x in logs) / len(logs))
+    return {"rms": 100 * rms, "max": 100 * max(abs(x) for x in logs), "per_measurement": 100 * rms / math.sqrt(2),
+            "pairs": float(len(logs))}
 
 
 def _pass_drift(runs: dict) -> float | None:
