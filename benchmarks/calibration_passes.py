@@ -12,7 +12,7 @@ For each ``k`` it predicts the families none of the calibrations measured (``FAM
 ``ANY_FAMILY_MODELS`` of ``simulation_accuracy.py``: batch 1 and 4, 8 and 32 new tokens, a
 32-token prompt) from every calibration, brings each prediction to one reference level (the first
 calibration's median reference time, with ``CalibrationRecord.speed_factor``) and prints the median
-and the largest difference of each later calibration against the first (the issue's "within 5 %"),
+and the largest difference of each later calibration against the first (the target of "within 5 %"),
 and, for the most passes, that difference by batch and phase with the coefficients beside.
 
 It also prints how the passes scatter: each configuration's normalised time in each pass against
