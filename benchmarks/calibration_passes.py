@@ -43,9 +43,8 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-BATCHES = (1, 4)
-OUTPUTS = (8, 32)
-INPUT_TOKENS = 32
+from simulation_accuracy import (ANY_FAMILY_MODELS, BATCHES, FAMILY_MODELS, INPUT_TOKENS,  # noqa: E402
+                                 OUTPUTS, build_model)
 
 
 @contextlib.contextmanager
@@ -132,6 +131,7 @@ def replay(rec: dict[str, Any], models: list[str], passes: int, built: dict[str,
 def scatter(rec: dict[str, Any]) -> dict[str, float]:
     """How the passes of one calibration scatter once normalised (see the module docstring), in %."""
     from perfsdk.simulation.calibration import ReferenceTimer
+    from perfsdk.stats import rms
 
     fit = rec["fit"]
     timer = ReferenceTimer(model=object())  # nothing timed: the recorded reference times, for level_at
@@ -164,10 +164,9 @@ def scatter(rec: dict[str, Any]) -> dict[str, float]:
                 sizes.append(len(keys))
         n = statistics.median(sizes)
         every = [x for v in dev.values() for x in v[:passes]]
-        rms = math.sqrt(sum(x * x for x in every) / len(every))
-        w = math.sqrt(sum(x * x for x in within) / len(within) * n / max(n - 1, 1))
-        out[f"{phase}_pass_rms_pct"] = 100 * rms
-        out[f"{phase}_model_mean_rms_pct"] = 100 * math.sqrt(sum(b * b for b in blocks) / len(blocks))
+        w = rms(within) * math.sqrt(n / max(n - 1, 1))
+        out[f"{phase}_pass_rms_pct"] = 100 * rms(every)
+        out[f"{phase}_model_mean_rms_pct"] = 100 * rms(blocks)
         out[f"{phase}_model_mean_from_configs_pct"] = 100 * w / math.sqrt(n)
     return out
 
@@ -214,7 +213,6 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     from perfsdk.simulation.calibration import DEFAULT_CALIBRATION_MODELS
-    from simulation_accuracy import ANY_FAMILY_MODELS, FAMILY_MODELS, build_model
 
     torch.set_num_threads(1)
     models = args.models.split(",") if args.models else list(DEFAULT_CALIBRATION_MODELS)

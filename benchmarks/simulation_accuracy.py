@@ -531,8 +531,10 @@ def _repeatability(rows: list[dict]) -> dict[str, float] | None:
     logs = [math.log(a / b) for v in by.values() for i, a in enumerate(v) for b in v[i + 1:]]
     if not logs:
         return None
-    rms = math.sqrt(sum(x * x for x in logs) / len(logs))
-    return {"rms": 100 * rms, "max": 100 * max(abs(x) for x in logs), "per_measurement": 100 * rms / math.sqrt(2),
+    from perfsdk.stats import rms
+
+    spread = rms(logs)
+    return {"rms": 100 * spread, "max": 100 * max(abs(x) for x in logs), "per_measurement": 100 * spread / math.sqrt(2),
             "pairs": float(len(logs))}
 
 

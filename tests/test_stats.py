@@ -1,4 +1,8 @@
-from perfsdk.stats import percentile, summarize
+import math
+
+import pytest
+
+from perfsdk.stats import percentile, rms, summarize
 
 
 def test_summarize_exact_values():
@@ -28,3 +32,10 @@ def test_percentile_matches_numpy_linear():
 
 def test_enough_samples_not_flagged():
     assert summarize(range(100)).low_sample_count is False
+
+
+def test_rms_is_about_zero_not_the_mean() -> None:
+    assert rms([3.0, -4.0]) == pytest.approx(math.sqrt(12.5))
+    assert rms([2.0, 2.0, 2.0]) == 2.0  # a constant's rms is itself; its spread about the mean would be 0
+    with pytest.raises(ValueError, match="empty"):
+        rms([])

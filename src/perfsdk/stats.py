@@ -46,6 +46,14 @@ def percentile(sorted_values: list[float], q: float) -> float:
     return float(sorted_values[lo] + (sorted_values[hi] - sorted_values[lo]) * frac)
 
 
+def rms(values: Iterable[float]) -> float:
+    """Root mean square (about zero, not the mean) of ``values``, e.g. of relative differences."""
+    vals = [float(v) for v in values]
+    if not vals:
+        raise ValueError("rms of an empty list")
+    return math.sqrt(sum(v * v for v in vals) / len(vals))
+
+
 def summarize(values: Iterable[float]) -> Stats:
     """Compute :class:`Stats`; an empty input gives ``count=0`` and ``None`` everywhere."""
     vals = sorted(float(v) for v in values)
