@@ -1,0 +1,179 @@
+"""How wrong are the predictions once the measurement's own noise is taken out?
+
+Reads the JSON of several runs of ``benchmarks/simulation_accuracy.py`` (``--json``; nothing is
+measured or fitted here) and puts every figure of every run in reference units: each measurement
+at its own level over its run's reference median (``ttft_measured_own_level_ms`` over
+``reference_s.measurement``), each calibration's prediction over that calibration's reference
+median (``reference_s.calibrations``; what a calibration's seconds mean). The **pooled
+measurement** of a figure (model, batch, new tokens, TTFT or TPOT) is the median over the runs of
+its measurements (the judged run's own among them): with N runs its noise is about 1.25 / sqrt(N)
+of one run's.
+
+Printed, for the unseen families (and, with ``--llama``, the Llama sizes):
+
+- each run's measurement against the pooled one (median and largest |difference|): the
+  measurement's own noise, which a single run's errors carry;
+- each calibration's predictions against the pooled measurement: median and largest |error|
+  and the signed median by batch and phase (a steady bias shows there), and the share inside
+  the 90 % interval (the interval in reference units too; runs written before the benchmark kept
+  every calibration's bounds give the first calibration's only);
+- each calibration against the median of all calibrations' predictions (its own scatter: what
+  two calibrations differ by, without the level of the machine between them).
+
+The exponent the work follows the reference with (``reference_tracking``) is taken as 1 here:
+runs at reference levels a few percent apart differ by that exponent's effect, well under 1 %.
+
+Usage: ``python benchmarks/pooled_accuracy.py run1.json run2.json run3.json ... [--pool-only
+older.json ...] [--llama] [--json OUT]``: ``--pool-only`` runs (of other code, say) add their
+measurement to the pooled one without their calibrations being judged.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+from collections import defaultdict
+from typing import Any
+
+PHASES = ("ttft", "tpot")
+
+
+def _runs(paths: list[str]) -> list[dict[str, Any]]:
+    out = []
+    for path in paths:
+        try:
+            with open(path) as fh:
+                data = json.load(fh)
+            ref = data["summary"]["reference_s"]
+            if not ref or not ref.get("measurement") or not ref.get("calibrations"):
+                raise KeyError("summary.reference_s")
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            raise SystemExit(f"{path}: not a simulation_accuracy.py --json run with reference levels ({exc})")
+        data["path"] = path
+        out.append(data)
+    return out
+
+
+def _name(row: dict[str, Any], x: str) -> str:
+    return f"{row['model']} batch {row['batch']} {row['output_tokens']} new {x.upper()}"
+
+
+def pooled(runs: list[dict[str, Any]], family: bool, pool_only: tuple[str, ...] = ()) -> dict[str, Any]:
+    """The figures of ``runs`` in reference units, the pooled measurement and every comparison
+    the module docstring lists, for the unseen families (``family``) or the Llama sizes. Runs in
+    ``pool_only`` add their measurement to the pooled one; their calibrations are not judged."""
+    measured: dict[tuple[Any, ...], list[float]] = defaultdict(list)
+    for run in runs:
+        level = run["summary"]["reference_s"]["measurement"]
+        for row in run["rows"]:
+            if bool(row["family"]) != family:
+                continue
+            for x in PHASES:
+                key = (row["model"], row["batch"], row["output_tokens"], x)
+                measured[key].append(row[f"{x}_measured_own_level_ms"] / 1e3 / level)
+    truth = {k: statistics.median(v) for k, v in measured.items()}
+
+    noise = []  # each run's measurement against the pooled one
+    for run in runs:
+        level = run["summary"]["reference_s"]["measurement"]
+        devs = [(100 * (row[f"{x}_measured_own_level_ms"] / 1e3 / level
+                        / truth[(row["model"], row["batch"], row["output_tokens"], x)] - 1), _name(row, x))
+                for row in run["rows"] if bool(row["family"]) == family for x in PHASES]
+        if not devs:
+            continue
+        far = max(devs, key=lambda d: abs(d[0]))
+        noise.append({"run": run["path"], "median_abs_pct": statistics.median(abs(d) for d, _ in devs),
+                      "max_abs_pct": abs(far[0]), "largest": f"{far[1]} {far[0]:+.1f} %"})
+
+    preds: dict[tuple[Any, ...], list[float]] = defaultdict(list)
+    calibrations = []
+    for run in runs:
+        if run["path"] in pool_only:
+            continue
+        refs = run["summary"]["reference_s"]["calibrations"]
+        for k, cal_ref in enumerate(refs):
+            errors, names, inside, by_class = [], [], [], defaultdict(list)
+            own: dict[tuple[Any, ...], float] = {}
+            for row in run["rows"]:
+                if bool(row["family"]) != family:
+                    continue
+                for x in PHASES:
+                    key = (row["model"], row["batch"], row["output_tokens"], x)
+                    p = row[f"{x}_predicted_ms_each"][k] / 1e3 / cal_ref
+                    own[key] = p
+                    preds[key].append(p)
+                    e = 100 * (p / truth[key] - 1)
+                    errors.append(e)
+                    names.append(_name(row, x))
+                    by_class[f"batch {row['batch']} {x.upper()}"].append(e)
+                    lows = row.get(f"{x}_low_ms_each") or ([row.get(f"{x}_low_ms")] if k == 0 else [])
+                    highs = row.get(f"{x}_high_ms_each") or ([row.get(f"{x}_high_ms")] if k == 0 else [])
+                    if k < len(lows) and lows[k] is not None and highs[k] is not None:
+                        lo, hi = lows[k] / 1e3 / cal_ref, highs[k] / 1e3 / cal_ref
+                        inside.append(lo <= truth[key] <= hi)
+            if not errors:
+                continue
+            calibrations.append({
+                "run": run["path"], "calibration": k + 1, "figures": len(errors),
+                "median_abs_error_pct": statistics.median(abs(e) for e in errors),
+                "max_abs_error_pct": max(abs(e) for e in errors),
+                "largest": "{} {:+.1f} %".format(*max(zip(names, errors), key=lambda t: abs(t[1]))),
+                "signed_median_pct": {c: statistics.median(v) for c, v in sorted(by_class.items())},
+                "inside_share": (sum(inside) / len(inside)) if inside else None, "_own": own})
+    consensus = {k: statistics.median(v) for k, v in preds.items()}
+    for cal in calibrations:
+        apart = [100 * (p / consensus[key] - 1) for key, p in cal.pop("_own").items()]
+        cal["against_all_calibrations_median_pct"] = statistics.median(abs(a) for a in apart)
+        cal["against_all_calibrations_max_pct"] = max(abs(a) for a in apart)
+    return {"figures": len(truth), "runs": len(runs), "measurement_noise": noise, "calibrations": calibrations}
+
+
+def report(name: str, res: dict[str, Any]) -> list[str]:
+    if not res["calibrations"]:
+        return [f"{name}: no figures in these runs."]
+    lines = [f"{name}: {res['figures']} figures, pooled over {res['runs']} runs (reference units)."]
+    lines.append("  Each run's measurement against the pooled one (median / largest |difference|):")
+    for n in res["measurement_noise"]:
+        lines.append(f"    {n['run']}: {n['median_abs_pct']:.1f} / {n['max_abs_pct']:.1f} % ({n['largest']})")
+    lines.append("  Each calibration against the pooled measurement: median / largest |error|, inside the 90 % "
+                 "interval; signed median by batch and phase; against all calibrations' median (median / largest):")
+    for c in res["calibrations"]:
+        inside = "n/a" if c["inside_share"] is None else f"{100 * c['inside_share']:.0f} %"
+        signed = ", ".join(f"{k} {v:+.1f}" for k, v in c["signed_median_pct"].items())
+        lines.append(f"    {c['run']} cal. {c['calibration']}: {c['median_abs_error_pct']:.1f} / "
+                     f"{c['max_abs_error_pct']:.1f} % ({c['largest']}), inside {inside}; {signed}; "
+                     f"{c['against_all_calibrations_median_pct']:.1f} / {c['against_all_calibrations_max_pct']:.1f} %")
+    worst = max(c["max_abs_error_pct"] for c in res["calibrations"])
+    med = [c["median_abs_error_pct"] for c in res["calibrations"]]
+    lines.append(f"  Over the {len(med)} calibrations: median |error| {min(med):.1f}–{max(med):.1f} %, "
+                 f"largest {worst:.1f} %.")
+    return lines
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("runs", nargs="+", help="simulation_accuracy.py --json files, at least three")
+    ap.add_argument("--pool-only", nargs="+", default=[], metavar="RUN",
+                    help="more runs whose measurement joins the pooled one, their calibrations not judged "
+                         "(runs of other code)")
+    ap.add_argument("--llama", action="store_true", help="also the Llama sizes")
+    ap.add_argument("--json", help="write the comparisons here")
+    args = ap.parse_args(argv)
+    if len(args.runs) + len(args.pool_only) < 3:
+        ap.error("give at least three runs: the pooled measurement is their median")
+    runs = _runs(args.runs + args.pool_only)
+    out = {"families": pooled(runs, True, tuple(args.pool_only))}
+    if args.llama:
+        out["llama"] = pooled(runs, False, tuple(args.pool_only))
+    for name, res in out.items():
+        print("\n".join(report("Unseen families" if name == "families" else "Llama sizes", res)))
+    if args.json:
+        with open(args.json, "w") as fh:
+            json.dump(out, fh, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
