@@ -56,8 +56,28 @@ def _runs(paths: list[str]) -> list[dict[str, Any]]:
     return out
 
 
+def _key(row: dict[str, Any], x: str) -> tuple[Any, ...]:
+    return (row["model"], row["batch"], row["output_tokens"], x)
+
+
 def _name(row: dict[str, Any], x: str) -> str:
     return f"{row['model']} batch {row['batch']} {row['output_tokens']} new {x.upper()}"
+
+
+def _measured(run: dict[str, Any], row: dict[str, Any], x: str) -> float:
+    """A measurement at its own level, in units of its run's reference median."""
+    return row[f"{x}_measured_own_level_ms"] / 1e3 / run["summary"]["reference_s"]["measurement"]
+
+
+def _bounds(row: dict[str, Any], x: str, k: int) -> tuple[float, float] | None:
+    """Calibration ``k``'s 90 % interval, ms (runs written before the JSON kept every
+    calibration's bounds: the first calibration's only)."""
+    lows, highs = row.get(f"{x}_low_ms_each"), row.get(f"{x}_high_ms_each")
+    if lows is None or highs is None:
+        lows, highs = [row.get(f"{x}_low_ms")], [row.get(f"{x}_high_ms")]
+    if k >= len(lows) or lows[k] is None or highs[k] is None:
+        return None
+    return lows[k], highs[k]
 
 
 def pooled(runs: list[dict[str, Any]], family: bool, pool_only: tuple[str, ...] = ()) -> dict[str, Any]:
@@ -66,20 +86,16 @@ def pooled(runs: list[dict[str, Any]], family: bool, pool_only: tuple[str, ...] 
     ``pool_only`` add their measurement to the pooled one; their calibrations are not judged."""
     measured: dict[tuple[Any, ...], list[float]] = defaultdict(list)
     for run in runs:
-        level = run["summary"]["reference_s"]["measurement"]
         for row in run["rows"]:
             if bool(row["family"]) != family:
                 continue
             for x in PHASES:
-                key = (row["model"], row["batch"], row["output_tokens"], x)
-                measured[key].append(row[f"{x}_measured_own_level_ms"] / 1e3 / level)
+                measured[_key(row, x)].append(_measured(run, row, x))
     truth = {k: statistics.median(v) for k, v in measured.items()}
 
     noise = []  # each run's measurement against the pooled one
     for run in runs:
-        level = run["summary"]["reference_s"]["measurement"]
-        devs = [(100 * (row[f"{x}_measured_own_level_ms"] / 1e3 / level
-                        / truth[(row["model"], row["batch"], row["output_tokens"], x)] - 1), _name(row, x))
+        devs = [(100 * (_measured(run, row, x) / truth[_key(row, x)] - 1), _name(row, x))
                 for row in run["rows"] if bool(row["family"]) == family for x in PHASES]
         if not devs:
             continue
@@ -100,7 +116,7 @@ def pooled(runs: list[dict[str, Any]], family: bool, pool_only: tuple[str, ...] 
                 if bool(row["family"]) != family:
                     continue
                 for x in PHASES:
-                    key = (row["model"], row["batch"], row["output_tokens"], x)
+                    key = _key(row, x)
                     p = row[f"{x}_predicted_ms_each"][k] / 1e3 / cal_ref
                     own[key] = p
                     preds[key].append(p)
@@ -108,11 +124,9 @@ def pooled(runs: list[dict[str, Any]], family: bool, pool_only: tuple[str, ...] 
                     errors.append(e)
                     names.append(_name(row, x))
                     by_class[f"batch {row['batch']} {x.upper()}"].append(e)
-                    lows = row.get(f"{x}_low_ms_each") or ([row.get(f"{x}_low_ms")] if k == 0 else [])
-                    highs = row.get(f"{x}_high_ms_each") or ([row.get(f"{x}_high_ms")] if k == 0 else [])
-                    if k < len(lows) and lows[k] is not None and highs[k] is not None:
-                        lo, hi = lows[k] / 1e3 / cal_ref, highs[k] / 1e3 / cal_ref
-                        inside.append(lo <= truth[key] <= hi)
+                    bounds = _bounds(row, x, k)
+                    if bounds is not None:
+                        inside.append(bounds[0] / 1e3 / cal_ref <= truth[key] <= bounds[1] / 1e3 / cal_ref)
             if not errors:
                 continue
             calibrations.append({

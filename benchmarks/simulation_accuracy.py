@@ -32,7 +32,8 @@ Protocol
    here at the measurement's reference median over all its passes (minutes; the command re-times
    a few seconds), with the share inside the interval so scaled. The
    measurement passes alternate
-   with the ``--calibrations`` calibrations (measure, calibrate, measure, calibrate, measure), so
+   with the ``--calibrations`` calibrations (measure, calibrate, measure, calibrate, then the
+   remaining passes), so
    that a drift of the machine's speed over minutes hits both sides alike. Report the signed error
    ``(predicted - measured) / measured``, whether the measurement is inside the 90 % interval, and
    per family and overall the median and worst absolute error, the share inside and the median
@@ -198,8 +199,8 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--threads", type=int, default=1, help="torch threads (1: least sensitive to a shared machine)")
     ap.add_argument("--calls", type=int, default=5, help="measured generate calls per configuration and pass")
-    # five: with three, one run's measurement of a figure stood up to 27-28 % from its median over
-    # ten runs (benchmarks/pooled_accuracy.py), more than the predictions' own largest error
+    # five: against the measurement pooled over twelve runs (benchmarks/pooled_accuracy.py), the
+    # five-pass runs' measurement stood 1.8-3.7 % from it (median), the three-pass runs' 3.2-4.1 %
     ap.add_argument("--passes", type=int, default=5, help="round-robin measurement passes (their median is kept)")
     ap.add_argument("--calibration-passes", type=int, default=3, help="round-robin passes of the calibration (perfsdk calibrate's default)")
     ap.add_argument("--calibration-cache", action="store_true",
