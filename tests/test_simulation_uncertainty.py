@@ -242,6 +242,37 @@ def test_interval_is_the_central_share_of_prediction_over_one_plus_error_times_l
     assert {"ttft_s_low", "ttft_s_high", "tpot_s_low", "tpot_s_high", "origin", "interval_level"} <= set(data)
 
 
+def test_a_calibrated_prediction_is_the_median_of_its_bootstrap_refits_predictions() -> None:
+    # replicates at 0.9, 1.3 and 1.1 times every central coefficient: each re-costs every phase by
+    # exactly that factor, so the median refit predicts 1.1 times the central fit, every op alike
+    held, levels = [[0.25, -0.2], [0.0, 0.0]], [0.9, 1.1]
+    plain = _calibrated(held, levels)
+    cal = plain.calibration
+    assert cal is not None
+    bagged = plain.model_copy(update={"calibration": cal.model_copy(update={
+        "replicates": [[k * c for c in cal.coefficients] for k in (0.9, 1.3, 1.1)]})})
+    kw = dict(batch_size=2, input_tokens=16, output_tokens=9, dtype="float32")
+    a = simulate_config(tiny_llama_config("tiny-llama"), plain, **kw)
+    b = simulate_config(tiny_llama_config("tiny-llama"), bagged, **kw)
+    assert b.ttft_s == pytest.approx(1.1 * a.ttft_s, rel=1e-9)
+    assert b.tpot_s == pytest.approx(1.1 * a.tpot_s, rel=1e-9)
+    assert b.output_tokens_per_s == pytest.approx(a.output_tokens_per_s / 1.1, rel=1e-9)
+    for ph in ("prefill", "decode"):
+        pa, pb = a.phases[ph], b.phases[ph]
+        assert (pb.time_s, pb.compute_s, pb.memory_s, pb.overhead_s) == pytest.approx(
+            (1.1 * pa.time_s, 1.1 * pa.compute_s, 1.1 * pa.memory_s, 1.1 * pa.overhead_s), rel=1e-9)
+        assert (pb.flops, pb.bytes_moved) == (pa.flops, pa.bytes_moved)
+    assert sum(l.time_s for l in b.layers if l.phase == "decode") == pytest.approx(
+        1.1 * sum(l.time_s for l in a.layers if l.phase == "decode"), rel=1e-9)
+    # the interval is that of every refit, held-out error and level around the central fit:
+    # the refits' ratios (0.9, 1.3, 1.1) times the same samples as the plain profile's
+    tpot = a.tpot_s
+    samples = [tpot * k / (1 + e) * lv for k in (0.9, 1.3, 1.1) for e in (-0.2, 0.0) for lv in levels]
+    assert (b.tpot_s_low, b.tpot_s_high) == pytest.approx(tuple(np.quantile(samples, [0.05, 0.95])), rel=1e-9)
+    assert ("times are the median of the calibration's 3 bootstrap refits' predictions (against its central fit: "
+            "prefill +10.0 %, decode +10.0 %)") in b.notes
+
+
 def test_a_family_the_calibration_never_measured_draws_on_the_families_left_out_whole() -> None:
     from transformers import GPT2Config
 

@@ -13,16 +13,20 @@ from __future__ import annotations
 
 from collections import defaultdict
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from perfsdk.hardware.catalog import Catalog, normalize_name
-from perfsdk.hardware.profile import HardwareProfile
+from perfsdk.hardware.profile import CalibrationRecord, HardwareProfile
 from perfsdk.capture.ops import OpRecord
 from perfsdk.simulation.costmodel import (activation_in_bytes, activation_out_bytes, cost_op, op_bytes,
                                           resident_bytes, transfer_cost)
 from perfsdk.simulation.mapping import Mapping, MappingError
+from perfsdk.simulation.uncertainty import bagged_factors
+
+if TYPE_CHECKING:
+    import numpy as np
 
 PhaseName = Literal["encode", "prefill", "decode", "forward"]
 
@@ -261,9 +265,18 @@ class Simulator:
                 dev = self.device_of(op.module_path)[0]
                 resident[(dev, op.phase, op.step)] += resident_bytes(op)
 
+        by_phase: dict[str, list[OpRecord]] = defaultdict(list)
+        for op in ops:
+            by_phase[_phase_of(op)].append(op)
+        ratios = self._replicate_ratios(by_phase, step_weights)
+        # a calibrated profile predicts each phase's time as the median over its bootstrap refits
+        # (:func:`~perfsdk.simulation.uncertainty.bagged_factors`): every op's time scaled alike
+        factor = bagged_factors(ratios) if ratios else {}
+
         for op in ops:
             ph = _phase_of(op)
             w = step_weights.get(op.step, 1.0) if step_weights else 1.0
+            w_t = w * factor.get(ph, 1.0)
             steps[ph][op.step] = w
             dev_name, rule = self.device_of(op.module_path)
             st = devs[dev_name]
@@ -276,14 +289,14 @@ class Simulator:
                 h2d = 0 if key in sent_groups else activation_in_bytes(op)
                 sent_groups.add(key)
                 c.transfer_s, c.transfer_energy_j = transfer_cost(prof, h2d, activation_out_bytes(op))
-            t = c.time_s * w
+            t = c.time_s * w_t
             nbytes = op_bytes(op) * w
             for acc in (phases[ph], layers[(op.module_path, ph)]):
                 acc.time_s += t
-                acc.compute_s += c.compute_s * w
-                acc.memory_s += (c.memory_s + c.pack_s) * w
-                acc.transfer_s += c.transfer_s * w
-                acc.overhead_s += c.overhead_s * w
+                acc.compute_s += c.compute_s * w_t
+                acc.memory_s += (c.memory_s + c.pack_s) * w_t
+                acc.transfer_s += c.transfer_s * w_t
+                acc.overhead_s += c.overhead_s * w_t
                 acc.dyn_j += c.dynamic_energy_j * w
                 acc.energy_j += c.energy_j * w
                 acc.flops += op.flops * w
@@ -305,7 +318,8 @@ class Simulator:
             n_steps = sum(steps[ph].values())
             if ph == "encode" and not n_steps:
                 continue  # a model without an encoder or vision tower has no encode phase
-            overhead = step_overhead * n_steps + (prefill_overhead if ph == "prefill" and n_steps else 0.0)
+            overhead = (step_overhead * n_steps + (prefill_overhead if ph == "prefill" and n_steps else 0.0)
+                        ) * factor.get(ph, 1.0)
             time_s = acc.time_s + overhead
             energy = acc.dyn_j + static_w * time_s
             out_phases[ph] = PhasePrediction(
@@ -366,7 +380,12 @@ class Simulator:
                     energy_j=a.energy_j, bound=a.bound(), compute_s=a.compute_s, memory_s=a.memory_s,
                     transfer_s=a.transfer_s, flops=a.flops, bytes_moved=a.bytes_moved, ops=a.ops))
 
-        bounds_ = self._interval(ops, out_phases, step_weights, n_decode, out_tokens, n_fwd, family)
+        if factor:
+            n_reps = max(len(r) for r in ratios.values())
+            moved = ", ".join(f"{ph} {100 * (f - 1):+.1f} %" for ph, f in factor.items() if ph in out_phases)
+            notes.append(f"times are the median of the calibration's {n_reps} bootstrap refits' predictions "
+                         f"(against its central fit: {moved})")
+        bounds_ = self._interval(by_phase, out_phases, step_weights, n_decode, out_tokens, n_fwd, family, ratios)
         for ph, (lo, hi) in bounds_.pop("phase_bounds", {}).items():
             out_phases[ph] = out_phases[ph].model_copy(update={"time_s_low": lo, "time_s_high": hi})
         return SimulationResult(
@@ -396,11 +415,29 @@ class Simulator:
             notes=notes,
         )
 
-    def _interval(self, ops: list[OpRecord], phases: dict[str, PhasePrediction],
+    def _calibration(self) -> CalibrationRecord | None:
+        """The calibration record of the one profile every device uses (None: none, or several profiles)."""
+        profiles = list({id(p): p for p in self.profiles.values()}.values())
+        return profiles[0].calibration if len(profiles) == 1 else None
+
+    def _replicate_ratios(self, by_phase: dict[str, list[OpRecord]],
+                          step_weights: dict[int, float] | None) -> dict[str, np.ndarray]:
+        """Each phase's cost under every bootstrap refit over the central fit's, where one calibrated
+        profile with refits prices every op ({} otherwise)."""
+        from perfsdk.simulation.uncertainty import replicate_ratios
+
+        cal = self._calibration()
+        if cal is None or not cal.replicates:
+            return {}
+        return replicate_ratios(cal, dict(by_phase), step_weights)
+
+    def _interval(self, by_phase: dict[str, list[OpRecord]], phases: dict[str, PhasePrediction],
                   step_weights: dict[int, float] | None, n_decode: float, out_tokens: float,
-                  n_fwd: float, family: str | None = None) -> dict[str, Any]:
+                  n_fwd: float, family: str | None = None,
+                  ratios: dict[str, np.ndarray] | None = None) -> dict[str, Any]:
         """Origin fields, and the interval bounds where every device is calibrated
-        (:mod:`perfsdk.simulation.uncertainty`)."""
+        (:mod:`perfsdk.simulation.uncertainty`; ``ratios``: each phase's bootstrap refits over the
+        central fit, already computed)."""
         from perfsdk.simulation.uncertainty import bounds, no_interval_reason, origin_text, profile_origin
 
         profiles = list({id(p): p for p in self.profiles.values()}.values())
@@ -423,12 +460,10 @@ class Simulator:
         cal = profiles[0].calibration
         assert cal is not None
         out["interval_basis"] = model_error_basis(cal, family)
-        by_phase: dict[str, list[OpRecord]] = defaultdict(list)
-        for op in ops:
-            by_phase[_phase_of(op)].append(op)
         times = {ph: p.time_s for ph, p in phases.items()}
-        smp = time_interval_samples(cal, {ph: by_phase[ph] for ph in times if by_phase.get(ph)}, times,
-                                    step_weights, family=family).phases
+        priced = [ph for ph in times if by_phase.get(ph)]
+        smp = time_interval_samples(cal, {ph: by_phase[ph] for ph in priced}, times, step_weights, family=family,
+                                    ratios={ph: ratios[ph] for ph in priced} if ratios else None).phases
         level = cal.level
         out["interval_level"] = level
         out["phase_bounds"] = {ph: bounds(v, level) for ph, v in smp.items()}
