@@ -173,11 +173,11 @@ def bagged_factors(ratios: dict[str, np.ndarray]) -> dict[str, float]:
     The fit is piecewise (each op labelled compute- or memory-bound, the small-matrix term
     started from several points and the least loss kept), so a few percent more or less in one
     configuration's timing can move it to another labelling, and two calibrations of one machine
-    then predicted the few-row decode of families they never saw up to 5-9 % apart. The median
-    over the bootstrap refits does not jump with one labelling: refitted offline from nine pairs
-    of calibrations of a 2-core x86 host, the pairs' predictions of nine unseen families stood at
-    most 3.1-7.8 % apart (8 of 9 pairs within 5 %) against 2.5-9.0 % (3 of 9) from the central
-    fits, with the same accuracy against their measurement."""
+    then predicted the families they never saw up to 9 % apart. The median over the bootstrap
+    refits does not jump with one labelling: in ten pairs of calibrations of a 2-core x86 host,
+    the pairs' predictions of nine unseen families stood at most 3.1-7.8 % apart (8 of 10 pairs
+    within 5 %) against 2.5-9.0 % (3 of 10) from the central fits, with the same accuracy against
+    their measurement (docs/simulation.md, "The median of the bootstrap refits")."""
     return {phase: float(np.median(r)) if len(r) else 1.0 for phase, r in ratios.items()}
 
 
