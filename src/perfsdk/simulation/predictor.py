@@ -23,7 +23,7 @@ from perfsdk.capture.ops import OpRecord
 from perfsdk.simulation.costmodel import (activation_in_bytes, activation_out_bytes, cost_op, op_bytes,
                                           resident_bytes, transfer_cost)
 from perfsdk.simulation.mapping import Mapping, MappingError
-from perfsdk.simulation.uncertainty import bagged_factors
+from perfsdk.simulation.uncertainty import bagged_factors, replicate_ratios
 
 if TYPE_CHECKING:
     import numpy as np
@@ -415,17 +415,19 @@ class Simulator:
             notes=notes,
         )
 
+    def _unique_profiles(self) -> list[HardwareProfile]:
+        """The profiles the devices use, each once."""
+        return list({id(p): p for p in self.profiles.values()}.values())
+
     def _calibration(self) -> CalibrationRecord | None:
         """The calibration record of the one profile every device uses (None: none, or several profiles)."""
-        profiles = list({id(p): p for p in self.profiles.values()}.values())
+        profiles = self._unique_profiles()
         return profiles[0].calibration if len(profiles) == 1 else None
 
     def _replicate_ratios(self, by_phase: dict[str, list[OpRecord]],
                           step_weights: dict[int, float] | None) -> dict[str, np.ndarray]:
         """Each phase's cost under every bootstrap refit over the central fit's, where one calibrated
         profile with refits prices every op ({} otherwise)."""
-        from perfsdk.simulation.uncertainty import replicate_ratios
-
         cal = self._calibration()
         if cal is None or not cal.replicates:
             return {}
@@ -440,7 +442,7 @@ class Simulator:
         central fit, already computed)."""
         from perfsdk.simulation.uncertainty import bounds, no_interval_reason, origin_text, profile_origin
 
-        profiles = list({id(p): p for p in self.profiles.values()}.values())
+        profiles = self._unique_profiles()
         origins = {profile_origin(p) for p in profiles}
         out: dict[str, Any] = {
             "origin": origins.pop() if len(origins) == 1 else "mixed",
