@@ -204,3 +204,38 @@ def test_an_undescribed_vision_language_family_is_counted_by_capture(perfsdk_cli
         real.flops_encode, real.flops_prefill, real.flops_decode)
     assert "analytic cross-check: not available for model type paligemma" in got["notes"]
 
+
+
+def test_multi_query_attention_without_enable_gqa_is_priced_as_the_unfused_path():
+    """Falcon's own code passes one key/value head to SDPA without ``enable_gqa``: PyTorch runs the
+    unfused path, and with two sequences copies K and V out to the four query heads. The capture
+    on the meta device (what ``perfsdk simulate`` prices) and on a real generate say so alike."""
+    from transformers import AutoModelForCausalLM
+
+    from perfsdk.capture import OperationCapture
+    from perfsdk.flops.meta import capture_generation_ops
+
+    cfg = config_from_dict(FAMILIES["falcon"])
+    meta = capture_generation_ops(cfg, BATCH, INPUT, OUTPUT, [3])
+    decode = [r for r in meta.ops if r.phase == "decode" and r.category == "attention"]
+    assert len(decode) == 3  # one per layer
+    hq, d, ctx = 4, 16, INPUT + 3  # step 3 attends the prompt and three generated positions
+    q, kv, scores, mask = BATCH * hq * d, BATCH * ctx * d, BATCH * hq * ctx, BATCH * ctx
+    fused_read, fused_written = 4 * (q + 2 * kv) + mask, 4 * q  # a boolean mask, one byte a position
+    extra_read = q + kv + 3 * scores + 2 * kv * hq  # Q and K scaled; scores; the copies and their reads
+    extra_written = q + kv + 3 * scores + 2 * kv * hq
+    for r in decode:
+        assert r.input_shapes[:3] == [(BATCH, hq, 1, d), (BATCH, 1, ctx, d), (BATCH, 1, ctx, d)]
+        assert r.launches == 8  # scale Q, scale K, copy K, QK^T, add the mask, softmax, copy V, PV
+        assert (r.bytes_read, r.bytes_written) == (fused_read + 4 * extra_read, fused_written + 4 * extra_written)
+        assert r.flops == 2 * scores * 2 * d
+
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(cfg).eval()
+    ids = torch.randint(3, 200, (BATCH, INPUT))
+    with torch.inference_mode(), OperationCapture(model, auto_phase=True) as cap:
+        model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=OUTPUT,
+                       min_new_tokens=OUTPUT, do_sample=False, pad_token_id=0)
+    real = [r for r in cap.records if r.phase == "decode" and r.step == 3 and r.category == "attention"]
+    assert [(r.bytes_read, r.bytes_written, r.launches) for r in real] == \
+        [(r.bytes_read, r.bytes_written, r.launches) for r in decode]

@@ -10,6 +10,7 @@ from perfsdk.capture import (
     OperationCapture,
     attention_macs,
     attention_scores,
+    broadcast_attention_extra,
     capture_generate,
     forwards_summary,
     matmul_macs,
@@ -146,3 +147,49 @@ def test_nested_captures_both_record_everything() -> None:
         model(input_ids=ids)
     assert outer.flops == inner.flops == alone.flops > 0
     assert len(outer.records) == len(inner.records) == len(alone.records)
+
+
+class _MultiQueryAttention(torch.nn.Module):
+    """Multi-query attention written against SDPA directly: one key/value head broadcast to the
+    query heads, with or without ``enable_gqa`` (as Falcon's own code calls it: without)."""
+
+    def __init__(self, gqa: bool, masked: bool) -> None:
+        super().__init__()
+        self.gqa, self.masked = gqa, masked
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        mask = torch.zeros(q.shape[0], 1, q.shape[2], k.shape[2]) if self.masked else None
+        kw = {"enable_gqa": True} if self.gqa else {}
+        return torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask, **kw)
+
+
+@pytest.mark.parametrize("batch", [1, 3])
+@pytest.mark.parametrize("masked", [False, True])
+def test_broadcast_key_value_heads_are_priced_as_the_unfused_path(batch: int, masked: bool) -> None:
+    hq, lq, s, d = 4, 1, 24, 16
+    q, k, v = torch.randn(batch, hq, lq, d), torch.randn(batch, 1, s, d), torch.randn(batch, 1, s, d)
+    records = {}
+    for gqa in (True, False):
+        mod = _MultiQueryAttention(gqa, masked)
+        with torch.inference_mode(), OperationCapture(mod) as cap:
+            mod(q, k, v)
+        (records[gqa],) = [r for r in cap.records if r.category == "attention"]
+    fused, unfused = records[True], records[False]
+    nq, nk, nv, scores, nm = batch * hq * lq * d, batch * s * d, batch * s * d, batch * hq * lq * s, batch * lq * s
+    # the fused kernel (enable_gqa): Q, K, V and the mask read, the output written, one call
+    assert fused.bytes_read == 4 * (nq + nk + nv + (nm if masked else 0))
+    assert fused.bytes_written == 4 * nq
+    assert fused.launches == 1
+    # the same FLOPs and KV bytes either way
+    assert unfused.flops == fused.flops == 2 * scores * 2 * d
+    assert unfused.kv_bytes == fused.kv_bytes == 4 * (nk + nv)
+    # the math path: Q and K scaled, the scores written and read three times each, and with more
+    # than one sequence K and V copied out to the four query heads, the products reading the copies
+    copies_read = (nk + nv) * hq if batch > 1 else 0
+    copies_written = (nk + nv) * hq if batch > 1 else 0
+    assert unfused.bytes_read == fused.bytes_read + 4 * (nq + nk + 3 * scores + copies_read)
+    assert unfused.bytes_written == fused.bytes_written + 4 * (nq + nk + 3 * scores + copies_written)
+    # scale Q, scale K, QK^T, (mask), softmax, PV, and (batch > 1) the two copies
+    assert unfused.launches == 5 + int(masked) + (2 if batch > 1 else 0)
+    assert broadcast_attention_extra((batch, hq, lq, d), (batch, 1, s, d), (batch, 1, s, d), masked)[2] \
+        == unfused.launches - 1

@@ -9,7 +9,7 @@
 
 from perfsdk.capture.ops import OpCategory, OpRecord, Phase
 from perfsdk.capture.recorder import (CONVENTION, PHASE_ORDER, OperationCapture, attention_macs, attention_scores,
-                                      capture_generate, matmul_macs)
+                                      broadcast_attention_extra, capture_generate, matmul_macs)
 from perfsdk.capture.totals import (
     forwards_summary,
     iter_records,
@@ -28,6 +28,7 @@ __all__ = [
     "Phase",
     "attention_macs",
     "attention_scores",
+    "broadcast_attention_extra",
     "capture_generate",
     "forwards_summary",
     "iter_records",

@@ -44,7 +44,8 @@ class OpRecord:
     context_len: int | None = None
     module_type: str | None = None
     time_s: float | None = None  # measured duration, when the capture was asked to time operations
-    # kernel calls the operation stands for: 1 for a captured ATen op; an analytic op may stand for
+    # kernel calls the operation stands for: 1 for a captured ATen op (an attention call that runs
+    # PyTorch's unfused path, one per kernel of it); an analytic op may stand for
     # several (an RMSNorm is pow, mean, add, rsqrt, mul, mul in eager PyTorch) or for none (the key
     # and value parts of a fused QKV projection ride on the query's call)
     launches: int = 1

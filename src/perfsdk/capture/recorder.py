@@ -21,7 +21,9 @@ Counting convention (the same in the analytic model and every backend)
 - ``bytes_read`` / ``bytes_written`` are the operand and result sizes; ``weight_bytes`` is the
   part of ``bytes_read`` that is model parameters or buffers (for an embedding lookup: the rows
   gathered); ``kv_bytes`` is the part of an attention operation's reads that is keys and values.
-  View operations move no data and report zero bytes.
+  View operations move no data and report zero bytes. An attention call that broadcasts fewer
+  key/value heads to its query heads without ``enable_gqa`` runs PyTorch's unfused path: its bytes
+  and kernel calls (``launches``) are that path's (:func:`broadcast_attention_extra`).
 """
 
 from __future__ import annotations
@@ -127,6 +129,33 @@ def attention_scores(q: tuple[int, ...], k: tuple[int, ...]) -> int:
     ``(…, Hq, Lq, D)`` queries and ``(…, Hk, Lk, D)`` keys: the softmax it computes inside, which
     costs per element whatever the head size (no causal halving, as :func:`attention_macs`)."""
     return _prod(q[:-2]) * int(q[-2]) * int(k[-2])
+
+
+def broadcast_attention_extra(q: tuple[int, ...], k: tuple[int, ...], v: tuple[int, ...],
+                              masked: bool) -> tuple[int, int, int]:
+    """Elements read, elements written and kernel calls that PyTorch's unfused attention adds over a
+    fused kernel's (which reads Q, K, V and the mask and writes the output) for a
+    ``scaled_dot_product_attention`` call whose keys and values have fewer heads than its queries
+    and that does not pass ``enable_gqa`` (multi-query attention written as ``q [B, H, L, D]``
+    against ``k, v [B, 1, S, D]``, broadcast). No fused kernel takes heads of different counts, so
+    the math path runs, one kernel at a time: Q and Kᵀ each scaled (read and written), QKᵀ into a
+    score tensor, the mask added to it, its softmax, and the product with V (the scores written
+    and read three times each). With more than one sequence in the batch, broadcasting a key or
+    value head to every query head cannot be a view: K and V are copied out to the queries' heads
+    first, and the products read the copies. Returns ``(read, written, calls)``, ``calls`` beyond
+    the fused kernel's one."""
+    nq, nk, nv = _prod(q), _prod(k), _prod(v)
+    scores = attention_scores(q, k)
+    read = nq + nk + 3 * scores
+    written = nq + nk + 3 * scores
+    calls = 5 + int(masked)  # two scalings, two products, the softmax (and the mask's addition)
+    batch = _prod(q[:-3])
+    if batch > 1 and k[-3] < q[-3]:
+        rep = int(q[-3]) // max(1, int(k[-3]))
+        read += (nk + nv) + (rep - 1) * (nk + nv)  # the copies read K and V; the products read the copies
+        written += rep * (nk + nv)
+        calls += 2
+    return read, written, calls - 1
 
 
 @dataclass
@@ -381,6 +410,7 @@ class OperationCapture:
         flops_override: int | None = None
         kv = 0
         scores = 0  # score elements of a fused attention kernel (the softmax it runs inside)
+        unfused: tuple[int, int, int] | None = None  # what the unfused attention path adds
         shapes = [tuple(int(s) for s in t.shape) for t in ins]
         if name in _SDPA_OPS or name in _BLHD_ATTENTION_OPS:
             q, k, v = (tuple(int(s) for s in a.shape) for a in args[:3])
@@ -390,6 +420,10 @@ class OperationCapture:
             scores = attention_scores(q, k)
             category = "attention"
             kv = _tensor_bytes(args[1]) + _tensor_bytes(args[2])
+            if name == "aten::scaled_dot_product_attention" and len(q) >= 3 and k[-3] != q[-3] \
+                    and not (kwargs or {}).get("enable_gqa"):
+                mask = args[3] if len(args) > 3 else (kwargs or {}).get("attn_mask")
+                unfused = broadcast_attention_extra(q, k, v, isinstance(mask, torch.Tensor))
         elif name in _MATMUL_OPS:
             macs = self._matmul_macs(name, args, outs)
             has_weight = bool(weight_in)
@@ -446,6 +480,10 @@ class OperationCapture:
                 bytes_read, weight_bytes = bytes_read - unread, weight_bytes - unread
             if category == "matmul" and weight_in:
                 stored_rows = round(share * max(stored_weight_rows(t) for t in weight_in))
+            if unfused is not None:
+                size = int(args[0].element_size())
+                bytes_read += unfused[0] * size
+                bytes_written += unfused[1] * size
         elements = sum(int(t.numel()) for t in outs) if category not in ("matmul", "attention") and not is_view else scores
         dtype_src = outs[0] if outs else (ins[0] if ins else None)
         self.records.append(
@@ -471,6 +509,7 @@ class OperationCapture:
                 weight_rows=stored_rows,
                 groups=groups,
                 group_rows=group_rows,
+                launches=1 + (unfused[2] if unfused is not None else 0),
             )
         )
 
