@@ -152,7 +152,9 @@ def broadcast_attention_extra(q: tuple[int, ...], k: tuple[int, ...], v: tuple[i
     batch = _prod(q[:-3])
     if batch > 1 and k[-3] < q[-3]:
         rep = int(q[-3]) // max(1, int(k[-3]))
-        read += (nk + nv) + (rep - 1) * (nk + nv)  # the copies read K and V; the products read the copies
+        # the copies read K and V once and write them rep times; the products read the copies
+        # (rep times K and V) where the fused kernel read K and V once
+        read += rep * (nk + nv)
         written += rep * (nk + nv)
         calls += 2
     return read, written, calls - 1
