@@ -44,8 +44,8 @@ Protocol
    model (a model the reference did not track moves as a whole).
 
 Run: ``PYTHONPATH=src python benchmarks/simulation_accuracy.py [--threads 1] [--models all|extra]
-[--json out.json] [--markdown out.md]``. Random weights, nothing downloaded; about sixteen minutes
-on two cores (two calibrations of three to five minutes each, five measurement passes of about 85 s).
+[--json out.json] [--markdown out.md]``. Random weights, nothing downloaded; about twenty minutes
+on two cores (two calibrations of about five minutes each, five measurement passes of about 85 s).
 """
 
 from __future__ import annotations
@@ -207,16 +207,19 @@ def _summary(rows: list[dict], k: int | None = None, own_level: bool = False, cu
 
 
 def main(argv: list[str] | None = None) -> int:
+    from perfsdk.simulation.calibration import DEFAULT_MAX_PASSES, DEFAULT_PASSES
+
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--threads", type=int, default=1, help="torch threads (1: least sensitive to a shared machine)")
     ap.add_argument("--calls", type=int, default=5, help="measured generate calls per configuration and pass")
     # five: against the measurement pooled over twelve runs (benchmarks/pooled_accuracy.py), the
     # five-pass runs' measurement stood 1.8-3.7 % from it (median), the three-pass runs' 3.2-4.1 %
     ap.add_argument("--passes", type=int, default=5, help="round-robin measurement passes (their median is kept)")
-    ap.add_argument("--calibration-passes", type=int, default=3, help="round-robin passes of the calibration (perfsdk calibrate's default)")
+    ap.add_argument("--calibration-passes", type=int, default=DEFAULT_PASSES,
+                    help="round-robin passes of the calibration (perfsdk calibrate's default)")
     ap.add_argument("--calibration-cache", action="store_true",
                     help="let the calibrations fit a cache term (perfsdk calibrate --cache; off by default)")
-    ap.add_argument("--calibration-max-passes", type=int, default=6,
+    ap.add_argument("--calibration-max-passes", type=int, default=DEFAULT_MAX_PASSES,
                     help="more calibration passes, up to this many, until the median pass is settled "
                          "(perfsdk calibrate's --max-passes default)")
     ap.add_argument("--calibration-repeats", type=int, default=3,

@@ -119,14 +119,14 @@ def test_calibrate_command_writes_profile(tmp_path: Path, monkeypatch: pytest.Mo
     out = tmp_path / "host.yaml"
     r = CliRunner().invoke(calibrate_command, ["--model", "builtin:tiny-llama-small", "--model",
                                                "builtin:tiny-llama-small@layers=1", "--repeats", "1",
-                                               "--threads", "1", "--max-passes", "3", "-o", str(out),
-                                               "--name", "my-host"])
+                                               "--threads", "1", "--passes", "3", "--max-passes", "3", "-o",
+                                               str(out), "--name", "my-host"])
     assert r.exit_code == 0, r.output
     r2 = CliRunner().invoke(hardware_group, ["show", "my-host", "--hardware-file", str(out), "--json"])
     assert r2.exit_code == 0, r2.output
     d = json.loads(r2.output)
     assert d["kind"] == "cpu" and d["memory_bandwidth_gbs"] > 0 and "perfsdk calibrate" in d["source"]
-    # three passes by default: how far they were apart is said on stderr and kept in the profile's source
+    # the three passes asked for: how far they were apart is said on stderr and kept in the profile's source
     assert re.search(r"passes: the same configurations ran \d+\.\d % slower in the slowest pass than in the fastest",
                      r.stderr)
     assert re.search(r"ran \d+\.\d % slower in the calibration's slowest pass than in its fastest", d["source"])
@@ -164,6 +164,21 @@ def test_calibrate_command_writes_profile(tmp_path: Path, monkeypatch: pytest.Mo
     assert level is not None, r.stderr
     assert level.group(1) == f"{cal['reference_s'] * 1e3:.2f}"
     assert 0.5 < float(level.group(2)) <= float(level.group(3)) < 2.0
+
+
+def test_calibrate_runs_six_passes_by_default_up_to_nine() -> None:
+    # six round-robin passes, more up to nine while the median pass is not settled
+    opts = {p.name: p for p in calibrate_command.params}
+    assert opts["passes"].default == 6 and opts["max_passes"].default == 9
+    r = CliRunner().invoke(calibrate_command, ["--help"])
+    flat = " ".join(r.output.split())
+    assert re.search(r"--passes INTEGER RANGE [^\[]*\[default: 6; x>=1\]", flat), r.output
+    assert re.search(r"--max-passes INTEGER RANGE [^\[]*\[default: 9; x>=1\]", flat), r.output
+    import inspect
+
+    from perfsdk.simulation.calibration import calibrate_here
+
+    assert inspect.signature(calibrate_here).parameters["passes"].default == 6
 
 
 def test_simulate_kv_heads_and_sliding_window_overrides() -> None:

@@ -16,7 +16,8 @@ from perfsdk.hardware.profile import (HardwareProfile, HardwareProfileError, pro
                                       read_profile_file)
 from perfsdk.plugins import hookimpl
 from perfsdk.terminal import wide_option
-from perfsdk.simulation.calibration.measure import DEFAULT_CALIBRATION_MODELS, PASS_SETTLE_PCT
+from perfsdk.simulation.calibration.measure import (DEFAULT_CALIBRATION_MODELS, DEFAULT_MAX_PASSES, DEFAULT_PASSES,
+                                                    PASS_SETTLE_PCT)
 from perfsdk.simulation.mapping import MappingError, mapping_from
 from perfsdk.simulation.predictor import SimulationResult, simulate_model
 from perfsdk.stats import percentile
@@ -391,9 +392,10 @@ def _say_level(result: Any) -> None:
               help="Models to measure (random weights); spec@layers=N changes the depth, spec@hidden=N the width")
 @click.option("--repeats", default=3, show_default=True, type=click.IntRange(min=1),
               help="Timed calls per configuration in each pass (after a warm-up call)")
-@click.option("--passes", default=3, show_default=True, type=click.IntRange(min=1),
-              help="Round-robin passes over all configurations; each configuration's time is the median over them")
-@click.option("--max-passes", "max_passes", default=6, show_default=True, type=click.IntRange(min=1),
+@click.option("--passes", default=DEFAULT_PASSES, show_default=True, type=click.IntRange(min=1),
+              help="Round-robin passes over all configurations; each configuration's time is the median over them "
+                   "(fewer: a shorter calibration that a second one agrees with less closely)")
+@click.option("--max-passes", "max_passes", default=DEFAULT_MAX_PASSES, show_default=True, type=click.IntRange(min=1),
               help="Run more passes, one at a time up to this many, while the median pass does not yet rest on "
                    "three passes that agree (after dividing by the reference workload); --max-passes equal to "
                    "--passes runs exactly --passes")

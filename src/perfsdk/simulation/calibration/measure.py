@@ -427,6 +427,16 @@ REFERENCE_LABEL = f"{REFERENCE_MODEL} batch {REFERENCE_SHAPE[0]} in {REFERENCE_S
 #: a calibration's median pass should rest on three passes within this many percent of each
 #: other (:func:`passes_settled`); more passes are run until it does (up to ``max_passes``)
 PASS_SETTLE_PCT = 3.0
+#: round-robin passes a calibration runs (``perfsdk calibrate --passes``), and up to how many while
+#: the median pass is not settled (``--max-passes``). On a shared 2-core host one configuration's
+#: time, divided by the reference timed around it, still scattered 4-11 % (standard deviation) from one
+#: measurement to the next, and nothing within a measurement averaged it away (nine calls instead
+#: of three scattered as much; no other reference, nor a blend of three, followed it closer): what
+#: narrows a configuration's median is more passes. Two calibrations of three to six passes
+#: predicted the unseen families of the accuracy benchmark 3.5-9.0 % apart at one reference level
+#: (five runs), of six passes 2.8-5.4 % (four runs; a calibration about 5 minutes instead of 3-4).
+DEFAULT_PASSES = 6
+DEFAULT_MAX_PASSES = 9
 
 
 class ReferenceTimer:
@@ -661,7 +671,7 @@ def pass_order(configs: list[Any], p: int, seed: int = 0) -> list[Any]:
 
 def calibrate_here(models: list[str], grid: list[tuple[int, int, int]] | None = None, *, repeats: int = 3,
                    threads: int | None = None, fit_step_overhead: bool = True, micro: bool = True,
-                   progress: Any = None, clock: str = "wall", passes: int = 3,
+                   progress: Any = None, clock: str = "wall", passes: int = DEFAULT_PASSES,
                    min_time_s: float = 0.2, normalise: bool = True, estimator: str | None = None,
                    pause_gc: bool = False, replicates: int = 40, max_passes: int | None = None,
                    settle_pct: float = PASS_SETTLE_PCT, cache: bool = False,
