@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 import json
 import re
 from pathlib import Path
@@ -174,8 +175,6 @@ def test_calibrate_runs_six_passes_by_default_up_to_nine() -> None:
     flat = " ".join(r.output.split())
     assert re.search(r"--passes INTEGER RANGE [^\[]*\[default: 6; x>=1\]", flat), r.output
     assert re.search(r"--max-passes INTEGER RANGE [^\[]*\[default: 9; x>=1\]", flat), r.output
-    import inspect
-
     from perfsdk.simulation.calibration import calibrate_here
 
     assert inspect.signature(calibrate_here).parameters["passes"].default == 6

@@ -434,7 +434,7 @@ PASS_SETTLE_PCT = 3.0
 #: of three scattered as much; no other reference, nor a blend of three, followed it closer): what
 #: narrows a configuration's median is more passes. Two calibrations of three to six passes
 #: predicted the unseen families of the accuracy benchmark 3.5-9.0 % apart at one reference level
-#: (five runs), of six passes 2.8-5.4 % (four runs; a calibration about 5 minutes instead of 3-4).
+#: (five runs), of six passes 2.8-5.4 % (five runs; a calibration about 5 minutes instead of 3-4).
 DEFAULT_PASSES = 6
 DEFAULT_MAX_PASSES = 9
 
