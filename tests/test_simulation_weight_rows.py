@@ -91,43 +91,6 @@ def test_the_pair_measures_the_cost_per_row() -> None:
     assert weight_row_cost(pair[:1]) is None
 
 
-class _DriftingClock:
-    """A nanosecond clock on a machine that slows down: each timed function costs its own base
-    time times a factor that grows by ``drift`` with every call (the calls are recorded)."""
-
-    def __init__(self, base: dict[str, float], drift: float) -> None:
-        self.base, self.drift = base, drift
-        self.now, self.calls = 0.0, []
-        self.factor = 1.0
-
-    def fn(self, name: str):
-        def run() -> None:
-            self.calls.append(name)
-            self.now += self.base[name] * self.factor
-            self.factor += self.drift
-        return run
-
-    def __call__(self) -> float:
-        return self.now
-
-
-def test_the_pair_is_timed_alternately_and_a_drift_falls_on_both_alike() -> None:
-    from perfsdk.simulation.calibration.measure import alternated_times
-
-    clock = _DriftingClock({"wide": 1000e3, "narrow": 400e3}, drift=0.01)  # ns; 1 % slower every call
-    wide, narrow = alternated_times([clock.fn("wide"), clock.fn("narrow")], 6, clock, "median")
-    # each run once untimed, then in turn, the order reversed every other round
-    assert clock.calls == ["wide", "narrow"] + ["wide", "narrow", "narrow", "wide"] * 3
-    # calls 3-14 timed, at factors 1.02-1.13: the wide product at 1.02, 1.05, 1.06, 1.09, 1.10, 1.13
-    assert wide == pytest.approx(1000e-6 * 1.075)
-    assert narrow == pytest.approx(400e-6 * 1.075)
-    # both at the same mean factor: their difference is the true one times that factor, where timed
-    # one after the other (six calls each) the narrow product would stand 6 % later in the drift
-    assert (wide - narrow) / 600e-6 == pytest.approx(1.075)
-    fastest = alternated_times([clock.fn("wide"), clock.fn("narrow")], 2, clock, "min")
-    assert fastest == pytest.approx([1000e-6 * 1.16, 400e-6 * 1.17])  # calls 15-18 timed
-
-
 def test_micro_kernels_are_normalised_by_the_reference_around_them_and_their_median_kept() -> None:
     from perfsdk.simulation.calibration.measure import median_micro
 

@@ -268,8 +268,8 @@ def captured_observations_for(config: Any, m: Measurement) -> list[Observation]:
 def micro_observations(repeats: int = 7, clock: str = "wall", estimator: str = "min") -> list[Observation]:
     """Micro-kernels that anchor the rates: a large fp32 matmul (compute), a large elementwise
     add (memory), a chain of kernels on tiny tensors (the cost of one kernel call), a pair of
-    streamed one-row products that differ only in their weights' rows, timed alternately (the
-    cost per stored row: :func:`weight_row_cost`) and a staircase of streamed products of 1-8 rows (the repacking
+    streamed one-row products that differ only in their weights' rows (the cost per stored row:
+    :func:`weight_row_cost`) and a staircase of streamed products of 1-8 rows (the repacking
     size: :func:`repacking_rows`), timed with torch on the current thread setting.
 
     :func:`calibrate_here` fits the add only when the measured models leave the memory rate
@@ -309,7 +309,7 @@ def micro_observations(repeats: int = 7, clock: str = "wall", estimator: str = "
 
     t_calls = best(chain)
     one = np.ones(1)
-    pair = _alternated_pair(PAIR_ROUNDS_PER_REPEAT * repeats, clk, estimator)
+    pair = [ob for shape in MATVEC_PAIR for ob in _streamed_products(shape, best, (1,), label=_PAIR)]
     staircase = _streamed_products(STAIRCASE_WEIGHT, best, STAIRCASE_ROWS, label=_STAIRCASE)
     return [
         Observation("micro matmul 1024^3 fp32", "micro", t_mm, np.array([2.0 * n**3]), np.array([3.0 * n * n * 4]),
@@ -336,82 +336,33 @@ _STAIRCASE = "micro staircase"
 _PAIR = "micro matrix-vector"
 
 
-#: rounds of the pair's alternation per repeat of the other micro-kernels (:func:`_alternated_pair`)
-PAIR_ROUNDS_PER_REPEAT = 3
-
-
-def _streamed_cycle(shape: tuple[int, int], rows: int, stream_bytes: float) -> tuple[Any, int]:
-    """A product of ``rows`` rows over each of the copies of a ``shape`` ([out, in]) fp32 weight
-    that make up ``stream_bytes`` (so that the weights come from memory, as a model's do): the
-    function that runs one cycle over them, and the number of copies."""
+def _streamed_products(shape: tuple[int, int], best: Any, rows: tuple[int, ...], *, label: str,
+                       stream_bytes: float = 96e6) -> list[Observation]:
+    """Linear products of each of ``rows`` rows over a ``shape`` ([out, in]) fp32 weight, each
+    timed over one cycle of copies of ``stream_bytes`` in all so that the weights come from
+    memory, as a model's do; the time of one product. The pair's products (``label`` ``_PAIR``)
+    state their weight's stored rows, which :func:`weight_row_cost` reads."""
     import torch
 
     n, k = shape
     copies = max(2, int(stream_bytes // (n * k * 4)))
     ws = [torch.randn(n, k) for _ in range(copies)]
     linear = torch.nn.functional.linear
-    x = torch.randn(rows, k)
-
-    def cycle() -> None:
-        for w in ws:
-            linear(x, w)
-
-    return cycle, copies
-
-
-def _streamed_observation(shape: tuple[int, int], rows: int, seconds: float, *, label: str,
-                          stream_bytes: float) -> Observation:
-    """One streamed product of :func:`_streamed_cycle` timed at ``seconds``. The pair's products
-    (``label`` ``_PAIR``) state their weight's stored rows, which :func:`weight_row_cost` reads."""
-    n, k = shape
     nbytes = float(n * k * 4)
-    return Observation(f"{label}: {rows} rows over [{n}, {k}] fp32, streamed", "micro", seconds,
-                       np.array([2.0 * rows * n * k]), np.array([nbytes + 4.0 * rows * (n + k)]), np.ones(1), 0.0,
-                       np.array([float(rows)]), resident=np.array([stream_bytes]), weight_bytes=np.array([nbytes]),
-                       weight_rows=np.array([float(n)]) if label == _PAIR else None, calls=1.0)
-
-
-def _streamed_products(shape: tuple[int, int], best: Any, rows: tuple[int, ...], *, label: str,
-                       stream_bytes: float = 96e6) -> list[Observation]:
-    """Linear products of each of ``rows`` rows over a ``shape`` ([out, in]) fp32 weight, each
-    timed (``best``) over one cycle of copies of ``stream_bytes`` in all; the time of one product."""
     out = []
     for r in rows:
-        cycle, copies = _streamed_cycle(shape, r, stream_bytes)
-        out.append(_streamed_observation(shape, r, best(cycle) / copies, label=label, stream_bytes=stream_bytes))
+        x = torch.randn(r, k)
+
+        def cycle(x: Any = x) -> None:
+            for w in ws:
+                linear(x, w)
+
+        out.append(Observation(f"{label}: {r} rows over [{n}, {k}] fp32, streamed", "micro", best(cycle) / copies,
+                               np.array([2.0 * r * n * k]), np.array([nbytes + 4.0 * r * (n + k)]), np.ones(1), 0.0,
+                               np.array([float(r)]), resident=np.array([stream_bytes]),
+                               weight_bytes=np.array([nbytes]),
+                               weight_rows=np.array([float(n)]) if label == _PAIR else None, calls=1.0))
     return out
-
-
-def alternated_times(fns: list[Any], rounds: int, clk: Any, estimator: str = "median") -> list[float]:
-    """Seconds of each of ``fns`` (each run once first, untimed), timed in ``rounds`` rounds that
-    run every function once, in turn, the order reversed every other round (A B, B A, A B, ...):
-    the median (``estimator`` ``"min"``: the fastest) of each function's timings. ``clk``: a
-    clock in nanoseconds. Interleaved so, a change of the machine's speed during the timings
-    falls on every function alike, and their difference keeps none of it."""
-    for fn in fns:
-        fn()
-    times: list[list[float]] = [[] for _ in fns]
-    for r in range(rounds):
-        order = list(range(len(fns)))
-        for i in order if r % 2 == 0 else order[::-1]:
-            t0 = clk()
-            fns[i]()
-            times[i].append((clk() - t0) / 1e9)
-    return [min(ts) if estimator == "min" else float(statistics.median(ts)) for ts in times]
-
-
-def _alternated_pair(rounds: int, clk: Any, estimator: str, stream_bytes: float = 96e6) -> list[Observation]:
-    """The pair of streamed one-row products (:data:`MATVEC_PAIR`), timed alternately
-    (:func:`alternated_times`): only their difference is used (:func:`weight_row_cost`), and
-    a change of the machine's speed between two products timed one after the other moves it
-    twice as much as either time. On a shared 2-core host (60 timings each way, one thread) the
-    cost per row scattered 22 % (standard deviation) with each product timed as the median of
-    seven cycles one after the other, 7 % alternated over 15 rounds; and came out at 76 and
-    87 ns (medians): the wide product is slower, the narrow one faster, right after the other."""
-    cycles = [_streamed_cycle(shape, 1, stream_bytes) for shape in MATVEC_PAIR]
-    secs = alternated_times([c for c, _ in cycles], rounds, clk, estimator)
-    return [_streamed_observation(shape, 1, t / copies, label=_PAIR, stream_bytes=stream_bytes)
-            for shape, t, (_, copies) in zip(MATVEC_PAIR, secs, cycles)]
 
 
 def repacking_rows(micro: list[Observation], grid: tuple[float, ...]) -> float | None:
