@@ -242,3 +242,77 @@ def test_a_grouped_product_is_priced_as_one_product_per_group_it_reaches() -> No
     ob = Observation.from_ops("moe", "decode", 1.0, [meta])
     assert ob.packed_bytes(1.0)[0] == pytest.approx(passes * meta.weight_bytes, rel=1e-6)
     assert ob.row_flops(1.0)[0] == pytest.approx(meta.flops / 8 * slowed, rel=1e-6)
+
+
+def _linear_op(rows: int, out_f: int = 4096, in_f: int = 512, *, conv1d: bool = False) -> OpRecord:
+    """A product of ``rows`` rows over an fp32 weight of ``out_f`` x ``in_f``, stored [out, in]
+    as a linear layer does or [in, out] as a Conv1D does."""
+    wb = out_f * in_f * 4
+    return OpRecord(module_path="mlp.up", op="aten.mm" if conv1d else "aten.linear", category="matmul",
+                    phase="decode", input_shapes=[(rows, in_f), (in_f, out_f) if conv1d else (out_f, in_f)],
+                    output_shape=(rows, out_f), flops=2 * rows * in_f * out_f, macs=rows * in_f * out_f,
+                    weight_bytes=wb, bytes_read=wb + rows * in_f * 4, bytes_written=rows * out_f * 4,
+                    elements=rows * out_f, weight_rows=in_f if conv1d else out_f)
+
+
+def test_the_cost_per_stored_row_stops_where_the_blocked_kernel_starts() -> None:
+    """Below 4P rows a product walks its weight as stored and pays per stored row; from 4P rows
+    the blocked kernel runs on the repacked weight, and a linear layer's weight costs what the same
+    weight stored as a Conv1D's does. Without a repacking size every product pays."""
+    from perfsdk.hardware.catalog import builtin_profiles
+    from perfsdk.simulation.costmodel import pack_time_s, weight_row_applies, weight_row_share
+
+    prof = builtin_profiles()["host-cpu"].model_copy(update={
+        "matmul_pack_rows": 1.0, "matmul_pack_gbs": 20.0, "matmul_ns_per_weight_row": 50.0})
+    assert [weight_row_applies(r, 1.0) for r in (1, 2, 3, 4, 8, 64)] == [True, True, True, False, False, False]
+    assert [weight_row_applies(r, 2.0) for r in (1, 7, 8)] == [True, True, False]
+    assert weight_row_applies(64, 0.0) is True and weight_row_applies(64, None) is True
+    assert list(weight_row_applies(np.array([1.0, 4.0]), 1.0)) == [True, False]
+    wb = 4096 * 512 * 4
+    for rows, passes, paid in ((1, 0, True), (2, 2, True), (3, 3, True), (4, 1, False), (16, 1, False)):
+        for conv1d, stored in ((False, 4096), (True, 512)):
+            op = _linear_op(rows, conv1d=conv1d)
+            want = passes * wb / 20e9 + (stored * 50e-9 if paid else 0.0)
+            assert pack_time_s(op, prof) == pytest.approx(want, rel=1e-12), (rows, conv1d)
+            # the calibration's observation counts the same stored rows
+            ob = Observation.from_ops("one", "decode", 1.0, [op])
+            assert ob.stored_rows(1.0) == (stored if paid else 0.0)
+            assert ob.stored_rows(0.0) == stored
+    # the two layouts of one weight cost the same from four rows, not below
+    lin, conv = _linear_op(4), _linear_op(4, conv1d=True)
+    assert pack_time_s(lin, prof) == pack_time_s(conv, prof)
+    assert pack_time_s(_linear_op(1), prof) - pack_time_s(_linear_op(1, conv1d=True), prof) == pytest.approx(
+        (4096 - 512) * 50e-9)
+    # no repacking size: every product pays, whatever its rows
+    flat = prof.model_copy(update={"matmul_pack_rows": None})
+    assert pack_time_s(_linear_op(16), flat) == pytest.approx(4096 * 50e-9)
+    # a grouped product: its groups of 3, 1 and 4 rows reach three experts' stored rows; the
+    # 4-row group's product is blocked, so two thirds of them pay
+    grouped = _grouped_op(8, 4, [3, 0, 1, 4], reached=3)
+    assert weight_row_share(product_rows(grouped), 1.0) == pytest.approx(2 / 3)
+    rows_only = prof.model_copy(update={"matmul_pack_gbs": None})
+    assert pack_time_s(grouped, rows_only) == pytest.approx(3 * 128 * 2 / 3 * 50e-9)
+    assert Observation.from_ops("moe", "decode", 1.0, [grouped]).stored_rows(1.0) == pytest.approx(3 * 128 * 2 / 3)
+
+
+def test_with_a_repacking_size_the_fit_and_the_simulation_price_stored_rows_alike() -> None:
+    """Observations that follow the cost model with P = 1 (products of 1 to 512 rows, the cost
+    per stored row only below 4 rows): the fit holding the true cost per row recovers the rest,
+    and the profile it makes prices every op list as the fit did."""
+    rng = np.random.default_rng(7)
+    truth = np.array([{**TRUTH, "s_per_packed_byte": 2e-11}.get(p, 0.0) for p in PARAMS])
+    _, lists = _observations(rng, n=30)
+    obs = []
+    for i, ops in enumerate(lists):
+        o = Observation.from_ops(f"o{i}", "decode", 1.0, ops)
+        o.measured_s = o.predict(truth, pack_rows=1.0)
+        obs.append(o)
+    assert {o.stored_rows(1.0) == 0.0 for o in obs} == {True, False}  # some products pay, some do not
+    res = fit(obs, cache_bytes=(0.0,), pack_rows=(1.0,), held={"s_per_weight_row": TRUTH["s_per_weight_row"]})
+    assert res.pack_rows == 1.0
+    assert max(abs(e) for e in res.errors_pct.values()) < 1e-6
+    prof = profile_from_fit(res, name="fitted")
+    assert prof.matmul_pack_rows == 1.0
+    for o, ops in zip(obs, lists):
+        simulated = sum(cost_op(op, prof).time_s for op in ops) + prof.step_overhead_s
+        assert simulated == pytest.approx(o.measured_s, rel=1e-6)

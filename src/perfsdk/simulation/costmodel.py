@@ -15,7 +15,8 @@ For one operation on one device (profile ``P``)::
                   reaches, each with its own rows: product_rows)
     pack_s     = weight_bytes / P.matmul_pack_gbs  for a matrix product with >= P.matmul_pack_rows rows
                  + stored weight rows * P.matmul_ns_per_weight_row (each row of a matrix product's
-                   weight as stored, whatever the product's own rows: weight_rows)
+                   weight as stored, weight_rows; with P.matmul_pack_rows set, only on products of
+                   fewer than 4 * P rows, which run without the blocked kernel: weight_row_share)
     time_s     = max(compute_s, memory_s) + pack_s + overhead_s
     overhead_s = P.op_overhead_s + (launches - 1) * P.launch_overhead_s
                  (launches: kernel calls the op stands for; no overhead for views and for the parts
@@ -183,6 +184,31 @@ def small_m_applies(rows: Any, pack_rows: float | None) -> Any:
     return True if not pack_rows else rows >= 4 * pack_rows
 
 
+def weight_row_applies(rows: Any, pack_rows: float | None) -> Any:
+    """Whether the fixed cost per stored weight row (``matmul_ns_per_weight_row``) applies to a
+    matrix product with ``rows`` output rows (a number or a numpy array): for every size when the
+    profile has no ``matmul_pack_rows`` = P, else below 4P rows. Below 4P the kernel walks the
+    weight as it is stored (a matrix-vector kernel, or the small-M staircase) and pays per stored
+    row; from 4P the blocked kernel runs on the repacked weights and the stored layout no longer
+    shows. (One thread on a 2-core x86 host, P = 1, weights streamed from memory: a [4096, 512]
+    fp32 weight as a linear layer stores it against the same weight stored [512, 4096], as a
+    Conv1D does, differed by 46, 65 and 65 ns per stored row at 1, 2 and 3 rows, by 8-11 ns at
+    4-8 rows; [1024, 256] against [256, 1024]: 34-43 ns at 1-3 rows, -3 to -2 ns at 4-16.)"""
+    import numpy as np
+
+    if not pack_rows:
+        return np.ones_like(rows, dtype=bool) if isinstance(rows, np.ndarray) else True
+    return rows < 4 * pack_rows
+
+
+def weight_row_share(products: tuple[list[float], list[float]], pack_rows: float | None) -> float:
+    """Share of the ``products`` an op runs (:func:`product_rows`) that pay the cost per stored
+    weight row (:func:`weight_row_applies`): a grouped product's stored rows are those of the
+    groups it reaches, so each group's product counts for its share of them."""
+    ks, ws = products
+    return sum(w for k, w in zip(ks, ws) if weight_row_applies(k, pack_rows)) / sum(ws)
+
+
 def weight_rows(op: OpRecord) -> int:
     """Rows of a matrix product's weight as stored (0 for other ops): ``op.weight_rows`` where
     the op states it, else its output features (a linear layer's weight is [out, in])."""
@@ -256,7 +282,8 @@ def pack_time_s(op: OpRecord, profile: HardwareProfile) -> float:
     small-M streaming (see ``matmul_pack_rows`` and :func:`pack_passes`), and the fixed cost of
     each row of its weight as stored (``matmul_ns_per_weight_row``: a CPU matrix-vector kernel
     pays it per stored row on top of streaming the bytes, so a [1024, 512] weight costs more
-    than a [256, 2048] one of the same size)."""
+    than a [256, 2048] one of the same size; only on the products that walk the weight as stored,
+    :func:`weight_row_applies`)."""
     if op.category != "matmul" or not op.weight_bytes:
         return 0.0
     t = 0.0
@@ -264,7 +291,8 @@ def pack_time_s(op: OpRecord, profile: HardwareProfile) -> float:
         t += (products_pack_passes(product_rows(op), profile.matmul_pack_rows) * op.weight_bytes
               / (profile.matmul_pack_gbs * 1e9))
     if profile.matmul_ns_per_weight_row and op.flops:
-        t += weight_rows(op) * profile.matmul_ns_per_weight_row * 1e-9
+        share = weight_row_share(product_rows(op), profile.matmul_pack_rows)
+        t += weight_rows(op) * share * profile.matmul_ns_per_weight_row * 1e-9
     return t
 
 

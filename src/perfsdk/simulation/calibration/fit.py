@@ -20,7 +20,8 @@ size ``P``, only on products of at least ``4P`` rows: below, the staircase ``pac
 them, and a term on their FLOPs would trade itself against it and against the memory rate); ``scores_i`` the
 softmax elements of attention (``x_sm`` per element); ``wrows_i`` the rows of a matrix
 product's weight as stored (:func:`~perfsdk.simulation.costmodel.weight_rows`), ``x_r`` each (a
-CPU matrix-vector kernel pays a fixed cost per stored row on top of streaming its bytes); ``f_i = min(1, C / resident_i)`` the share
+CPU matrix-vector kernel pays a fixed cost per stored row on top of streaming its bytes; with a
+repacking size ``P``, only products of fewer than ``4P`` rows: the blocked kernel does not); ``f_i = min(1, C / resident_i)`` the share
 of the op's bytes served from a cache of ``C`` bytes when its forward pass touches
 ``resident_i`` bytes of weights and KV cache; ``pack_i`` the weight bytes of a matrix product
 with at least ``P`` rows (the blocked BLAS path repacks its weights); ``x_f = 1 / FLOP/s``,
@@ -51,7 +52,8 @@ import structlog
 from perfsdk.hardware.profile import HardwareProfile
 from perfsdk.capture.ops import OpRecord
 from perfsdk.simulation.costmodel import (matmul_rows, op_bytes, pack_passes, product_rows, products_pack_passes,
-                                          products_small_m, resident_bytes, small_m_applies, weight_rows)
+                                          products_small_m, resident_bytes, small_m_applies, weight_row_applies,
+                                          weight_row_share, weight_rows)
 
 log = structlog.get_logger("perfsdk.simulation.calibration")
 
@@ -167,13 +169,12 @@ class Observation:
         memo = self._memo
         key = ("rows", pack_rows)
         if key not in memo:
-            memo[key] = (self.row_flops(pack_rows), float(self.weights @ self.packed_bytes(pack_rows)))
-        per_row, packed = memo[key]
+            memo[key] = (self.row_flops(pack_rows), float(self.weights @ self.packed_bytes(pack_rows)),
+                         self.stored_rows(pack_rows))
+        per_row, packed, weight_rows_sum = memo[key]
         if ("fixed", 0.0) not in memo:
-            scores = self.scores if self.scores is not None else np.zeros_like(self.flops)
-            wrows = self.weight_rows if self.weight_rows is not None else np.zeros_like(self.flops)
-            memo[("fixed", 0.0)] = (scores, float(self.weights @ wrows))
-        scores, weight_rows_sum = memo[("fixed", 0.0)]
+            memo[("fixed", 0.0)] = self.scores if self.scores is not None else np.zeros_like(self.flops)
+        scores = memo[("fixed", 0.0)]
         flops = self.flops
         if half_rows:
             flops = flops + per_row * half_rows
@@ -209,6 +210,18 @@ class Observation:
     def op_count(self) -> float:
         """(Weighted) ops that make a kernel call."""
         return float(np.sum(self.weights)) if self.ops is None else self.ops
+
+    def stored_rows(self, pack_rows: float = 0.0) -> float:
+        """(Weighted) stored weight rows of the matrix products that pay the cost per stored row
+        at ``pack_rows`` (:func:`~perfsdk.simulation.costmodel.weight_row_applies`: all of them
+        without a repacking size, else those of fewer than ``4 * pack_rows`` rows)."""
+        if self.weight_rows is None:
+            return 0.0
+        rows = self.rows if self.rows is not None else np.ones_like(self.weight_rows)
+        share = np.where(weight_row_applies(np.where(np.isfinite(rows), rows, 0.0), pack_rows), 1.0, 0.0)
+        for i, products in self.grouped.items():  # one product per group reached
+            share[i] = weight_row_share(products, pack_rows)
+        return float(self.weights @ (self.weight_rows * share))
 
     def packed_bytes(self, pack_rows: float) -> np.ndarray:
         """Weight bytes each matrix product streams beyond its one pass, at ``pack_rows``
@@ -458,7 +471,7 @@ def _fit_once(observations: list[Observation], h: float | None, c: float = 0.0, 
                     np.sum(o.weights * o.bytes_ * o.cached_fraction(c)), np.sum(o.weights * o.packed_bytes(pr)),
                     o.extra_launches, np.sum(o.weights * o.row_flops(pr)) if h is None else 0.0,
                     np.sum(o.weights * (o.scores if o.scores is not None else 0.0)),
-                    np.sum(o.weights * (o.weight_rows if o.weight_rows is not None else 0.0)), o.calls]
+                    o.stored_rows(pr), o.calls]
                    for o in observations])
     # an observation none of whose features is fitted here (a chain of kernel calls under the
     # per-call fixed cost) says nothing about the coefficients: left out
