@@ -13,6 +13,7 @@ import yaml
 from perfsdk.hardware.catalog import builtin_profiles
 from perfsdk.hardware.profile import CalibrationRecord, parse_profile, profile_to_yaml
 from perfsdk.models.tiny import tiny_llama_config
+from perfsdk.simulation.calibration.fit import CACHE_GRID
 from perfsdk.simulation.calibration import (PARAMS, REFERENCE_LABEL, ConfigurationSamples, at_current_speed, Measurement, bootstrap_coefficients, fit,
                                             held_out_errors, median_of, normalised_runs, pass_levels, pass_order,
                                             passes_settled, profile_from_fit, reference_tracking)
@@ -132,8 +133,9 @@ def test_calibrate_here_runs_more_passes_until_the_median_pass_is_settled(monkey
     res, _ = cal.calibrate_here(models, passes=3, max_passes=6, **kw)
     assert res.passes == 3 and res.drift_pct == pytest.approx(0.0)
     assert profile_from_fit(res).calibration.passes == 3  # type: ignore[union-attr]
-    # no cache term unless asked for: the fit is offered no cache size but 0; with cache=True
-    # it chooses on its grid (and the check against the left-out models decides)
+    # the cache size is the one the working sets measured (none here: no micro-kernels), not a
+    # choice of the fit; with cache=True the fit chooses on its grid (and the check against the
+    # left-out models decides)
     grids = []
     real = cal.fit_with_micro
 
@@ -143,10 +145,10 @@ def test_calibrate_here_runs_more_passes_until_the_median_pass_is_settled(monkey
 
     monkeypatch.setattr(cal, "fit_with_micro", spy)
     res, _ = cal.calibrate_here(models, passes=3, **kw)
-    assert grids == [(0.0,)] and res.cache_bytes == 0.0 and res.cache_note is None
+    assert grids == [None] and res.cache_bytes == 0.0 and res.cache_note == "none: no working sets timed"
     grids.clear()
     cal.calibrate_here(models, passes=3, cache=True, **kw)
-    assert grids[0] is None  # the whole grid
+    assert grids[0] == CACHE_GRID  # the whole grid
 
 
 def test_each_calibration_pass_measures_the_configurations_in_its_own_shuffled_order(

@@ -400,8 +400,9 @@ def _say_level(result: Any) -> None:
                    "three passes that agree (after dividing by the reference workload); --max-passes equal to "
                    "--passes runs exactly --passes")
 @click.option("--cache/--no-cache", "cache", default=False, show_default=True,
-              help="Fit a cache size and rate (kept only where it also predicts the models left out of the fit "
-                   "better); off by default: two calibrations of one machine did not agree on it")
+              help="Choose the cache size on a grid with the models' fit (kept only where it also predicts the "
+                   "models left out of the fit better) instead of measuring it with the micro-kernels' working sets; "
+                   "two calibrations of one machine did not agree on a size chosen that way")
 @click.option("--min-time", "min_time", default=0.2, show_default=True, type=click.FloatRange(min=0.0),
               help="Seconds each configuration is timed for at least, per pass (cheap ones are repeated more)")
 @click.option("--threads", type=click.IntRange(min=1), help="torch threads (default: torch's)")

@@ -15,7 +15,7 @@ import numpy as np
 
 from perfsdk.capture.ops import OpRecord
 from perfsdk.hardware.profile import HardwareProfile
-from perfsdk.simulation.calibration.fit import FitResult, Observation, fit
+from perfsdk.simulation.calibration.fit import CACHE_GRID, FitResult, Observation, fit
 from perfsdk.stats import percentile
 
 
@@ -270,7 +270,8 @@ def micro_observations(repeats: int = 7, clock: str = "wall", estimator: str = "
     add (memory), a chain of kernels on tiny tensors (the cost of one kernel call), a pair of
     streamed one-row products that differ only in their weights' rows (the cost per stored row:
     :func:`weight_row_cost`) and a staircase of streamed products of 1-8 rows (the repacking
-    size: :func:`repacking_rows`), timed with torch on the current thread setting.
+    size: :func:`repacking_rows`) and one-row products cycled over working sets of 4 to 96 MiB
+    (the cache: :func:`measured_cache`), timed with torch on the current thread setting.
 
     :func:`calibrate_here` fits the add only when the measured models leave the memory rate
     unidentified (every one of them in cache): one long stream reaches a bandwidth that a
@@ -311,6 +312,7 @@ def micro_observations(repeats: int = 7, clock: str = "wall", estimator: str = "
     one = np.ones(1)
     pair = [ob for shape in MATVEC_PAIR for ob in _streamed_products(shape, best, (1,), label=_PAIR)]
     staircase = _streamed_products(STAIRCASE_WEIGHT, best, STAIRCASE_ROWS, label=_STAIRCASE)
+    working_sets = _working_sets(best)
     return [
         Observation("micro matmul 1024^3 fp32", "micro", t_mm, np.array([2.0 * n**3]), np.array([3.0 * n * n * 4]),
                     one, 0.0, np.array([float(n)])),
@@ -320,6 +322,7 @@ def micro_observations(repeats: int = 7, clock: str = "wall", estimator: str = "
                     np.array([np.inf]), ops=0.0, extra_launches=float(calls)),
         *pair,
         *staircase,
+        *working_sets,
     ]
 
 
@@ -363,6 +366,85 @@ def _streamed_products(shape: tuple[int, int], best: Any, rows: tuple[int, ...],
                                weight_bytes=np.array([nbytes]),
                                weight_rows=np.array([float(n)]) if label == _PAIR else None, calls=1.0))
     return out
+
+
+#: The cache staircase (:func:`measured_cache`): one-row products over [1024, 1024] fp32 weights
+#: (4 MiB each), cycled over working sets of this many MiB.
+CACHE_WEIGHT = (1024, 1024)
+CACHE_SETS_MIB = (4, 8, 16, 24, 32, 48, 96)
+_CACHE = "micro working set"
+#: a cache is held only where the smallest working set streams at least this many times faster
+#: than the largest (below, one memory rate describes every working set)
+CACHE_MIN_SPEEDUP = 1.5
+
+
+def _working_sets(best: Any) -> list[Observation]:
+    """One-row products over :data:`CACHE_WEIGHT` cycled over copies of each working set of
+    :data:`CACHE_SETS_MIB` (the first copies of one allocation), the time of one product each;
+    ``resident`` states the working set (what the cache model compares with the cache)."""
+    import torch
+
+    n, k = CACHE_WEIGHT
+    nbytes = float(n * k * 4)
+    copies = [max(1, int(mib * 2**20 // nbytes)) for mib in CACHE_SETS_MIB]
+    ws = [torch.randn(n, k) for _ in range(max(copies))]
+    x = torch.randn(1, k)
+    linear = torch.nn.functional.linear
+    out = []
+    for c in copies:
+        def cycle(c: int = c) -> None:
+            for w in ws[:c]:
+                linear(x, w)
+
+        out.append(Observation(f"{_CACHE}: {c * nbytes / 2**20:.0f} MiB of [{n}, {k}] fp32, one row", "micro",
+                               best(cycle) / c, np.array([2.0 * n * k]), np.array([nbytes + 4.0 * (n + k)]),
+                               np.ones(1), 0.0, np.array([1.0]), resident=np.array([c * nbytes]),
+                               weight_bytes=np.array([nbytes]), calls=1.0))
+    return out
+
+
+def measured_cache(micro: list[Observation]) -> float | None:
+    """The cache size C in bytes (0: none) that the working sets among ``micro`` follow best under
+    the cost model's cache share ``f = min(1, C / S)`` for a working set of S bytes (None when
+    they are missing): each product's time fitted as ``f * t_cache + (1 - f) * t_memory``, the two
+    times linear, for every C from the smallest working set to half the largest in steps of 1 MiB;
+    the C with the least relative squared residual wins. No cache (0) where the smallest set does
+    not stream :data:`CACHE_MIN_SPEEDUP` times faster than the largest. (One thread on a 2-core
+    x86 host with a 32 MiB L3: 53, 53, 60, 121, 181, 216 and 221 µs a product at 4, 8, 16, 24, 32,
+    48 and 64 MiB, 229 µs at 256 MiB.)"""
+    steps = sorted((ob for ob in micro if ob.label.startswith(_CACHE)),
+                   key=lambda ob: float(ob.resident[0]))  # type: ignore[index]
+    if len(steps) < 3:
+        return None
+    size = np.array([float(ob.resident[0]) for ob in steps])  # type: ignore[index]
+    t = np.array([ob.measured_s for ob in steps])
+    if not t[-1] >= CACHE_MIN_SPEEDUP * t[0]:
+        return 0.0
+    best_c, best_res = 0.0, float("inf")
+    mib = float(2**20)
+    for c in np.arange(size[0], size[-1] / 2 + mib / 2, mib):
+        f = np.minimum(1.0, c / size)
+        a = np.stack([f, 1.0 - f], axis=1) / t[:, None]
+        coef, *_ = np.linalg.lstsq(a, np.ones_like(t), rcond=None)
+        res = float(np.sum((a @ coef - 1.0) ** 2))
+        if res < best_res - 1e-12:
+            best_c, best_res = float(c), res
+    return best_c
+
+
+def measured_cache_note(measured: float | None, result: FitResult) -> str:
+    """What became of the cache size the working sets measured (:func:`measured_cache`), as the
+    calibration prints it."""
+    if measured is None:
+        return "none: no working sets timed"
+    if not measured:
+        return f"none: the working sets of 4 to 96 MiB streamed within {CACHE_MIN_SPEEDUP}x of each other"
+    if not result.cache_bytes:
+        return (f"{measured / 1e6:.1f} MB measured by the working sets, not held: the models' fit gave it no rate "
+                "between free and the memory's")
+    k = result.coefficients
+    return (f"{result.cache_bytes / 1e6:.1f} MB measured by the working sets and held; its rate fitted on the models, "
+            f"{1e-9 / k['s_per_cached_byte']:.1f} GB/s against {1e-9 / k['s_per_byte']:.1f} GB/s from memory")
 
 
 def repacking_rows(micro: list[Observation], grid: tuple[float, ...]) -> float | None:
@@ -696,11 +778,12 @@ def calibrate_here(models: list[str], grid: list[tuple[int, int, int]] | None = 
     time is the median over its passes. The drift is reported both ways (``drift_pct`` raw,
     ``normalised_drift_pct`` after normalising).
 
-    No cache term is fitted unless ``cache``: a cache size is then chosen on a grid and kept only
-    where it also predicts the models left out of the fit better (:func:`~perfsdk.simulation.
-    calibration.fit.checked_cache`). Two calibrations of one machine chose differently from one
-    run to the next (a 16 MB cache in one, none in the other) and then predicted the same other
-    families 5-20 % apart, the one with the cache no closer to the measurements.
+    The cache size is measured by the micro-kernels' working sets (:func:`measured_cache`) and
+    held; its rate is fitted with the others (``cache_note`` says what became of it). With
+    ``cache`` a size is chosen on a grid by the models' fit instead and kept only where it also
+    predicts the models left out of the fit better (:func:`~perfsdk.simulation.calibration.fit.
+    checked_cache`): two calibrations of one machine chose differently that way (a 16 MB cache in
+    one, none in the other) and then predicted the same other families 5-20 % apart.
 
     With ``max_passes`` above ``passes``, more passes are run, one at a time up to ``max_passes``,
     while the median pass does not yet rest on three passes that agree within ``settle_pct``
@@ -789,15 +872,15 @@ def calibrate_here(models: list[str], grid: list[tuple[int, int, int]] | None = 
                                             family=getattr(built[key[0]].config, "model_type", None)))
     observed = [ob for c in samples for ob in c.observations]
     if cache:
-        result, fixed = fit_with_micro(timed, observed, fit_step_overhead=fit_step_overhead)
+        result, fixed = fit_with_micro(timed, observed, cache_bytes=CACHE_GRID, fit_step_overhead=fit_step_overhead)
         # a cache is kept only where it also predicts the models left out of the fit better
         result, fixed = checked_cache(result, fixed, lambda: fit_with_micro(timed, observed, cache_bytes=(0.0,),
                                                                             fit_step_overhead=fit_step_overhead),
                                       samples, fit_step_overhead=fit_step_overhead)
     else:
-        # no cache term unless asked for: from one calibration of this machine to the next the
-        # choice flipped, and the predictions of other families moved by 5-20 % with it
-        result, fixed = fit_with_micro(timed, observed, cache_bytes=(0.0,), fit_step_overhead=fit_step_overhead)
+        # the cache size the working sets measured, held; its rate fitted with the others
+        result, fixed = fit_with_micro(timed, observed, fit_step_overhead=fit_step_overhead)
+        result.cache_note = measured_cache_note(measured_cache(timed), result)
     result.drift_pct = pass_drift_pct([[m for m, _ in raw[key]] for key in configs])
     result.passes, result.threads = done, torch.get_num_threads()
     result.clock = "cpu" if clock == "cpu" else "wall"
@@ -848,6 +931,12 @@ def fit_with_micro(micro: list[Observation], measured: list[Observation],
         # between 1 and 2 from one calibration to the next
         fit_kw["pack_rows"] = (pack,)
     micro = [ob for ob in micro if not ob.label.startswith(_STAIRCASE)]
+    cache = measured_cache(micro)
+    if cache is not None:
+        micro = [ob for ob in micro if not ob.label.startswith(_CACHE)]
+    # measured by the working sets and held (none where they are missing): chosen on a grid by
+    # the models' fit, it flipped between 16 MB and none from one calibration to the next
+    fit_kw.setdefault("cache_bytes", (cache or 0.0,))
     row_s = weight_row_cost(micro)
     if row_s is not None:
         # measured by the pair, held in every fit; the pair itself stays out (its weights stream
