@@ -218,7 +218,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--calibration-passes", type=int, default=DEFAULT_PASSES,
                     help="round-robin passes of the calibration (perfsdk calibrate's default)")
     ap.add_argument("--calibration-cache", action="store_true",
-                    help="let the calibrations fit a cache term (perfsdk calibrate --cache; off by default)")
+                    help="let the calibrations choose the cache size on a grid (perfsdk calibrate --cache) instead of "
+                         "holding the size their working sets measure")
     ap.add_argument("--calibration-max-passes", type=int, default=DEFAULT_MAX_PASSES,
                     help="more calibration passes, up to this many, until the median pass is settled "
                          "(perfsdk calibrate's --max-passes default)")

@@ -38,8 +38,8 @@ def test_the_working_sets_measure_the_cache_size() -> None:
     # products that follow the model with a 20 MiB cache: 20 MiB, on the 1 MiB grid
     assert measured_cache(_sets(20.0)) == pytest.approx(20 * MIB)
     assert measured_cache(_sets(11.0)[::-1]) == pytest.approx(11 * MIB)  # the order does not matter
-    # as timed on a 2-core x86 host with a 32 MiB L3 (µs a product at 4 ... 96 MiB): a cache of
-    # 16 to 24 MiB, where the time starts to rise
+    # as timed on a 2-core x86 host with a 32 MiB L3 (µs a product at 4 ... 48 MiB; at 96 MiB the
+    # 221 µs of 64 MiB, 222 µs at 128): a cache of 16 to 24 MiB, where the time starts to rise
     timed = [_set(m, t * 1e-6) for m, t in zip(CACHE_SETS_MIB, (53.4, 53.4, 59.9, 120.9, 180.9, 216.4, 221.0))]
     c = measured_cache(timed)
     assert c is not None and 16 * MIB <= c <= 24 * MIB and c % MIB == 0
