@@ -87,12 +87,13 @@ def test_the_fit_holds_the_measured_cache_and_fits_its_rate() -> None:
         simulated = sum(cost_op(op, prof, resident_bytes=resident_bytes).time_s for op in ops) + prof.step_overhead_s
         assert simulated == pytest.approx(o.measured_s, rel=1e-6)
     note = measured_cache_note(measured_cache(_sets(20.0)), res)
+    assert res.cache_note == note  # the fit that held the size says what became of it
     assert note.startswith("21.0 MB measured by the working sets and held; its rate fitted on the models, ")
     assert note.endswith(f"{1e-9 / truth_d['s_per_cached_byte']:.1f} GB/s against "
                          f"{1e-9 / truth_d['s_per_byte']:.1f} GB/s from memory")
     # working sets that stream alike: no cache held, and the fit has one memory rate
     flat, _ = fit_with_micro([_set(m, 200e-6) for m in CACHE_SETS_MIB], obs, pack_rows=(0.0,), half_rows=(0.0,))
-    assert flat.cache_bytes == 0.0
+    assert flat.cache_bytes == 0.0 and flat.cache_note == measured_cache_note(0.0, flat)
     assert measured_cache_note(0.0, flat) == "none: the working sets of 4 to 96 MiB streamed within 1.5x of each other"
     assert measured_cache_note(None, flat) == "none: no working sets timed"
     # a cache the models' fit finds no faster than memory is not held, and the note says so

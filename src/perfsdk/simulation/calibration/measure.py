@@ -880,7 +880,6 @@ def calibrate_here(models: list[str], grid: list[tuple[int, int, int]] | None = 
     else:
         # the cache size the working sets measured, held; its rate fitted with the others
         result, fixed = fit_with_micro(timed, observed, fit_step_overhead=fit_step_overhead)
-        result.cache_note = measured_cache_note(measured_cache(timed), result)
     result.drift_pct = pass_drift_pct([[m for m, _ in raw[key]] for key in configs])
     result.passes, result.threads = done, torch.get_num_threads()
     result.clock = "cpu" if clock == "cpu" else "wall"
@@ -922,7 +921,8 @@ def fit_with_micro(micro: list[Observation], measured: list[Observation],
     """Fit ``measured`` with the micro-kernels ``micro``: the streaming one (bytes, no FLOPs)
     only when the fit without it leaves the memory rate unidentified (see
     :func:`micro_observations`). Returns the fit and the micro-kernels it used (what the
-    bootstrap and the held-out refits keep in every fit)."""
+    bootstrap and the held-out refits keep in every fit); the fit's ``cache_note`` says what
+    became of the cache size the working sets measured, where it held that size."""
     from perfsdk.simulation.calibration.fit import PACK_ROWS_GRID
 
     pack = repacking_rows(micro, tuple(fit_kw.get("pack_rows") or PACK_ROWS_GRID))
@@ -934,9 +934,12 @@ def fit_with_micro(micro: list[Observation], measured: list[Observation],
     cache = measured_cache(micro)
     if cache is not None:
         micro = [ob for ob in micro if not ob.label.startswith(_CACHE)]
-    # measured by the working sets and held (none where they are missing): chosen on a grid by
-    # the models' fit, it flipped between 16 MB and none from one calibration to the next
-    fit_kw.setdefault("cache_bytes", (cache or 0.0,))
+    # measured by the working sets and held (none where they are missing) unless the caller
+    # offers sizes: chosen on a grid by the models' fit, it flipped between 16 MB and none from
+    # one calibration to the next
+    held_cache = "cache_bytes" not in fit_kw
+    if held_cache:
+        fit_kw["cache_bytes"] = (cache or 0.0,)
     row_s = weight_row_cost(micro)
     if row_s is not None:
         # measured by the pair, held in every fit; the pair itself stays out (its weights stream
@@ -948,6 +951,8 @@ def fit_with_micro(micro: list[Observation], measured: list[Observation],
     if not result.coefficients["s_per_byte"] > 0 and len(fixed) < len(micro):
         fixed = list(micro)
         result = fit(fixed + measured, **fit_kw)
+    if held_cache:
+        result.cache_note = measured_cache_note(cache, result)
     return result, fixed
 
 
