@@ -293,7 +293,8 @@ def main(argv: list[str] | None = None) -> int:
         walls.append(time.time() - tc)
         print(f"calibration {k + 1} in {time.time() - tc:.0f} s: {json.dumps(fit.coefficients)}, "
               f"matmul_half_rows {fit.matmul_half_rows:.2f}, pack_rows {fit.pack_rows}, "
-              f"cache {fit.cache_bytes / 1e6:g} MB, {fit.passes} passes {fit.drift_pct or 0:.1f} % apart "
+              f"cache {fit.cache_bytes / 1e6:g} MB, decode warm-up {fit.decode_warmup_steps:.2f} steps, "
+              f"{fit.passes} passes {fit.drift_pct or 0:.1f} % apart "
               f"({fit.normalised_drift_pct or 0:.1f} % normalised, tracking {fit.reference_tracking}); "
               f"cache: {fit.cache_note or 'none fitted'}", file=sys.stderr)
 
@@ -426,6 +427,7 @@ def main(argv: list[str] | None = None) -> int:
             (r["calibration_spread_own_tracking_pct"] for r in fam_rows), default=None),
         "calibration_cache_notes": [f.cache_note for f in fits],
         "calibration_cache_bytes": [f.cache_bytes for f in fits],
+        "calibration_decode_warmup_steps": [f.decode_warmup_steps for f in fits],
         "calibration_spread_pct": max(r["calibration_spread_pct"] for r in rows),
         "calibration_drift_pct": [f.drift_pct for f in fits],
         "calibration_normalised_drift_pct": [f.normalised_drift_pct for f in fits],
@@ -478,7 +480,8 @@ def main(argv: list[str] | None = None) -> int:
             f"--at-current-speed's scaling: {summary['family_calibration_spread_own_tracking_pct']:.1f} %)."
             if fam_rows else "."))
     for k, f in enumerate(fits):
-        lines.append(f"Calibration {k + 1}, cache: {f.cache_note or 'none fitted'}.")
+        lines.append(f"Calibration {k + 1}, cache: {f.cache_note or 'none fitted'}; decode warm-up "
+                     f"{f.decode_warmup_steps:.2f} steady steps.")
     for k, s_ in (summary["families_every_entry"] if fam_rows else {}).items():
         lines.append(f"Unseen families, calibration {k + 1}, intervals drawn on every held-out configuration (not only "
                      f"the families left out whole): inside the 90 % interval {100 * (s_['inside_share'] or 0):.0f} %, "

@@ -450,6 +450,9 @@ def calibrate_command(models: tuple[str, ...], repeats: int, passes: int, max_pa
             _say_held(result)
             _say_uncertainty(result)
             _say_level(result)
+            click.echo(f"decode warm-up: the first decode steps took {result.decode_warmup_steps:.2f} steady steps "
+                       "beyond their count (median over the passes of configurations with 8 or more decode steps; "
+                       "the fit prices the steady step, predictions add it back by the decode's length)", err=True)
         if result.cache_note:
             click.echo(f"cache: {result.cache_note}", err=True)
         profile = profile_from_fit(result, name=name, note=note)
@@ -465,6 +468,7 @@ def calibrate_command(models: tuple[str, ...], repeats: int, passes: int, max_pa
         click.echo(json.dumps({"coefficients": result.coefficients, "errors_pct": result.errors_pct,
                                "matmul_half_rows": result.matmul_half_rows, "matmul_pack_rows": result.pack_rows,
                                "cache_bytes": result.cache_bytes, "cache_note": result.cache_note,
+                               "decode_warmup_steps": result.decode_warmup_steps,
                                "drift_pct": result.drift_pct,
                                "normalised_drift_pct": result.normalised_drift_pct, "passes": result.passes,
                                "reference": result.reference, "reference_s": result.reference_s,

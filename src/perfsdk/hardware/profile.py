@@ -242,6 +242,12 @@ class HardwareProfile(_Strict):
     prefill_overhead_s: float = Field(default=0.0, ge=0,
                                       description="Fixed cost once per generate call, in the prefill (input "
                                                   "preparation, cache set-up), s")
+    decode_warmup_steps: float = Field(default=0.0, ge=0,
+                                       description="How many steady decode steps the first decode steps of a "
+                                                   "generate call take beyond their own count (they run slower "
+                                                   "after the prefill and settle): a decode of n steps takes "
+                                                   "1 + k/n times n steady steps, so a TPOT over few new tokens "
+                                                   "carries more of it. Set by perfsdk calibrate")
     calibration: CalibrationRecord | None = Field(
         default=None,
         description="Written by perfsdk calibrate: what the fit needs to put an interval on its predictions. "

@@ -255,6 +255,12 @@ def compute_time_s(op: OpRecord, profile: HardwareProfile, dtype: str | None = N
     return t
 
 
+def warmup_factor(warmup_steps: float, steps: float) -> float:
+    """What a decode of ``steps`` steps takes over as many steady steps when its first steps take
+    ``warmup_steps`` steady steps more (the profile's ``decode_warmup_steps``): ``1 + k / steps``."""
+    return 1.0 + warmup_steps / steps if warmup_steps and steps > 0 else 1.0
+
+
 def cached_share(profile: HardwareProfile, resident_bytes: float | None) -> float:
     """Share of an op's bytes served from the profile's cache when its forward pass touches
     ``resident_bytes`` of weights and KV cache: 1 while they fit, else cache / resident."""

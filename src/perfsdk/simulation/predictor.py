@@ -21,7 +21,7 @@ from perfsdk.hardware.catalog import Catalog, normalize_name
 from perfsdk.hardware.profile import CalibrationRecord, HardwareProfile
 from perfsdk.capture.ops import OpRecord
 from perfsdk.simulation.costmodel import (activation_in_bytes, activation_out_bytes, cost_op, op_bytes,
-                                          resident_bytes, transfer_cost)
+                                          resident_bytes, transfer_cost, warmup_factor)
 from perfsdk.simulation.mapping import Mapping, MappingError
 from perfsdk.simulation.uncertainty import bagged_factors, replicate_ratios
 
@@ -321,6 +321,11 @@ class Simulator:
             overhead = (step_overhead * n_steps + (prefill_overhead if ph == "prefill" and n_steps else 0.0)
                         ) * factor.get(ph, 1.0)
             time_s = acc.time_s + overhead
+            if ph == "decode":
+                # the first steps run slower than the steady ones the costs above price
+                warm = time_s * (warmup_factor(self.profiles[self.default_device].decode_warmup_steps,
+                                               n_steps) - 1.0)
+                time_s, overhead = time_s + warm, overhead + warm
             energy = acc.dyn_j + static_w * time_s
             out_phases[ph] = PhasePrediction(
                 time_s=time_s, energy_j=energy, avg_power_w=energy / time_s if time_s > 0 else None,

@@ -282,6 +282,9 @@ class FitResult:
     #: the exponent the configurations' times follow the reference's with
     #: (:func:`~perfsdk.simulation.calibration.measure.reference_tracking`)
     reference_tracking: float | None = None
+    #: how many steady decode steps the first decode steps take beyond their count (the
+    #: profile's ``decode_warmup_steps``; the decode times fitted are brought to the steady step)
+    decode_warmup_steps: float = 0.0
     #: what the check of a fitted cache against the left-out models found (:func:`keep_cache`)
     cache_note: str | None = None
     #: the machine the measurements come from, when it is not this one (stored runs):
@@ -606,6 +609,7 @@ def profile_from_fit(result: FitResult, *, name: str = "host-calibrated", base: 
         launch_overhead_s=result.coefficients.get("launch_overhead_s", 0.0), step_overhead_s=result.coefficients["step_overhead_s"],
         call_overhead_s=k.get("call_overhead_s", 0.0) if result.per_call else None,
         prefill_overhead_s=result.coefficients["prefill_overhead_s"],
+        decode_warmup_steps=result.decode_warmup_steps,
         matmul_half_rows=result.matmul_half_rows or None,
         matmul_pack_rows=result.pack_rows or None,
         matmul_pack_gbs=(1e-9 / result.coefficients["s_per_packed_byte"]

@@ -153,6 +153,7 @@ def measure_in_session(model: Any, batch_size: int, input_tokens: int, output_to
                                          "workload": {"threads": torch.get_num_threads()}})
     ttft: list[float] = []
     decode: list[float] = []
+    steps: list[list[float]] = []
     with perfsdk.session(cfg) as s:
         s.load(model=model)
         with s.warmup():
@@ -164,10 +165,53 @@ def measure_in_session(model: Any, batch_size: int, input_tokens: int, output_to
             t = step.token_times_ns
             ttft.append((t[0] - step.start_ns) / 1e9)
             decode.append((t[-1] - t[0]) / 1e9)
+            steps.append([(b - a) / 1e9 for a, b in zip(t, t[1:])])
             spent += ((step.end_ns or t[-1]) - step.start_ns) / 1e9
+    # each decode step's median over the calls (what :func:`decode_warmup_steps` reads)
+    per_step = [float(statistics.median(x)) for x in zip(*steps)] if steps and steps[0] else None
     return Measurement(model=label, batch_size=batch_size, input_tokens=input_tokens, output_tokens=output_tokens,
                        ttft_s=float(statistics.median(ttft)), decode_s=float(statistics.median(decode)),
-                       repeats=len(ttft))
+                       repeats=len(ttft), decode_steps_s=per_step)
+
+
+#: decode steps a measurement needs for :func:`decode_warmup_steps` (the later half is its steady step)
+WARMUP_MIN_STEPS = 8
+
+
+def decode_warmup_steps(m: Measurement) -> float | None:
+    """How many steady decode steps the first steps of ``m``'s decode take beyond their own count:
+    ``sum(t_i / steady - 1)`` over its steps, ``steady`` the median of the later half (None with
+    fewer than :data:`WARMUP_MIN_STEPS` steps or none recorded). In a perfsdk session on a 2-core
+    x86 host the first decode steps after the prefill ran slower and settled over about six steps
+    (a model of 21 MB of weights, batch 1: 2.21, 2.08, 2.01, 1.94 ms, then 1.85-1.99 ms): a TPOT
+    over 8 new tokens read several percent above one over 32."""
+    t = m.decode_steps_s
+    if not t or len(t) < WARMUP_MIN_STEPS:
+        return None
+    steady = float(statistics.median(t[len(t) // 2:]))
+    if not steady > 0:
+        return None
+    return float(sum(x / steady - 1.0 for x in t))
+
+
+def steady_decode(m: Measurement, warmup_steps: float) -> Measurement:
+    """``m`` with its decode time at the steady step: divided by ``1 + warmup_steps / steps``
+    (what the cost model prices; the prediction multiplies it back, :func:`warmup_factor`)."""
+    from dataclasses import replace
+
+    from perfsdk.simulation.costmodel import warmup_factor
+
+    f = warmup_factor(warmup_steps, m.output_tokens - 1)
+    return replace(m, decode_s=m.decode_s / f,
+                   decode_steps_s=[x / f for x in m.decode_steps_s] if m.decode_steps_s is not None else None)
+
+
+def measured_warmup(runs: list[Measurement]) -> float:
+    """The decode warm-up of a calibration, in steady steps: the median of
+    :func:`decode_warmup_steps` over every measured pass of every configuration long enough to
+    show it (0 where none is)."""
+    ks = [k for k in (decode_warmup_steps(m) for m in runs) if k is not None]
+    return max(0.0, float(statistics.median(ks))) if ks else 0.0
 
 
 def build_random_model(spec: str) -> Any:
@@ -863,10 +907,14 @@ def calibrate_here(models: list[str], grid: list[tuple[int, int, int]] | None = 
     timed = median_micro(micro_runs, ref, ref_s, tracking if tracking is not None else 1.0)
     merge = _best_of if estimator == "min" else median_of
     meas = [merge(runs[key]) for key in configs]
+    # the first decode steps run slower than the rest: measured on the passes' own steps, and
+    # every decode brought to the steady step the cost model prices
+    warmup = measured_warmup([m for key in configs for m in runs[key]])
     samples: list[ConfigurationSamples] = []
     for key, m in zip(configs, meas):
-        phase_obs = captured_observations_for(built[key[0]].config, m)
-        per_pass = [[r.ttft_s for r in runs[key]], [r.decode_s for r in runs[key]]][: len(phase_obs)]
+        phase_obs = captured_observations_for(built[key[0]].config, steady_decode(m, warmup))
+        per_pass = [[r.ttft_s for r in runs[key]],
+                    [steady_decode(r, warmup).decode_s for r in runs[key]]][: len(phase_obs)]
         samples.append(ConfigurationSamples(model=key[0], observations=phase_obs, per_pass=per_pass,
                                             width=getattr(built[key[0]].config, "hidden_size", None),
                                             family=getattr(built[key[0]].config, "model_type", None)))
@@ -880,6 +928,7 @@ def calibrate_here(models: list[str], grid: list[tuple[int, int, int]] | None = 
     else:
         # the cache size the working sets measured, held; its rate fitted with the others
         result, fixed = fit_with_micro(timed, observed, fit_step_overhead=fit_step_overhead)
+    result.decode_warmup_steps = warmup
     result.drift_pct = pass_drift_pct([[m for m, _ in raw[key]] for key in configs])
     result.passes, result.threads = done, torch.get_num_threads()
     result.clock = "cpu" if clock == "cpu" else "wall"
