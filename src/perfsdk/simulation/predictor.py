@@ -313,6 +313,7 @@ class Simulator:
         static_w = sum(p.profile.static_power_w for p in devs.values())
         step_overhead = self.profiles[self.default_device].step_overhead_s
         prefill_overhead = self.profiles[self.default_device].prefill_overhead_s
+        decode_warmup = self.profiles[self.default_device].decode_warmup_steps
         out_phases: dict[str, PhasePrediction] = {}
         for ph, acc in phases.items():
             n_steps = sum(steps[ph].values())
@@ -323,8 +324,7 @@ class Simulator:
             time_s = acc.time_s + overhead
             if ph == "decode":
                 # the first steps run slower than the steady ones the costs above price
-                warm = time_s * (warmup_factor(self.profiles[self.default_device].decode_warmup_steps,
-                                               n_steps) - 1.0)
+                warm = time_s * (warmup_factor(decode_warmup, n_steps) - 1.0)
                 time_s, overhead = time_s + warm, overhead + warm
             energy = acc.dyn_j + static_w * time_s
             out_phases[ph] = PhasePrediction(

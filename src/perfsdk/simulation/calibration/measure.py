@@ -844,6 +844,7 @@ def calibrate_here(models: list[str], grid: list[tuple[int, int, int]] | None = 
 
     from perfsdk.simulation.calibration.fit import (ConfigurationSamples, bootstrap_coefficients, checked_cache,
                                                     keep_held_out)
+    from perfsdk.simulation.costmodel import warmup_factor
 
     if threads:
         torch.set_num_threads(threads)
@@ -914,7 +915,7 @@ def calibrate_here(models: list[str], grid: list[tuple[int, int, int]] | None = 
     for key, m in zip(configs, meas):
         phase_obs = captured_observations_for(built[key[0]].config, steady_decode(m, warmup))
         per_pass = [[r.ttft_s for r in runs[key]],
-                    [steady_decode(r, warmup).decode_s for r in runs[key]]][: len(phase_obs)]
+                    [r.decode_s / warmup_factor(warmup, r.output_tokens - 1) for r in runs[key]]][: len(phase_obs)]
         samples.append(ConfigurationSamples(model=key[0], observations=phase_obs, per_pass=per_pass,
                                             width=getattr(built[key[0]].config, "hidden_size", None),
                                             family=getattr(built[key[0]].config, "model_type", None)))
