@@ -20,7 +20,7 @@ Protocol
 3. Measure the same configurations in a perfsdk session (default collectors, wall clock; TTFT =
    generate start to first token, TPOT = decode time / (output tokens - 1)): the median of
    ``--calls`` calls after a warm-up, in each of ``--passes`` round-robin passes over all
-   configurations, each pass on fresh copies of the models (as the calibration does). The reference workload is timed before and after every configuration; each
+   configurations. The reference workload is timed before and after every configuration; each
    pass is divided by the machine's level around it, to the power the measurement's own passes
    follow the reference with (``reference_tracking``, as the calibration does), the median of the
    passes kept, and brought from the measurement's reference median to each calibration's (its
@@ -268,20 +268,12 @@ def main(argv: list[str] | None = None) -> int:
     ref = None if args.no_normalise else ReferenceTimer()
     raw: dict[tuple[str, int, int], list[tuple[tuple[float, float], int]]] = {c: [] for c in configs}
 
-    current = dict(models)
-
     def measure_pass(p: int) -> None:
-        nonlocal current
-        if p:
-            # fresh copies (the same weights) for every pass, built while the last pass's are
-            # alive, as the calibration measures (``calibrate_here``): a copy's speed depends on
-            # where its weights landed in memory, and the median over passes averages that draw
-            current = {spec: build_model(spec) for spec in specs}
         # in a shuffled order of its own, as the calibration measures (``pass_order``): a slow
         # stretch of the machine then falls on several families rather than on one family's rows
         for spec, b, o in pass_order(configs, p, seed=-1):
             def one() -> tuple[float, float]:
-                m = measure_in_session(current[spec], b, args.input_tokens, o, calls=args.calls, seed=p, label=spec)
+                m = measure_in_session(models[spec], b, args.input_tokens, o, calls=args.calls, seed=p, label=spec)
                 return m.ttft_s, m.tpot_s or 0.0
 
             m, index = ref.around(one) if ref is not None else (one(), -1)

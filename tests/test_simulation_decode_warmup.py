@@ -100,32 +100,3 @@ def test_calibrate_here_measures_the_warmup_and_fits_the_steady_step(monkeypatch
     from perfsdk.simulation.calibration import profile_from_fit
 
     assert profile_from_fit(res).decode_warmup_steps == pytest.approx(0.5)
-
-
-def test_calibrate_here_measures_fresh_copies_of_every_model_in_each_pass(monkeypatch: pytest.MonkeyPatch) -> None:
-    import torch
-
-    import perfsdk.simulation.calibration.measure as cal
-
-    seen: dict[int, list] = {}
-
-    def measure(model, b, i, o, *, calls, label, seed, min_time_s):  # type: ignore[no-untyped-def]
-        seen.setdefault(seed, []).append((label, model))
-        return Measurement(model=label, batch_size=b, input_tokens=i, output_tokens=o, ttft_s=1e-3 * b * i,
-                           decode_s=2e-4 * b * (o - 1), repeats=calls)
-
-    monkeypatch.setattr(cal, "measure_in_session", measure)
-    models = ["builtin:tiny-llama-small@layers=1", "builtin:tiny-llama-small@hidden=64@layers=1"]
-    cal.calibrate_here(models, grid=[(1, 8, 5), (2, 16, 5)], passes=3, repeats=1, normalise=False, micro=False,
-                       replicates=2)
-    assert sorted(seen) == [0, 1, 2]
-    for spec in models:
-        copies = [m for p in sorted(seen) for label, m in seen[p] if label == spec]
-        assert len(copies) == 6
-        # one copy serves both configurations of a pass; every pass has its own
-        per_pass = [{id(m) for label, m in seen[p] if label == spec} for p in sorted(seen)]
-        assert all(len(ids) == 1 for ids in per_pass)
-        assert len(set.union(*per_pass)) == 3
-        # the same weights in every copy
-        first, last = copies[0], copies[-1]
-        assert all(torch.equal(a, b) for a, b in zip(first.parameters(), last.parameters()))

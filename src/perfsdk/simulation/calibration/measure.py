@@ -833,16 +833,7 @@ def calibrate_here(models: list[str], grid: list[tuple[int, int, int]] | None = 
     while the median pass does not yet rest on three passes that agree within ``settle_pct``
     percent (:func:`passes_settled`, on the normalised passes): a stretch in which the machine
     ran slower than the reference shows is then outvoted instead of moving the median. Each pass
-    measures the configurations in its own shuffled order (:func:`pass_order`), on fresh copies of
-    the models (the same weights, built anew): copies of one random model built side by side in
-    one process decode at their own speed and keep it (presumably by where their weights landed in
-    memory). On a 2-core x86 host, one thread, eight copies of
-    ``builtin:tiny-llama-medium@hidden=256@layers=4`` (batch 1, 128-token prompt, 16 new tokens;
-    each copy's median over four rounds against one fixed copy timed beside it) stood 7-10 % apart
-    (2.4-3.2 % standard deviation); eight copies each timed in six rounds in turn,
-    ``type:gpt_bigcode`` 5 % and ``type:codegen`` 4 % apart, the reference workload 0.8 %. One copy
-    for a whole calibration carried its draw into the fit; a copy per pass is outvoted by the
-    median like a slow stretch of the machine.
+    measures the configurations in its own shuffled order (:func:`pass_order`).
 
     The fit then keeps what it needs to state its own uncertainty: ``replicates`` bootstrap
     refits over configurations and passes, every configuration's errors when its model is left
@@ -859,10 +850,7 @@ def calibrate_here(models: list[str], grid: list[tuple[int, int, int]] | None = 
         torch.set_num_threads(threads)
     if estimator is None:  # what a run reads on the wall clock; the fastest call of an unloaded process on the CPU clock
         estimator = "median" if clock == "wall" else "min"
-    def fresh_copies() -> dict[str, Any]:
-        return {spec: build_random_model(spec) for spec in models}
-
-    built = fresh_copies()
+    built = {spec: build_random_model(spec) for spec in models}
     configs = [(spec, b, i, o) for spec in models for b, i, o in (grid or DEFAULT_CALIBRATION_GRID)]
     ref = ReferenceTimer(clock=clock, pause_gc=pause_gc) if normalise else None
     raw: dict[tuple[str, int, int, int], list[tuple[Measurement, int]]] = {key: [] for key in configs}
@@ -887,12 +875,6 @@ def calibrate_here(models: list[str], grid: list[tuple[int, int, int]] | None = 
         return tracking, normalised_runs(leveled, ref.median, tracking)
 
     def run_pass(p: int) -> None:
-        nonlocal built
-        if p:
-            # every pass measures copies of its own (same weights), built while the last pass's
-            # copies still hold their memory: where a model's weights land in memory is drawn
-            # anew each pass, and the median over passes averages it (see the docstring)
-            built = fresh_copies()
         for key in pass_order(configs, p, seed):
             spec, b, i, o = key
 
