@@ -16,8 +16,15 @@ batch 4), and a second reference of the narrow kind is timed beside the first (`
 at ``REFERENCE_SHAPE``): every phase is then also regressed on that second reference's level alone,
 and on both levels at once (least squares on the logs), with the scatter each leaves.
 
-Usage: ``PYTHONPATH=src python benchmarks/reference_tracking.py [SECONDS] [--narrow] [--json OUT]``;
-run it with nothing else busy.
+With ``--cache`` instead, the second reference is one whose weights lie in cache
+(``CACHE_REFERENCE`` at ``REFERENCE_SHAPE``), and the phases added are the batch-1 decodes of the
+accuracy benchmark's small unseen families (``CACHE_PHASES``: OPT, Falcon, BLOOM, GPT-J; their
+weights lie in cache too), regressed the same way. A shift of the cache that the process gets lasts
+minutes, longer than one cycle: ``--block N`` (default 6) gives each phase's scatter also over the
+medians of N consecutive cycles, divided by either reference's level over the same cycles.
+
+Usage: ``PYTHONPATH=src python benchmarks/reference_tracking.py [SECONDS] [--narrow | --cache]
+[--block N] [--json OUT]``; run it with nothing else busy.
 """
 
 from __future__ import annotations
@@ -37,6 +44,10 @@ PHASES = ["prefill1024", "medium_decode", "gpt2_ttft", "gpt2_decode", "qwen2_ttf
 NARROW_PHASES = ["narrow64_ttft", "narrow64_decode", "narrow256_decode"]
 #: the second reference of ``--narrow``: the calibration's narrowest model, call-bound
 NARROW_REFERENCE = "builtin:tiny-llama-medium@hidden=64@layers=2"
+#: the second reference of ``--cache``: one of the calibration's models whose weights (about 8 MB)
+#: lie in cache
+CACHE_REFERENCE = "builtin:tiny-llama-medium@hidden=256@layers=4"
+CACHE_PHASES = ["opt_decode", "falcon_decode", "bloom_decode", "gptj_decode"]
 
 
 def _rms(values: list[float]) -> float:
@@ -49,8 +60,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("seconds", type=float, nargs="?", default=300.0)
     ap.add_argument("--narrow", action="store_true",
                     help="add the narrow models' phases and a second, narrow reference (see above)")
+    ap.add_argument("--cache", action="store_true",
+                    help="add the small families' decodes and a second reference whose weights lie in cache")
+    ap.add_argument("--block", type=int, default=6, help="cycles per block for the scatter over minutes")
     ap.add_argument("--json", help="write every cycle's timings and the summary here")
     args = ap.parse_args(argv)
+    if args.narrow and args.cache:
+        ap.error("--narrow and --cache each add a second reference: give one of them")
+    if args.block < 1:
+        ap.error("--block must be at least 1")
 
     import torch
 
@@ -75,24 +93,32 @@ def main(argv: list[str] | None = None) -> int:
         narrow = {"ref": build_random_model(NARROW_REFERENCE),
                   "w64": build_random_model("builtin:tiny-llama-medium@hidden=64@layers=8"),
                   "w256": build_random_model("builtin:tiny-llama-medium@hidden=256@layers=4")}
-    phases = PHASES + (NARROW_PHASES if narrow else [])
+    elif args.cache:
+        narrow = {"ref": build_random_model(CACHE_REFERENCE),
+                  **{ph: build_model("family:" + ph.removesuffix("_decode")) for ph in CACHE_PHASES}}
+    second = bool(narrow)
+    phases = PHASES + (NARROW_PHASES if args.narrow else CACHE_PHASES if args.cache else [])
     for model, shape in ((ref, REFERENCE_SHAPE), (medium, (1, 1024, 2)), (gpt2, (1, 32, 8)), (qwen2, (4, 32, 8)),
-                         *((narrow[k], REFERENCE_SHAPE if k == "ref" else (4, 32, 8)) for k in narrow)):
+                         *((narrow[k], REFERENCE_SHAPE if k == "ref" else (4, 32, 8) if args.narrow else (1, 32, 8))
+                           for k in narrow)):
         gen(model, *shape, reps=1)  # warm-up
     rows = []
     t0 = time.time()
     while time.time() - t0 < args.seconds:
         row = {"t": time.time() - t0, "reference_start": reference()}
-        if narrow:
+        if second:
             row["narrow_reference_start"] = sum(gen(narrow["ref"], *REFERENCE_SHAPE))
+        if args.narrow:
             row["narrow64_ttft"], row["narrow64_decode"] = gen(narrow["w64"], 4, 32, 8)
             row["narrow256_decode"] = gen(narrow["w256"], 4, 32, 8)[1]
+        for ph in CACHE_PHASES if args.cache else []:
+            row[ph] = gen(narrow[ph], 1, 32, 8)[1]
         row["prefill1024"] = gen(medium, 1, 1024, 2, 1)[0]
         row["medium_decode"] = gen(medium, 1, 16, 8)[1]
         row["gpt2_ttft"], row["gpt2_decode"] = gen(gpt2, 1, 32, 8)
         row["qwen2_ttft"], row["qwen2_decode"] = gen(qwen2, 4, 32, 8)
         row["reference_end"] = reference()
-        if narrow:
+        if second:
             row["narrow_reference_end"] = sum(gen(narrow["ref"], *REFERENCE_SHAPE))
         rows.append(row)
     if len(rows) < 3:
@@ -103,9 +129,11 @@ def main(argv: list[str] | None = None) -> int:
     summary: dict = {"cycles": len(rows), "seconds": args.seconds,
                      "reference_own_noise_pct": 100 * _rms([math.log(r["reference_start"] / r["reference_end"])
                                                             for r in rows]),
-                     "reference_scatter_pct": 100 * _rms(level), "phases": {}}
+                     "reference_scatter_pct": 100 * _rms(level), "phases": {},
+                     "second_reference": (NARROW_REFERENCE if args.narrow else CACHE_REFERENCE if args.cache
+                                          else None), "block": args.block}
     narrow_level = ([math.log(r["narrow_reference_start"] * r["narrow_reference_end"]) / 2 for r in rows]
-                    if narrow else [])
+                    if second else [])
     for ph in phases:
         y = [math.log(r[ph]) for r in rows]
         my = statistics.fmean(y)
@@ -114,18 +142,26 @@ def main(argv: list[str] | None = None) -> int:
             "scatter_pct": 100 * _rms(y), "slope": b,
             "scatter_divided_by_level_pct": 100 * _rms([v - x for v, x in zip(y, level)]),
             "scatter_divided_by_level_to_slope_pct": 100 * _rms([v - b * x for v, x in zip(y, level)])}
-        if narrow:
+        if second:
             summary["phases"][ph].update(_on_two_levels(y, level, narrow_level))
+        summary["phases"][ph].update(_over_blocks(y, level, narrow_level, args.block))
     print(f"{len(rows)} cycles in {time.time() - t0:.0f} s; reference: scatter {summary['reference_scatter_pct']:.1f} %, "
           f"its two timings of a cycle apart by {summary['reference_own_noise_pct']:.1f} % (rms)")
+    if second:
+        print(f"second reference: {summary['second_reference']} at {REFERENCE_SHAPE}")
     print("phase             scatter  slope  /level  /level^slope" + (
-        "  narrow: slope  /level^slope   both: slopes  /levels^slopes" if narrow else ""))
+        "  second: slope  /level^slope   both: slopes  /levels^slopes" if second else "")
+        + f"   over blocks of {args.block}: scatter  /level" + ("  /second level" if second else ""))
     for ph, d in summary["phases"].items():
         line = (f"{ph:17s} {d['scatter_pct']:6.1f} % {d['slope']:6.2f} {d['scatter_divided_by_level_pct']:6.1f} % "
                 f"{d['scatter_divided_by_level_to_slope_pct']:6.1f} %")
-        if narrow:
+        if second:
             line += (f"  {d['narrow_slope']:13.2f} {d['narrow_scatter_pct']:8.1f} %   {d['both_slopes'][0]:5.2f}, "
                      f"{d['both_slopes'][1]:5.2f} {d['both_scatter_pct']:8.1f} %")
+        if d.get("blocks"):
+            line += f"   {d['block_scatter_pct']:20.1f} % {d['block_divided_by_level_pct']:6.1f} %"
+            if second:
+                line += f" {d['block_divided_by_second_level_pct']:12.1f} %"
         print(line)
     if args.json:
         with open(args.json, "w", encoding="utf-8") as fh:
@@ -145,6 +181,26 @@ def _on_two_levels(y: list[float], a: list[float], b: list[float]) -> dict:
     return {"narrow_slope": s1, "narrow_scatter_pct": 100 * float(np.sqrt(np.mean((yy - s1 * bb) ** 2))),
             "both_slopes": [float(coef[0]), float(coef[1])],
             "both_scatter_pct": 100 * float(np.sqrt(np.mean((yy - np.column_stack([aa, bb]) @ coef) ** 2)))}
+
+
+def _over_blocks(y: list[float], a: list[float], b: list[float], n: int) -> dict:
+    """The scatter (rms, percent) of the medians of ``n`` consecutive cycles of ``y`` (log times),
+    as they are and divided by the medians of the reference's level ``a`` over the same cycles
+    (and of the second reference's ``b`` when given): how far a shift lasting minutes moves the
+    phase, and how much of it either reference sees. Empty with fewer than three blocks."""
+    k = len(y) // n
+    if k < 3:
+        return {}
+
+    def med(v: list[float]) -> list[float]:
+        return [statistics.median(v[i * n:(i + 1) * n]) for i in range(k)]
+
+    yb, ab = med(y), med(a)
+    out = {"blocks": k, "block_scatter_pct": 100 * _rms(yb),
+           "block_divided_by_level_pct": 100 * _rms([v - x for v, x in zip(yb, ab)])}
+    if b:
+        out["block_divided_by_second_level_pct"] = 100 * _rms([v - x for v, x in zip(yb, med(b))])
+    return out
 
 
 if __name__ == "__main__":
