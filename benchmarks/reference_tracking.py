@@ -88,38 +88,38 @@ def main(argv: list[str] | None = None) -> int:
     def reference() -> float:
         return sum(gen(ref, *REFERENCE_SHAPE))
 
-    narrow = {}
+    extra: dict = {}  # the second reference ("ref") and the models of the added phases
     if args.narrow:
-        narrow = {"ref": build_random_model(NARROW_REFERENCE),
+        extra = {"ref": build_random_model(NARROW_REFERENCE),
                   "w64": build_random_model("builtin:tiny-llama-medium@hidden=64@layers=8"),
                   "w256": build_random_model("builtin:tiny-llama-medium@hidden=256@layers=4")}
     elif args.cache:
-        narrow = {"ref": build_random_model(CACHE_REFERENCE),
+        extra = {"ref": build_random_model(CACHE_REFERENCE),
                   **{ph: build_model("family:" + ph.removesuffix("_decode")) for ph in CACHE_PHASES}}
-    second = bool(narrow)
+    second = bool(extra)
     phases = PHASES + (NARROW_PHASES if args.narrow else CACHE_PHASES if args.cache else [])
     for model, shape in ((ref, REFERENCE_SHAPE), (medium, (1, 1024, 2)), (gpt2, (1, 32, 8)), (qwen2, (4, 32, 8)),
-                         *((narrow[k], REFERENCE_SHAPE if k == "ref" else (4, 32, 8) if args.narrow else (1, 32, 8))
-                           for k in narrow)):
+                         *((extra[k], REFERENCE_SHAPE if k == "ref" else (4, 32, 8) if args.narrow else (1, 32, 8))
+                           for k in extra)):
         gen(model, *shape, reps=1)  # warm-up
     rows = []
     t0 = time.time()
     while time.time() - t0 < args.seconds:
         row = {"t": time.time() - t0, "reference_start": reference()}
         if second:
-            row["narrow_reference_start"] = sum(gen(narrow["ref"], *REFERENCE_SHAPE))
+            row["second_reference_start"] = sum(gen(extra["ref"], *REFERENCE_SHAPE))
         if args.narrow:
-            row["narrow64_ttft"], row["narrow64_decode"] = gen(narrow["w64"], 4, 32, 8)
-            row["narrow256_decode"] = gen(narrow["w256"], 4, 32, 8)[1]
+            row["narrow64_ttft"], row["narrow64_decode"] = gen(extra["w64"], 4, 32, 8)
+            row["narrow256_decode"] = gen(extra["w256"], 4, 32, 8)[1]
         for ph in CACHE_PHASES if args.cache else []:
-            row[ph] = gen(narrow[ph], 1, 32, 8)[1]
+            row[ph] = gen(extra[ph], 1, 32, 8)[1]
         row["prefill1024"] = gen(medium, 1, 1024, 2, 1)[0]
         row["medium_decode"] = gen(medium, 1, 16, 8)[1]
         row["gpt2_ttft"], row["gpt2_decode"] = gen(gpt2, 1, 32, 8)
         row["qwen2_ttft"], row["qwen2_decode"] = gen(qwen2, 4, 32, 8)
         row["reference_end"] = reference()
         if second:
-            row["narrow_reference_end"] = sum(gen(narrow["ref"], *REFERENCE_SHAPE))
+            row["second_reference_end"] = sum(gen(extra["ref"], *REFERENCE_SHAPE))
         rows.append(row)
     if len(rows) < 3:
         print("too few cycles: give more seconds", file=sys.stderr)
@@ -132,7 +132,7 @@ def main(argv: list[str] | None = None) -> int:
                      "reference_scatter_pct": 100 * _rms(level), "phases": {},
                      "second_reference": (NARROW_REFERENCE if args.narrow else CACHE_REFERENCE if args.cache
                                           else None), "block": args.block}
-    narrow_level = ([math.log(r["narrow_reference_start"] * r["narrow_reference_end"]) / 2 for r in rows]
+    second_level = ([math.log(r["second_reference_start"] * r["second_reference_end"]) / 2 for r in rows]
                     if second else [])
     for ph in phases:
         y = [math.log(r[ph]) for r in rows]
@@ -143,8 +143,8 @@ def main(argv: list[str] | None = None) -> int:
             "scatter_divided_by_level_pct": 100 * _rms([v - x for v, x in zip(y, level)]),
             "scatter_divided_by_level_to_slope_pct": 100 * _rms([v - b * x for v, x in zip(y, level)])}
         if second:
-            summary["phases"][ph].update(_on_two_levels(y, level, narrow_level))
-        summary["phases"][ph].update(_over_blocks(y, level, narrow_level, args.block))
+            summary["phases"][ph].update(_on_two_levels(y, level, second_level))
+        summary["phases"][ph].update(_over_blocks(y, level, second_level, args.block))
     print(f"{len(rows)} cycles in {time.time() - t0:.0f} s; reference: scatter {summary['reference_scatter_pct']:.1f} %, "
           f"its two timings of a cycle apart by {summary['reference_own_noise_pct']:.1f} % (rms)")
     if second:
@@ -156,7 +156,7 @@ def main(argv: list[str] | None = None) -> int:
         line = (f"{ph:17s} {d['scatter_pct']:6.1f} % {d['slope']:6.2f} {d['scatter_divided_by_level_pct']:6.1f} % "
                 f"{d['scatter_divided_by_level_to_slope_pct']:6.1f} %")
         if second:
-            line += (f"  {d['narrow_slope']:13.2f} {d['narrow_scatter_pct']:8.1f} %   {d['both_slopes'][0]:5.2f}, "
+            line += (f"  {d['second_slope']:13.2f} {d['second_scatter_pct']:8.1f} %   {d['both_slopes'][0]:5.2f}, "
                      f"{d['both_slopes'][1]:5.2f} {d['both_scatter_pct']:8.1f} %")
         if d.get("blocks"):
             line += f"   {d['block_scatter_pct']:20.1f} % {d['block_divided_by_level_pct']:6.1f} %"
@@ -170,7 +170,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _on_two_levels(y: list[float], a: list[float], b: list[float]) -> dict:
-    """``y`` (log times) regressed on the narrow reference's log level ``b`` alone and on both
+    """``y`` (log times) regressed on the second reference's log level ``b`` alone and on both
     ``a`` and ``b`` (least squares with an intercept): the slopes and the rms residual, percent."""
     import numpy as np
 
@@ -178,7 +178,7 @@ def _on_two_levels(y: list[float], a: list[float], b: list[float]) -> dict:
     aa, bb = np.asarray(a) - np.mean(a), np.asarray(b) - np.mean(b)
     s1 = float(bb @ yy / (bb @ bb))
     coef, *_ = np.linalg.lstsq(np.column_stack([aa, bb]), yy, rcond=None)
-    return {"narrow_slope": s1, "narrow_scatter_pct": 100 * float(np.sqrt(np.mean((yy - s1 * bb) ** 2))),
+    return {"second_slope": s1, "second_scatter_pct": 100 * float(np.sqrt(np.mean((yy - s1 * bb) ** 2))),
             "both_slopes": [float(coef[0]), float(coef[1])],
             "both_scatter_pct": 100 * float(np.sqrt(np.mean((yy - np.column_stack([aa, bb]) @ coef) ** 2)))}
 
