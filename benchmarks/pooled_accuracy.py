@@ -18,7 +18,13 @@ Printed, for the unseen families (and, with ``--llama``, the Llama sizes):
   the 90 % interval (the interval in reference units too; runs written before the benchmark kept
   every calibration's bounds give the first calibration's only);
 - each calibration against the median of all calibrations' predictions (its own scatter: what
-  two calibrations differ by, without the level of the machine between them).
+  two calibrations differ by, without the level of the machine between them);
+- how much of its 90 % interval each measurement used, as its run judged it (the run's own
+  measurement at the calibration's reference level, not the pooled one): ``log(measured /
+  predicted)`` over the log of the bound on the same side, 0 at the prediction and 1 at the bound.
+  The 90th percentile of that use, per calibration and over all of them, is the share of the
+  interval's log half-widths that would still have held 90 % of the measurements: well under 1,
+  the intervals were wider than these runs needed; over 1, narrower.
 
 The exponent the work follows the reference with (``reference_tracking``) is taken as 1 here:
 runs at reference levels a few percent apart differ by that exponent's effect, well under 1 %.
@@ -32,6 +38,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import statistics
 import sys
 from collections import defaultdict
@@ -78,6 +85,57 @@ def _bounds(row: dict[str, Any], x: str, k: int) -> tuple[float, float] | None:
     if k >= len(lows) or lows[k] is None or highs[k] is None:
         return None
     return lows[k], highs[k]
+
+
+def _use(pred: float, measured: float, low: float, high: float) -> float | None:
+    """How far ``measured`` lies from ``pred`` in units of the interval's log half-width on its
+    side: 0 at the prediction, 1 at the bound (``None`` for a bound that does not enclose
+    the prediction)."""
+    bound = high if measured >= pred else low
+    if pred <= 0 or bound <= 0 or measured <= 0 or bound == pred:
+        return None
+    use = math.log(measured / pred) / math.log(bound / pred)
+    return use if use >= 0 else None
+
+
+def _quantile(values: list[float], q: float) -> float:
+    """The ``q`` quantile, linear between order statistics."""
+    s = sorted(values)
+    pos = q * (len(s) - 1)
+    lo = int(pos)
+    hi = min(lo + 1, len(s) - 1)
+    return s[lo] + (s[hi] - s[lo]) * (pos - lo)
+
+
+def interval_use(runs: list[dict[str, Any]], family: bool) -> dict[str, Any]:
+    """Per calibration and over all, how much of its interval each of its run's own measurements
+    (the ones the run judged inside or outside) used; see the module docstring."""
+    per_cal, every = [], []
+    for run in runs:
+        for k in range(len(run["summary"]["reference_s"]["calibrations"])):
+            uses = []
+            for row in run["rows"]:
+                if bool(row["family"]) != family:
+                    continue
+                for x in PHASES:
+                    bounds = _bounds(row, x, k)
+                    errors = row.get(f"{x}_error_pct_each")
+                    if bounds is None or not errors or k >= len(errors):
+                        continue
+                    pred = row[f"{x}_predicted_ms_each"][k]
+                    u = _use(pred, pred / (1 + errors[k] / 100), *bounds)
+                    if u is not None:
+                        uses.append(u)
+            if uses:
+                every.extend(uses)
+                per_cal.append({"run": run["path"], "calibration": k + 1, "figures": len(uses),
+                                "inside_share": sum(u <= 1 for u in uses) / len(uses),
+                                "use_p90": _quantile(uses, 0.9), "use_max": max(uses)})
+    if not every:
+        return {"calibrations": [], "figures": 0}
+    return {"calibrations": per_cal, "figures": len(every), "use_p90": _quantile(every, 0.9),
+            "use_median": statistics.median(every), "use_max": max(every),
+            "inside_share": sum(u <= 1 for u in every) / len(every)}
 
 
 def pooled(runs: list[dict[str, Any]], family: bool, pool_only: tuple[str, ...] = ()) -> dict[str, Any]:
@@ -163,6 +221,17 @@ def report(name: str, res: dict[str, Any]) -> list[str]:
     med = [c["median_abs_error_pct"] for c in res["calibrations"]]
     lines.append(f"  Over the {len(med)} calibrations: median |error| {min(med):.1f}–{max(med):.1f} %, "
                  f"largest {worst:.1f} %.")
+    use = res.get("interval_use")
+    if use and use["figures"]:
+        lines.append("  How much of its 90 % interval each run's own measurement used (log distance from the "
+                     "prediction over the bound's; 90th percentile / largest, inside):")
+        for c in use["calibrations"]:
+            lines.append(f"    {c['run']} cal. {c['calibration']}: {c['use_p90']:.2f} / {c['use_max']:.2f}, "
+                         f"inside {100 * c['inside_share']:.0f} %")
+        lines.append(f"  Over all {use['figures']} judged figures: median {use['use_median']:.2f}, 90th percentile "
+                     f"{use['use_p90']:.2f}, largest {use['use_max']:.2f}, inside {100 * use['inside_share']:.0f} %: "
+                     f"intervals {use['use_p90']:.2f} times as wide (in log terms, about each prediction) would "
+                     f"have held 90 % of them.")
     return lines
 
 
@@ -178,9 +247,12 @@ def main(argv: list[str] | None = None) -> int:
     if len(args.runs) + len(args.pool_only) < 3:
         ap.error("give at least three runs: the pooled measurement is their median")
     runs = _runs(args.runs + args.pool_only)
+    judged = [r for r in runs if r["path"] not in args.pool_only]
     out = {"families": pooled(runs, True, tuple(args.pool_only))}
+    out["families"]["interval_use"] = interval_use(judged, True)
     if args.llama:
         out["llama"] = pooled(runs, False, tuple(args.pool_only))
+        out["llama"]["interval_use"] = interval_use(judged, False)
     for name, res in out.items():
         print("\n".join(report("Unseen families" if name == "families" else "Llama sizes", res)))
     if args.json:
