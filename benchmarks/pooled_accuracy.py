@@ -44,6 +44,8 @@ import sys
 from collections import defaultdict
 from typing import Any
 
+from perfsdk.stats import percentile
+
 PHASES = ("ttft", "tpot")
 
 
@@ -98,15 +100,6 @@ def _use(pred: float, measured: float, low: float, high: float) -> float | None:
     return use if use >= 0 else None
 
 
-def _quantile(values: list[float], q: float) -> float:
-    """The ``q`` quantile, linear between order statistics."""
-    s = sorted(values)
-    pos = q * (len(s) - 1)
-    lo = int(pos)
-    hi = min(lo + 1, len(s) - 1)
-    return s[lo] + (s[hi] - s[lo]) * (pos - lo)
-
-
 def interval_use(runs: list[dict[str, Any]], family: bool) -> dict[str, Any]:
     """Per calibration and over all, how much of its interval each of its run's own measurements
     (the ones the run judged inside or outside) used; see the module docstring."""
@@ -130,10 +123,10 @@ def interval_use(runs: list[dict[str, Any]], family: bool) -> dict[str, Any]:
                 every.extend(uses)
                 per_cal.append({"run": run["path"], "calibration": k + 1, "figures": len(uses),
                                 "inside_share": sum(u <= 1 for u in uses) / len(uses),
-                                "use_p90": _quantile(uses, 0.9), "use_max": max(uses)})
+                                "use_p90": percentile(sorted(uses), 90), "use_max": max(uses)})
     if not every:
         return {"calibrations": [], "figures": 0}
-    return {"calibrations": per_cal, "figures": len(every), "use_p90": _quantile(every, 0.9),
+    return {"calibrations": per_cal, "figures": len(every), "use_p90": percentile(sorted(every), 90),
             "use_median": statistics.median(every), "use_max": max(every),
             "inside_share": sum(u <= 1 for u in every) / len(every)}
 
