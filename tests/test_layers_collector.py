@@ -86,15 +86,18 @@ def test_phase_split_coverage_and_hook_removal(llama: nn.Module) -> None:
     assert types_pre["LlamaRMSNorm"]["calls"] == 2 * 2 + 1
     # every module is timed by default: all 33 modules but the ModuleList container
     assert len(list(llama.modules())) == 33 and res["modules_timed"] == 32
-    # Coverage: the top-level children (embedding, decoder layers, norm, rotary, LM head) add up
-    # to most of the step; the rest is generate's own work between forwards (masks, cache,
-    # sampling). 50% is far below what this shape gives even on a loaded 2-core machine.
+    # Coverage: the top-level children (embedding, decoder layers, norm, rotary, LM head) against
+    # the step (which also holds generate's own work between forwards: masks, cache, sampling) and
+    # against the model's forwards. How large a share depends on the machine's load, so only the
+    # arithmetic and the order are asserted: children <= forwards <= step.
     assert res["coverage_modules"] == COVERAGE
     cov = sum(r["total_s"] for r in res["modules"] if r["path"] in COVERAGE)
+    root_s = sum(r["total_s"] for r in res["modules"] if r["path"] == ROOT_PATH)
     assert cov == pytest.approx(res["coverage_time_s"])
-    assert 50.0 <= res["coverage_pct"] <= 100.0
+    assert 0 < cov <= root_s <= res["step_time_s"]
     assert res["coverage_pct"] == pytest.approx(cov / res["step_time_s"] * 100)
-    assert res["forward_coverage_pct"] <= 100.0
+    assert res["forward_coverage_pct"] == pytest.approx(cov / root_s * 100)
+    assert 0 < res["coverage_pct"] <= res["forward_coverage_pct"] <= 100.0
     # overhead against the timed steps of the same shape
     assert res["overhead_compared_steps"] == 1 and res["overhead_baseline_steps"] == 2
     assert isinstance(res["overhead_pct"], float)
