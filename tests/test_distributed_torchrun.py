@@ -18,8 +18,9 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def _torchrun(args: list[str], cwd: Path, timeout: int = 50) -> subprocess.CompletedProcess[str]:
     env = dict(os.environ)
+    # torchrun's own scratch folders go under the test's folder, not the machine's temporary one
     env.update(HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", OMP_NUM_THREADS="1", PERFSDK_DIST_TIMEOUT_S="40",
-               PYTHONPATH=str(ROOT / "src") + os.pathsep + env.get("PYTHONPATH", ""))
+               TMPDIR=str(cwd), PYTHONPATH=str(ROOT / "src") + os.pathsep + env.get("PYTHONPATH", ""))
     for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
         env.pop(k, None)
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", *args]

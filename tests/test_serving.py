@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 import os
+import tempfile
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -31,8 +33,11 @@ def served(tiny_dir):
     if why:
         pytest.skip(why)
     server = TransformersServe(tiny_dir)
+    log = Path(server.log.name)
+    assert log.parent == Path(tempfile.gettempdir()) and log.exists()
     yield server
     server.stop()
+    assert not log.exists()  # a server that ran leaves nothing behind
 
 
 def steps_seen(with_warmup: bool = False) -> tuple[type, list[Any]]:
@@ -235,8 +240,6 @@ def test_cli_runs_a_served_model_without_a_file_and_stores_an_ordinary_run(serve
 def test_the_serve_example_runs_as_shipped(served, tmp_path, perfsdk_cli):
     """examples/serve.yaml against transformers serve on the embedded model: builtin:tiny-llama
     names the model's cached folder, the path the server loaded it from."""
-    from pathlib import Path
-
     example = Path(__file__).parent.parent / "examples" / "serve.yaml"
     r = perfsdk_cli(["run", str(example), "--set", f"model.endpoint={served.url}", "--set", "workload.num_prompts=4",
                      "--set", "workload.load.concurrency=2", "--set", "collectors.utilization.interval_s=0.5",
