@@ -23,6 +23,8 @@ from perfsdk.collector import html_table
 from perfsdk.exporters.flatten import RUN_KEY_COLUMNS, key_columns
 from perfsdk.store import Store
 
+from launcher import torchrun
+
 ROOT = Path(__file__).resolve().parents[1]
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 SMALL_RUN = ["--set", "workload.num_prompts=4", "--set", "workload.batching.batch_size=2",
@@ -278,13 +280,8 @@ TORCHRUN_SCRIPT = textwrap.dedent('''
 def test_torchrun_merges_through_the_collector_and_marks_the_rest(tmp_path: Path) -> None:
     script = tmp_path / "job.py"
     script.write_text(TORCHRUN_SCRIPT, encoding="utf-8")
-    env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", OMP_NUM_THREADS="1",
-               PERFSDK_DIST_TIMEOUT_S="40", PYTHONPATH=str(ROOT / "src") + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
-        env.pop(k, None)
     store = tmp_path / "store"
-    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-                           str(script), str(store)], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+    proc = torchrun([str(script), str(store)], cwd=tmp_path, timeout=120)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     (rid,) = Store(str(store)).run_ids()
     run = Store(str(store)).get(rid)

@@ -4,32 +4,20 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from perfsdk.store import Store
 
+from launcher import torchrun
+
 ROOT = Path(__file__).resolve().parents[1]
-
-
-def _torchrun(args: list[str], cwd: Path, timeout: int = 50) -> subprocess.CompletedProcess[str]:
-    env = dict(os.environ)
-    # torchrun's own scratch folders go under the test's folder, not the machine's temporary one
-    env.update(HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", OMP_NUM_THREADS="1", PERFSDK_DIST_TIMEOUT_S="40",
-               TMPDIR=str(cwd), PYTHONPATH=str(ROOT / "src") + os.pathsep + env.get("PYTHONPATH", ""))
-    for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
-        env.pop(k, None)
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", *args]
-    return subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
 
 
 def test_session_script_under_torchrun(tmp_path: Path) -> None:
     store_dir = tmp_path / "store"
-    proc = _torchrun([str(ROOT / "examples" / "distributed_session.py"), "--store", str(store_dir),
+    proc = torchrun([str(ROOT / "examples" / "distributed_session.py"), "--store", str(store_dir),
                       "--prompts", "6", "--max-new-tokens", "4"], tmp_path)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     store = Store(store_dir)
@@ -57,7 +45,7 @@ def test_session_script_under_torchrun(tmp_path: Path) -> None:
 @pytest.mark.skipif(importlib.util.find_spec("perfsdk.models.runner") is None, reason="workload runner not available")
 def test_perfsdk_run_under_torchrun(tmp_path: Path) -> None:
     store_dir = tmp_path / "store"
-    proc = _torchrun(["-m", "perfsdk", "run", "--store", str(store_dir), "-q",
+    proc = torchrun(["-m", "perfsdk", "run", "--store", str(store_dir), "-q",
                       "--set", "workload.num_prompts=4", "--set", "workload.batching.batch_size=1",
                       "--set", "workload.generate.max_new_tokens=3", "--set", "workload.generate.min_new_tokens=3",
                       "--set", "workload.warmup_runs=0", "--set", "workload.min_iterations=1",
