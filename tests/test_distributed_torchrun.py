@@ -18,7 +18,7 @@ ROOT = Path(__file__).resolve().parents[1]
 def test_session_script_under_torchrun(tmp_path: Path) -> None:
     store_dir = tmp_path / "store"
     proc = torchrun([str(ROOT / "examples" / "distributed_session.py"), "--store", str(store_dir),
-                      "--prompts", "6", "--max-new-tokens", "4"], tmp_path)
+                     "--prompts", "6", "--max-new-tokens", "4"], tmp_path)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     store = Store(store_dir)
     ids = store.run_ids()
@@ -46,10 +46,10 @@ def test_session_script_under_torchrun(tmp_path: Path) -> None:
 def test_perfsdk_run_under_torchrun(tmp_path: Path) -> None:
     store_dir = tmp_path / "store"
     proc = torchrun(["-m", "perfsdk", "run", "--store", str(store_dir), "-q",
-                      "--set", "workload.num_prompts=4", "--set", "workload.batching.batch_size=1",
-                      "--set", "workload.generate.max_new_tokens=3", "--set", "workload.generate.min_new_tokens=3",
-                      "--set", "workload.warmup_runs=0", "--set", "workload.min_iterations=1",
-                      "--set", "collectors.energy=false", "--set", "collectors.utilization=false"], tmp_path)
+                     "--set", "workload.num_prompts=4", "--set", "workload.batching.batch_size=1",
+                     "--set", "workload.generate.max_new_tokens=3", "--set", "workload.generate.min_new_tokens=3",
+                     "--set", "workload.warmup_runs=0", "--set", "workload.min_iterations=1",
+                     "--set", "collectors.energy=false", "--set", "collectors.utilization=false"], tmp_path)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     store = Store(store_dir)
     ids = store.run_ids()
