@@ -152,12 +152,17 @@ def test_calibrate_from_store_predicts_its_runs(tmp_path: Path) -> None:
     # of the two models' four configurations predicted by a fit on the other model's
     assert prof.calibration is not None and len(prof.calibration.replicates) == 40
     assert len(prof.calibration.held_out) == 8 and prof.calibration.levels == []
+    # the runs all used one torch thread: the fit is of such runs, and says so
+    from perfsdk.models.tiny import tiny_llama_config
+
+    assert prof.calibration.threads == 1
+    assert f"calibrated on {prof.calibration.host} with 1 torch thread, " in (simulate_model(
+        architecture_from_config(tiny_llama_config("tiny-llama-small")), prof, batch_size=1, input_tokens=8,
+        output_tokens=2, dtype="float32").origin_detail or "")
     # the fitted profile predicts the runs it was fitted on: tolerance for timing on a shared
     # machine: the median error within 40%, and every TTFT and TPOT within a factor of 2 but
     # for at most two (the robust fit leaves a measurement disturbed by other load out, rather
     # than bending every coefficient towards it)
-    from perfsdk.models.tiny import tiny_llama_config
-
     errs, outside = [], []
     for m in used:
         name = "tiny-llama-small" if m.model == "builtin:tiny-llama-small" else "tiny-llama"
@@ -216,6 +221,7 @@ def test_calibrate_from_runs_stored_on_a_gpu_describes_that_gpu(tmp_path: Path) 
     prof = profile_from_fit(result, name="h200-here")
     assert prof.kind == "gpu" and prof.variant == "NVIDIA H200 (host Intel(R) Xeon(R) Processor), fitted rates"
     assert prof.calibration is not None and prof.calibration.host == "NVIDIA H200 (host Intel(R) Xeon(R) Processor)"
+    assert prof.calibration.threads is None  # a GPU's times do not hang on the host's torch threads
     # what timings cannot measure comes from the catalogue's h200, not from host-cpu or this machine's RAM
     h200 = get_profile("h200")
     assert (prof.memory_capacity_gb, prof.host_to_device_gbs, prof.static_power_w) == (141.0, 64.0, 90.0)

@@ -451,6 +451,7 @@ def test_simulate_command_prints_the_interval_and_origin(tmp_path) -> None:  # t
     assert r.exit_code == 0, r.output
     assert "90 % interval" in r.output
     assert "times: my-host: calibrated on " in r.output
+    assert "with 1 torch thread" not in r.output  # this fit recorded no threads
     assert "energy: my-host: energy figures copied from host-cpu" in r.output
     assert "model error: the cost model's errors on all 2 held-out configurations" in r.output
     r = CliRunner().invoke(simulate_command, ["--model", "builtin:tiny-llama", "--hardware", "l4",
@@ -459,6 +460,55 @@ def test_simulate_command_prints_the_interval_and_origin(tmp_path) -> None:  # t
     assert "interval" not in r.output.split("times:")[0]
     assert "times: l4: spec sheet with efficiency factors (estimates)" in r.output
     assert "no interval: l4 (spec sheet) not calibrated on a host" in " ".join(r.output.split())
+
+
+def test_a_run_with_other_torch_threads_than_the_calibration_is_told_so(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    import perfsdk
+    from perfsdk.simulation.uncertainty import origin_text, threads_mismatch
+
+    base = _calibrated([[0.1, -0.1], [-0.1, 0.1]], [1.0], reference_s=0.05, tracking=1.0)
+    assert base.calibration is not None and base.calibration.threads == 1
+    assert origin_text(base) == f"calibrated on {base.calibration.host} with 1 torch thread, {base.calibration.fitted_at}"
+    now = torch.get_num_threads()
+
+    def with_threads(name: str, threads: int | None) -> str:
+        cal = base.calibration.model_copy(update={"threads": threads})
+        path = tmp_path / f"{name}.yaml"
+        path.write_text(profile_to_yaml(base.model_copy(update={"name": name, "calibration": cal})), encoding="utf-8")
+        return str(path)
+
+    other = now + 1
+    said = (f"other-threads was calibrated with {other} torch threads and this run used {now}: its times and "
+            f"interval are of runs with {other}; calibrate with `perfsdk calibrate --threads {now}` to predict "
+            "runs like this one")
+    assert threads_mismatch(base.model_copy(update={"name": "other-threads", "calibration": base.calibration.model_copy(
+        update={"threads": other})}), now) == said
+    assert threads_mismatch(base, 1) is None
+    # a calibration that did not record its threads cannot tell: nothing said
+    assert threads_mismatch(base.model_copy(update={"calibration": base.calibration.model_copy(
+        update={"threads": None})}), 3) is None
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(LlamaConfig(hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+                                         num_key_value_heads=2, intermediate_size=128, vocab_size=256,
+                                         max_position_embeddings=256)).eval()
+    ids = torch.randint(4, 256, (1, 10))
+    notes = {}
+    for name, threads in (("other-threads", other), ("same-threads", now)):
+        cfg = {"collectors": {"simulation": {"host": with_threads(name, threads)}}}
+        with perfsdk.session(cfg) as s:
+            s.load(model=model)
+            s.generate(model, input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=3,
+                       min_new_tokens=3, pad_token_id=0)
+        res = s.result.collectors["simulation"]
+        notes[name] = res["notes"]
+        assert res["predictions"][res["measured_profile"]]["origin_detail"] == (
+            f"{name}: calibrated on {base.calibration.host} with {threads} torch thread{'s' if threads > 1 else ''}, "
+            f"{base.calibration.fitted_at}")
+    assert said in notes["other-threads"]
+    assert not any("torch thread" in n for n in notes["same-threads"])
 
 
 class _Timer:

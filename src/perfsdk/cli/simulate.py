@@ -405,7 +405,9 @@ def _say_level(result: Any) -> None:
                    "two calibrations of one machine did not agree on a size chosen that way")
 @click.option("--min-time", "min_time", default=0.2, show_default=True, type=click.FloatRange(min=0.0),
               help="Seconds each configuration is timed for at least, per pass (cheap ones are repeated more)")
-@click.option("--threads", type=click.IntRange(min=1), help="torch threads (default: torch's)")
+@click.option("--threads", type=click.IntRange(min=1),
+              help="torch threads (default: torch's); the profile predicts runs with as many, and a session "
+                   "run with another number is told so")
 @click.option("--clock", type=click.Choice(["wall", "cpu"]), default="wall", show_default=True,
               help="wall: what a run measures, and what predictions are of; cpu: process CPU time")
 @click.option("--name", default="host-calibrated", show_default=True, help="Name of the fitted profile")

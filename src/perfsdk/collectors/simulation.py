@@ -465,6 +465,14 @@ class SimulationCollector(Collector):
         out = SimulationCollectorResult(step_kind=step.kind, captured_step=step.index, captured_ops=len(ops),
                                         note=_NOTES[step.kind], batch_size=b, input_tokens=in_tok, output_tokens=n_out,
                                         measured_profile=measured_name, dtype=cfg.dtype, overrides=overrides)
+        if step.served is None and host.kind == "cpu":  # a model run in this process, on its CPU
+            import torch
+
+            from perfsdk.simulation.uncertainty import threads_mismatch
+
+            said = threads_mismatch(host, torch.get_num_threads())
+            if said:
+                notes.append(said)
         model_id = getattr(session.model_info, "model_id", None) if getattr(session, "model_info", None) else None
         # the model's type decides which held-out errors its interval draws on (a plain module: none)
         family = getattr(getattr(step.model, "config", None), "model_type", None) or None

@@ -61,16 +61,34 @@ def profile_origin(profile: HardwareProfile) -> str:
 
 
 def origin_text(profile: HardwareProfile) -> str:
-    """The origin as a user reads it: ``calibrated on <host>, <when>``, ``spec sheet with
-    efficiency factors`` or ``user file``."""
+    """The origin as a user reads it: ``calibrated on <host> with <n> torch threads, <when>``
+    (the threads where the calibration recorded them: its times are of runs with as many),
+    ``spec sheet with efficiency factors`` or ``user file``."""
     origin = profile_origin(profile)
     if origin == "calibrated":
         cal = profile.calibration
         assert cal is not None
-        return f"calibrated on {cal.host}, {cal.fitted_at}"
+        threads = f" with {cal.threads} torch thread{'s' if cal.threads > 1 else ''}" if cal.threads else ""
+        return f"calibrated on {cal.host}{threads}, {cal.fitted_at}"
     if origin == "spec sheet":
         return "spec sheet with efficiency factors (estimates)"
     return "user file"
+
+
+def threads_mismatch(profile: HardwareProfile, threads: int) -> str | None:
+    """What a user should know when a run with ``threads`` torch threads is predicted with
+    ``profile``, calibrated with another number of threads (None when they agree or the
+    calibration did not record its threads). A CPU's matrix products change speed with the
+    threads unevenly, by their rows and their weights' layout (a 2-core x86 host, PyTorch's CPU
+    BLAS: a [1152, 384] linear layer's product of 16-48 rows ran 2.2-3.7 times slower with two
+    threads than the same product on a weight stored [384, 1152], and both alike from 64 rows), so no factor carries a
+    calibration from one thread count to another."""
+    cal = profile.calibration
+    if cal is None or not cal.threads or cal.threads == threads:
+        return None
+    return (f"{profile.name} was calibrated with {cal.threads} torch thread{'s' if cal.threads > 1 else ''} and "
+            f"this run used {threads}: its times and interval are of runs with {cal.threads}; calibrate with "
+            f"`perfsdk calibrate --threads {threads}` to predict runs like this one")
 
 
 def no_interval_reason(profiles: list[HardwareProfile]) -> str | None:

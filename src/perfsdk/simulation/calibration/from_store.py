@@ -139,6 +139,7 @@ def calibrate_from_store(store_dir: str, run_ids: list[str] | None = None, *,
     samples: list[ConfigurationSamples] = []
     used: list[Measurement] = []
     skipped: list[str] = []
+    threads: set[int | None] = set()  # torch threads the runs used (what a CPU's times depend on)
     for rid in ids:
         try:
             run = store.get(rid)
@@ -165,6 +166,7 @@ def calibrate_from_store(store_dir: str, run_ids: list[str] | None = None, *,
             continue
         dtype = (run.model.dtype if run.model and run.model.dtype else "float32").removeprefix("torch.")
         machines.setdefault(machine_of_run(run), []).append(rid)
+        threads.add(getattr(run.environment, "torch_threads", None))
         shape = architecture_from_config(cfg)
         for m in meas:
             o = observations_for(shape, m, dtype=dtype)
@@ -188,6 +190,8 @@ def calibrate_from_store(store_dir: str, run_ids: list[str] | None = None, *,
                               samples, fit_step_overhead=fit_step_overhead)
     # the device of the runs (one device; a dtype picks the unidentified FLOP/s: the first run's)
     result.machine = next(iter(machines))
+    if result.machine.kind == "cpu" and len(threads) == 1:  # runs with one thread count: the fit is of such runs
+        result.threads = next(iter(threads))
     # each stored configuration is one measurement: the bootstrap draws configurations only
     result.replicates = bootstrap_coefficients(result, samples, [], fit_step_overhead=fit_step_overhead)
     keep_held_out(result, samples, [], fit_step_overhead=fit_step_overhead)
