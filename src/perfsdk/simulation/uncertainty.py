@@ -81,8 +81,8 @@ def threads_mismatch(profile: HardwareProfile, threads: int) -> str | None:
     calibration did not record its threads). A CPU's matrix products change speed with the
     threads unevenly, by their rows and their weights' layout (a 2-core x86 host, PyTorch's CPU
     BLAS: a [1152, 384] linear layer's product of 16-48 rows ran 2.2-3.7 times slower with two
-    threads than the same product on a weight stored [384, 1152], and both alike from 64 rows), so no factor carries a
-    calibration from one thread count to another."""
+    threads than the same product on a weight stored [384, 1152], and both alike from 64 rows),
+    so no factor carries a calibration from one thread count to another."""
     cal = profile.calibration
     if cal is None or not cal.threads or cal.threads == threads:
         return None
