@@ -60,6 +60,10 @@ def profile_origin(profile: HardwareProfile) -> str:
     return "user file"
 
 
+def _threads(n: int) -> str:
+    return f"{n} torch thread{'s' if n > 1 else ''}"
+
+
 def origin_text(profile: HardwareProfile) -> str:
     """The origin as a user reads it: ``calibrated on <host> with <n> torch threads, <when>``
     (the threads where the calibration recorded them: its times are of runs with as many),
@@ -68,7 +72,7 @@ def origin_text(profile: HardwareProfile) -> str:
     if origin == "calibrated":
         cal = profile.calibration
         assert cal is not None
-        threads = f" with {cal.threads} torch thread{'s' if cal.threads > 1 else ''}" if cal.threads else ""
+        threads = f" with {_threads(cal.threads)}" if cal.threads else ""
         return f"calibrated on {cal.host}{threads}, {cal.fitted_at}"
     if origin == "spec sheet":
         return "spec sheet with efficiency factors (estimates)"
@@ -86,7 +90,7 @@ def threads_mismatch(profile: HardwareProfile, threads: int) -> str | None:
     cal = profile.calibration
     if cal is None or not cal.threads or cal.threads == threads:
         return None
-    return (f"{profile.name} was calibrated with {cal.threads} torch thread{'s' if cal.threads > 1 else ''} and "
+    return (f"{profile.name} was calibrated with {_threads(cal.threads)} and "
             f"this run used {threads}: its times and interval are of runs with {cal.threads}; calibrate with "
             f"`perfsdk calibrate --threads {threads}` to predict runs like this one")
 
