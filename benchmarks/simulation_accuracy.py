@@ -292,7 +292,8 @@ def main(argv: list[str] | None = None) -> int:
         profiles.append(profile_from_fit(fit, name="host-calibrated", note="benchmarks/simulation_accuracy.py"))
         walls.append(time.time() - tc)
         print(f"calibration {k + 1} in {time.time() - tc:.0f} s: {json.dumps(fit.coefficients)}, "
-              f"matmul_half_rows {fit.matmul_half_rows:.2f}, pack_rows {fit.pack_rows}, "
+              f"matmul_half_rows {fit.matmul_half_rows:.2f}, [in, out] weights {fit.in_out_rows} rows less, "
+              f"pack_rows {fit.pack_rows}, "
               f"cache {fit.cache_bytes / 1e6:g} MB, decode warm-up {fit.decode_warmup_steps:.2f} steps, "
               f"{fit.passes} passes {fit.drift_pct or 0:.1f} % apart "
               f"({fit.normalised_drift_pct or 0:.1f} % normalised, tracking {fit.reference_tracking}); "

@@ -52,6 +52,10 @@ class OpRecord:
     # rows of a matrix product's weight as stored (a linear layer's output features; the input
     # features of a weight stored [in, out], transformers' Conv1D); None: the output features
     weight_rows: int | None = None
+    # a matrix product whose weight is stored [in, out] (transformers' Conv1D), read along its
+    # output features, rather than [out, in] as a linear layer stores it: a CPU kernel runs products
+    # of few rows at another speed on each layout (see perfsdk.simulation.costmodel.half_rows)
+    weight_in_out: bool = False
     # a grouped matrix product (mixture-of-experts experts stored as one [E, ...] weight): the
     # groups E of its weight, and the rows each group received when a real run's offsets said so
     # (None on the meta device, where the routing has no values). A CPU grouped product runs one

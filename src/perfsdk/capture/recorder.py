@@ -458,6 +458,7 @@ class OperationCapture:
             category = "norm" if in_norm else "elementwise"
 
         stored_rows: int | None = None  # rows of a matrix product's weight as stored
+        in_out = False  # ... and whether it is stored [in, out]
         groups: int | None = None  # groups of a grouped product's weight, and the rows of each
         group_rows: list[int] | None = None
         if is_view:
@@ -482,6 +483,7 @@ class OperationCapture:
                 bytes_read, weight_bytes = bytes_read - unread, weight_bytes - unread
             if category == "matmul" and weight_in:
                 stored_rows = round(share * max(stored_weight_rows(t) for t in weight_in))
+                in_out = weight_stored_in_out(name, args, weight_in)
             if unfused is not None:
                 size = int(args[0].element_size())
                 bytes_read += unfused[0] * size
@@ -509,6 +511,7 @@ class OperationCapture:
                 module_type=mtype,
                 time_s=elapsed_ns / 1e9 if elapsed_ns is not None else None,
                 weight_rows=stored_rows,
+                weight_in_out=in_out,
                 groups=groups,
                 group_rows=group_rows,
                 launches=1 + (unfused[2] if unfused is not None else 0),
@@ -548,6 +551,26 @@ def stored_weight_rows(t: torch.Tensor) -> int:
     inner = [d for d in range(t.dim()) if t.stride(d) == 1 and t.shape[d] > 1]
     length = int(t.shape[inner[-1]]) if inner else int(t.shape[-1])
     return int(t.numel()) // max(1, length)
+
+
+#: where each matrix product takes its second operand, the one a layer's weight is in a model's
+#: product ``x @ W``, in ``[..., in, out]`` orientation (``aten::linear`` takes it ``[out, in]``)
+_PRODUCT_OPERAND = {"aten::addmm": 2, "aten::baddbmm": 2, "aten::addbmm": 2, "aten::_addmm_activation": 2,
+                    "aten::mm": 1, "aten::bmm": 1, "aten::matmul": 1, "aten::_grouped_mm": 1,
+                    "aten::_scaled_grouped_mm": 1, "aten::_scaled_mm": 1, "aten::linear": 1}
+
+
+def weight_stored_in_out(name: str, args: tuple[Any, ...], weights: list[torch.Tensor]) -> bool:
+    """Whether a matrix product reads its weight stored ``[in, out]`` (its output features
+    contiguous, as transformers' Conv1D stores it) rather than ``[out, in]`` (a linear layer's,
+    which the product reads transposed). False when the weight is not the product's second
+    operand or is a vector."""
+    i = _PRODUCT_OPERAND.get(name)
+    w = args[i] if i is not None and len(args) > i else None
+    if not isinstance(w, torch.Tensor) or w.dim() < 2 or not any(w is t for t in weights):
+        return False
+    out_dim = -2 if name == "aten::linear" else -1  # linear's weight is [out, in]
+    return int(w.shape[out_dim]) > 1 and w.stride(out_dim) == 1
 
 
 def grouped_rows(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[int, list[int] | None] | None:

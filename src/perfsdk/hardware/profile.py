@@ -142,6 +142,11 @@ class CalibrationRecord(_Strict):
         default=None, description="The same after each configuration is divided by the adjacent reference, percent")
     passes: int | None = Field(default=None, ge=1, description="Round-robin passes over the configurations that were run")
     threads: int | None = Field(default=None, ge=1, description="torch threads the calibration ran with")
+    in_out_rows: float | None = Field(
+        default=None,
+        description="Rows of the small-M slowdown that a product over a weight stored [in, out] runs without, "
+                    "against the same product over a weight stored [out, in], measured by the calibration's "
+                    "micro-kernels: such a product's h is max(0, matmul_half_rows - this)")
     clock: Literal["wall", "cpu"] | None = Field(default=None, description="The clock its times were taken on")
 
     def speed_factor(self, reference_now_s: float) -> float:
@@ -205,6 +210,11 @@ class HardwareProfile(_Strict):
         description="Rows (tokens x batch) at which a matrix product reaches half of the compute rate; "
                     "compute time is scaled by (rows + this) / rows (with matmul_pack_rows P: from 4P rows, "
                     "below which the repacking staircase describes small products). Unset: full rate at any size")
+    matmul_half_rows_in_out: float | None = Field(
+        default=None, ge=0,
+        description="matmul_half_rows for a matrix product whose weight is stored [in, out] (transformers' "
+                    "Conv1D) instead of [out, in] (a linear layer's): a CPU kernel runs products of few rows at "
+                    "another speed on each layout. Unset: matmul_half_rows for both")
     matmul_ns_per_weight_row: float | None = Field(
         default=None, ge=0,
         description="Fixed cost of each row of a matrix product's weight as stored (the output features of a "

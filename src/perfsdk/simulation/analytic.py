@@ -81,7 +81,7 @@ class _Emitter:
                   input_shapes=[(batch, tokens, k)], output_shape=(batch, tokens, n),
                   flops=2 * m * k * n, macs=m * k * n, weight_bytes=w,
                   bytes_read=w + int(m * k * s), bytes_written=int(m * n * s), elements=m * n, launches=launches,
-                  weight_rows=(k if launches else 0) if in_out else n)
+                  weight_rows=(k if launches else 0) if in_out else n, weight_in_out=in_out)
 
     def apply(self, prefix: str, lin: Linear, batch: int, tokens: int, rows: int | None = None,
               launches: int = 1) -> None:

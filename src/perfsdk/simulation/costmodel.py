@@ -6,7 +6,8 @@ For one operation on one device (profile ``P``)::
                  (softmax / activation / norm ops: elements * ns_per_element, when P gives it;
                   attention adds score elements * softmax ns_per_element; a matrix product with
                   R output rows is slowed by (R + P.matmul_half_rows) / R, small-M inefficiency
-                  (from 4 * P.matmul_pack_rows rows when that is set: small_m_applies))
+                  (from 4 * P.matmul_pack_rows rows when that is set: small_m_applies; a weight
+                  stored [in, out] takes P.matmul_half_rows_in_out where that is set: half_rows))
     memory_s   = (bytes_read + bytes_written) / (P.memory_bandwidth * P.memory_efficiency)
                  (with P.cache_mb: a forward pass touching R bytes of weights + KV cache has
                   min(1, cache / R) of its bytes served at P.cache_bandwidth instead; an
@@ -246,13 +247,23 @@ def compute_time_s(op: OpRecord, profile: HardwareProfile, dtype: str | None = N
         if ns is not None and op.elements:
             return op.elements * ns * 1e-9
     t = op.flops / effective_flops(profile, dtype or op.dtype) if op.flops else 0.0
-    if op.category == "matmul" and profile.matmul_half_rows and t:
+    h = half_rows(op, profile) if op.category == "matmul" else 0.0
+    if h and t:
         # (R + h) / R on each product of R rows the slowdown applies to
         slowed = products_small_m(product_rows(op), profile.matmul_pack_rows)
-        t *= 1.0 + profile.matmul_half_rows * slowed / matmul_rows(op)
+        t *= 1.0 + h * slowed / matmul_rows(op)
     if op.category == "attention" and profile.softmax_ns_per_element is not None and op.elements:
         t += op.elements * profile.softmax_ns_per_element * 1e-9
     return t
+
+
+def half_rows(op: OpRecord, profile: HardwareProfile) -> float:
+    """The small-M slowdown's h for a matrix product, ``(R + h) / R`` on R rows: the profile's
+    ``matmul_half_rows_in_out`` for a weight stored [in, out] (``op.weight_in_out``) where the
+    profile sets it, else its ``matmul_half_rows`` (0: none)."""
+    if op.weight_in_out and profile.matmul_half_rows_in_out is not None:
+        return profile.matmul_half_rows_in_out
+    return profile.matmul_half_rows or 0.0
 
 
 def warmup_factor(warmup_steps: float, steps: float) -> float:

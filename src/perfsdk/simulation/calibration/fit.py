@@ -86,6 +86,9 @@ class Observation:
     weight_rows: np.ndarray | None = None  # rows of each matrix product's weight as stored (0 for other ops)
     calls: float = 0.0  # (weighted) ATen calls the ops stand for, views included (the launches summed)
     captured: bool = False  # the ops are every ATen call of the model's own code (captured), views included
+    in_out: np.ndarray | None = None  # matrix products whose weight is stored [in, out] (a Conv1D)
+    #: rows of the small-M slowdown those products run without (the calibration's ``in_out_rows``)
+    in_out_rows: float = 0.0
     #: grouped products (mixture-of-experts), by op index: the row counts of the products each
     #: runs and how many of each (:func:`~perfsdk.simulation.costmodel.product_rows`)
     grouped: dict[int, tuple[list[float], list[float]]] = field(default_factory=dict)
@@ -128,6 +131,7 @@ class Observation:
                                    dtype=float),
                    weight_rows=np.array([weight_rows(o) if o.flops else 0 for o in ops], dtype=float),
                    calls=aten, captured=captured,
+                   in_out=np.array([o.category == "matmul" and o.weight_in_out for o in ops], dtype=bool),
                    grouped={i: product_rows(o) for i, o in enumerate(ops)
                             if o.category == "matmul" and o.groups and o.groups > 1})
 
@@ -159,7 +163,8 @@ class Observation:
         The small-M slowdown of a matrix product, ``(rows + h) / rows`` on its FLOPs, is
         ``flops * x_f + (flops / rows) * x_h`` with ``x_h = h * x_f``: linear in a coefficient of
         its own, fitted like the others. A fixed ``half_rows`` instead scales the FLOPs of the
-        first column. The bytes of a forward pass whose weights + KV cache fit ``cache_bytes``
+        first column. A product over a weight stored [in, out] (``in_out``) takes ``h`` less
+        ``in_out_rows``, at least 0, at the current ``h``. The bytes of a forward pass whose weights + KV cache fit ``cache_bytes``
         are split between the cache and memory rates (:func:`cached_fraction`). Matrix products with at least
         ``pack_rows`` rows repack their weights (a pass over them on top of max(compute,
         memory)). Attention also computes a softmax over its score elements (``x_s`` seconds
@@ -172,6 +177,11 @@ class Observation:
             memo[key] = (self.row_flops(pack_rows), float(self.weights @ self.packed_bytes(pack_rows)),
                          self.stored_rows(pack_rows))
         per_row, packed, weight_rows_sum = memo[key]
+        if self.in_out_rows and self.in_out is not None and self.in_out.any():
+            # a product over an [in, out] weight: h less in_out_rows (at least 0), a share of h
+            h_now = half_rows or (x_h / x_f if x_f > 0 else 0.0)
+            keep = max(0.0, 1.0 - self.in_out_rows / h_now) if h_now > 0 else 0.0
+            per_row = np.where(self.in_out, per_row * keep, per_row)
         if ("fixed", 0.0) not in memo:
             memo[("fixed", 0.0)] = self.scores if self.scores is not None else np.zeros_like(self.flops)
         scores = memo[("fixed", 0.0)]
@@ -266,6 +276,9 @@ class FitResult:
     #: torch threads and clock of a calibration measured here (what re-timing the reference repeats)
     threads: int | None = None
     clock: Literal["wall", "cpu"] | None = None
+    #: rows of the small-M slowdown a product over a weight stored [in, out] runs without
+    #: (measured by the micro-kernels' layout ladder; None: not measured, both layouts alike)
+    in_out_rows: float | None = None
     #: bootstrap refits' coefficients (PARAMS order), held-out errors ([prefill, decode]) and the
     #: reference workload's times relative to their median: see
     #: :class:`~perfsdk.hardware.profile.CalibrationRecord`
@@ -590,7 +603,7 @@ def profile_from_fit(result: FitResult, *, name: str = "host-calibrated", base: 
         cache_bytes=result.cache_bytes, pack_rows=result.pack_rows, reference=result.reference,
         reference_s=result.reference_s, reference_tracking=result.reference_tracking, drift_pct=result.drift_pct,
         normalised_drift_pct=result.normalised_drift_pct, passes=result.passes, threads=result.threads,
-        clock=result.clock)
+        clock=result.clock, in_out_rows=result.in_out_rows)
     cached = bool(result.cache_bytes) and k.get("s_per_cached_byte", 0) > 0
     where = "this host" if machine is None else f"{cpu} in stored runs"
     return HardwareProfile(
@@ -611,6 +624,8 @@ def profile_from_fit(result: FitResult, *, name: str = "host-calibrated", base: 
         prefill_overhead_s=result.coefficients["prefill_overhead_s"],
         decode_warmup_steps=result.decode_warmup_steps,
         matmul_half_rows=result.matmul_half_rows or None,
+        matmul_half_rows_in_out=(max(0.0, result.matmul_half_rows - result.in_out_rows)
+                                 if result.matmul_half_rows and result.in_out_rows is not None else None),
         matmul_pack_rows=result.pack_rows or None,
         matmul_pack_gbs=(1e-9 / result.coefficients["s_per_packed_byte"]
                          if result.pack_rows and result.coefficients.get("s_per_packed_byte", 0) > 0 else None),

@@ -315,7 +315,9 @@ def micro_observations(repeats: int = 7, clock: str = "wall", estimator: str = "
     streamed one-row products that differ only in their weights' rows (the cost per stored row:
     :func:`weight_row_cost`) and a staircase of streamed products of 1-8 rows (the repacking
     size: :func:`repacking_rows`) and one-row products cycled over working sets of 4 to 96 MiB
-    (the cache: :func:`measured_cache`), timed with torch on the current thread setting.
+    (the cache: :func:`measured_cache`) and products of 16 to 256 rows over one weight stored
+    as a linear layer and as a Conv1D stores it (the layouts' small-M gap: :func:`in_out_rows`),
+    timed with torch on the current thread setting.
 
     :func:`calibrate_here` fits the add only when the measured models leave the memory rate
     unidentified (every one of them in cache): one long stream reaches a bandwidth that a
@@ -357,6 +359,7 @@ def micro_observations(repeats: int = 7, clock: str = "wall", estimator: str = "
     pair = [ob for shape in MATVEC_PAIR for ob in _streamed_products(shape, best, (1,), label=_PAIR)]
     staircase = _streamed_products(STAIRCASE_WEIGHT, best, STAIRCASE_ROWS, label=_STAIRCASE)
     working_sets = _working_sets(best)
+    layouts = _layout_products(best)
     return [
         Observation("micro matmul 1024^3 fp32", "micro", t_mm, np.array([2.0 * n**3]), np.array([3.0 * n * n * 4]),
                     one, 0.0, np.array([float(n)])),
@@ -367,6 +370,7 @@ def micro_observations(repeats: int = 7, clock: str = "wall", estimator: str = "
         *pair,
         *staircase,
         *working_sets,
+        *layouts,
     ]
 
 
@@ -410,6 +414,77 @@ def _streamed_products(shape: tuple[int, int], best: Any, rows: tuple[int, ...],
                                weight_bytes=np.array([nbytes]),
                                weight_rows=np.array([float(n)]) if label == _PAIR else None, calls=1.0))
     return out
+
+
+#: The layout ladder (:func:`in_out_rows`): products of these rows over one fp32 weight of
+#: [out, in] = LAYOUT_WEIGHT, stored [out, in] (a linear layer) and [in, out] (a Conv1D), kept in
+#: cache (the kernel's speed, not the memory's); the last row count is the large product whose
+#: time per row is the unit of the gap
+LAYOUT_WEIGHT = (1152, 384)
+LAYOUT_ROWS = (16, 32, 48, 256)
+_LAYOUT = "micro layout"
+
+
+def _layout_products(best: Any) -> list[Observation]:
+    """The layout ladder: for each of :data:`LAYOUT_ROWS`, the time of one product over
+    :data:`LAYOUT_WEIGHT` stored as a linear layer stores it and as a Conv1D does (the same
+    ``F.linear`` call, the second over the transposed view of an [in, out] tensor). On a 2-core
+    x86 host, fp32: with one thread the [in, out] product of 16-48 rows ran 1.1-1.5 times faster,
+    with two threads 2.2-3.7 times; from 64 rows both ran alike."""
+    import torch
+
+    n, k = LAYOUT_WEIGHT
+    linear = torch.nn.functional.linear
+    stored = {"[out, in]": torch.randn(n, k), "[in, out]": torch.randn(k, n).t()}
+    out = []
+    for r in LAYOUT_ROWS:
+        x = torch.randn(r, k)
+        calls = max(2, 512 // r)
+        for layout, w in stored.items():
+            def run(w: Any = w, x: Any = x, calls: int = calls) -> None:
+                for _ in range(calls):
+                    linear(x, w)
+
+            nbytes = float(n * k * 4)
+            out.append(Observation(f"{_LAYOUT} {layout}: {r} rows over [{n}, {k}] fp32", "micro",
+                                   best(run) / calls, np.array([2.0 * r * n * k]),
+                                   np.array([nbytes + 4.0 * r * (n + k)]), np.ones(1), 0.0, np.array([float(r)]),
+                                   weight_bytes=np.array([nbytes]), calls=1.0))
+    return out
+
+
+def in_out_rows(micro: list[Observation]) -> float | None:
+    """Rows of the small-M slowdown that a product over a weight stored [in, out] runs without,
+    from the layout ladder among ``micro`` (None when it is missing): at each small row count R,
+    the [out, in] product's time less the [in, out] one's, in units of the time per row of the
+    largest [out, in] product; the median over the small R. A product over an [in, out] weight
+    then takes ``h - this`` (at least 0) for the fitted ``h`` (``matmul_half_rows_in_out``)."""
+    ladder: dict[tuple[str, float], float] = {}
+    for ob in micro:
+        if ob.label.startswith(_LAYOUT):
+            layout = ob.label[len(_LAYOUT) + 1:].split(":")[0]
+            ladder[(layout, float(ob.rows[0]))] = ob.measured_s  # type: ignore[index]
+    rows = sorted({r for _, r in ladder})
+    if len(rows) < 2 or any((lay, r) not in ladder for lay in ("[out, in]", "[in, out]") for r in rows):
+        return None
+    big = rows[-1]
+    per_row = ladder[("[out, in]", big)] / big
+    if not per_row > 0:
+        return None
+    gaps = [(ladder[("[out, in]", r)] - ladder[("[in, out]", r)]) / per_row for r in rows[:-1]]
+    return float(statistics.median(gaps))
+
+
+def in_out_text(gap: float, profile: HardwareProfile) -> str:
+    """What the layout ladder measured (``gap``: :func:`in_out_rows`) and what the profile
+    ``profile`` made of it, for the calibration's output."""
+    h, h_io = profile.matmul_half_rows or 0.0, profile.matmul_half_rows_in_out
+    said = (f"a product of {min(LAYOUT_ROWS)}-{sorted(LAYOUT_ROWS)[-2]} rows over a weight stored [in, out] "
+            f"(a Conv1D) ran {abs(gap):.1f} rows' time {'faster' if gap >= 0 else 'slower'} than over one stored "
+            f"[out, in] (a linear layer), median over the row counts")
+    if h_io is None:
+        return said + "; no small-M slowdown fitted, so both layouts are priced alike"
+    return said + f"; small-M slowdown (rows + h) / rows: h {h:.1f} for [out, in], {h_io:.1f} for [in, out]"
 
 
 #: The cache staircase (:func:`measured_cache`): one-row products over [1024, 1024] fp32 weights
@@ -990,12 +1065,16 @@ def fit_with_micro(micro: list[Observation], measured: list[Observation],
     held_cache = "cache_bytes" not in fit_kw
     if held_cache:
         fit_kw["cache_bytes"] = (cache or 0.0,)
+    layout_gap = in_out_rows(micro)
+    micro = [ob for ob in micro if not ob.label.startswith(_LAYOUT)]  # measures the layouts' gap only
     row_s = weight_row_cost(micro)
     if row_s is not None:
         # measured by the pair, held in every fit; the pair itself stays out (its weights stream
         # at the rate of one long cycle, which a model's matrices do not reach)
         fit_kw.setdefault("held", {"s_per_weight_row": row_s})
         micro = [ob for ob in micro if not ob.label.startswith(_PAIR)]
+    for ob in measured:  # products over [in, out] weights take the measured gap off h
+        ob.in_out_rows = layout_gap or 0.0
     fixed = [ob for ob in micro if not _streams_only(ob)]
     result = fit(fixed + measured, **fit_kw)
     if not result.coefficients["s_per_byte"] > 0 and len(fixed) < len(micro):
@@ -1003,6 +1082,7 @@ def fit_with_micro(micro: list[Observation], measured: list[Observation],
         result = fit(fixed + measured, **fit_kw)
     if held_cache:
         result.cache_note = measured_cache_note(cache, result)
+    result.in_out_rows = layout_gap
     return result, fixed
 
 
