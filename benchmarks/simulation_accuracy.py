@@ -43,7 +43,7 @@ Protocol
    later calibration's measured configurations against the first's at one reference level, by
    model (a model the reference did not track moves as a whole).
 
-Run: ``PYTHONPATH=src python benchmarks/simulation_accuracy.py [--threads 1] [--models all|extra]
+Run: ``PYTHONPATH=src python benchmarks/simulation_accuracy.py [--threads 1] [--models all|extra|conv1d]
 [--json out.json] [--markdown out.md]``. Random weights, nothing downloaded; about twenty minutes
 on two cores (two calibrations of about five minutes each, five measurement passes of about 85 s).
 """
@@ -73,6 +73,10 @@ FAMILY_MODELS = ["family:gpt2", "family:qwen2-tied", "family:phi3", "family:mixt
 # families only the any-model path describes (captured from their own code on the meta device,
 # no hand-written description): OPT, Falcon, Bloom, GPT-J, StableLM
 ANY_FAMILY_MODELS = ["family:opt", "family:falcon", "family:bloom", "family:gptj", "family:stablelm"]
+# GPT-2 at other widths and depths (``--models conv1d``): its layers' weights are stored [in, out]
+# (Conv1D), unlike every model the calibration measures, so their products of few rows are priced
+# by the layout ladder's gap (``matmul_half_rows_in_out``)
+CONV1D_FAMILY_MODELS = ["family:gpt2-wide", "family:gpt2-narrow"]
 EXTRA_FAMILY_MODELS = ["family:qwen3", "family:gemma", "family:gemma2", "family:gpt-neox", "family:starcoder2",
                        "family:olmo2", "family:granite", "family:qwen2-moe"]
 
@@ -124,6 +128,10 @@ def family_config(name: str) -> object:
                                 num_key_value_heads=4, **common)
     if name == "gpt2":
         return GPT2Config(n_embd=384, n_layer=4, n_head=6, vocab_size=8192, n_positions=512)
+    if name == "gpt2-wide":
+        return GPT2Config(n_embd=640, n_layer=2, n_head=10, vocab_size=8192, n_positions=512)
+    if name == "gpt2-narrow":
+        return GPT2Config(n_embd=192, n_layer=8, n_head=3, vocab_size=8192, n_positions=512)
     if name == "qwen2-tied":
         return Qwen2Config(hidden_size=384, intermediate_size=1024, num_hidden_layers=4, num_attention_heads=6,
                            num_key_value_heads=2, vocab_size=16384, tie_word_embeddings=True,
@@ -234,9 +242,10 @@ def main(argv: list[str] | None = None) -> int:
                     help="the calibration's clock (wall: what a run measures)")
     ap.add_argument("--no-normalise", action="store_true",
                     help="leave out the reference workload (no drift normalisation) in calibration and measurement")
-    ap.add_argument("--models", choices=["all", "llama", "families", "any", "extra"], default="all",
+    ap.add_argument("--models", choices=["all", "llama", "families", "any", "extra", "conv1d"], default="all",
                     help="which predicted models: the llama sizes, the four other families, the five families only "
-                         "the any-model path describes (any), all of these (all), or eight more families (extra)")
+                         "the any-model path describes (any), all of these (all), eight more families (extra), or "
+                         "GPT-2 at two other sizes (conv1d: weights stored [in, out])")
     ap.add_argument("--batches", type=_ints, default=BATCHES,
                     help=f"batch sizes predicted and measured, comma-separated (default {','.join(map(str, BATCHES))})")
     ap.add_argument("--outputs", type=_ints, default=OUTPUTS,
@@ -260,7 +269,8 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(args.threads)
     t0 = time.time()
     specs = {"all": TEST_MODELS + FAMILY_MODELS + ANY_FAMILY_MODELS, "llama": TEST_MODELS,
-             "families": FAMILY_MODELS, "any": ANY_FAMILY_MODELS, "extra": EXTRA_FAMILY_MODELS}[args.models]
+             "families": FAMILY_MODELS, "any": ANY_FAMILY_MODELS, "extra": EXTRA_FAMILY_MODELS,
+             "conv1d": CONV1D_FAMILY_MODELS}[args.models]
     models = {spec: build_model(spec) for spec in specs}
     if min(args.outputs) < 2 or min(args.batches) < 1 or args.input_tokens < 1:
         ap.error("--outputs must be at least 2 (a TPOT needs two tokens); --batches and --input-tokens at least 1")
