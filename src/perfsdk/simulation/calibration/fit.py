@@ -164,8 +164,9 @@ class Observation:
         ``flops * x_f + (flops / rows) * x_h`` with ``x_h = h * x_f``: linear in a coefficient of
         its own, fitted like the others. A fixed ``half_rows`` instead scales the FLOPs of the
         first column. A product over a weight stored [in, out] (``in_out``) takes ``h`` less
-        ``in_out_rows``, at least 0, at the current ``h``. The bytes of a forward pass whose weights + KV cache fit ``cache_bytes``
-        are split between the cache and memory rates (:func:`cached_fraction`). Matrix products with at least
+        ``in_out_rows``, at least 0, at the current ``h``. The bytes of a forward pass whose
+        weights + KV cache fit ``cache_bytes`` are split between the cache and memory rates
+        (:func:`cached_fraction`). Matrix products with at least
         ``pack_rows`` rows repack their weights (a pass over them on top of max(compute,
         memory)). Attention also computes a softmax over its score elements (``x_s`` seconds
         each, the profile's ``softmax_ns_per_element``), and a matrix product with weights
