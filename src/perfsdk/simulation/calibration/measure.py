@@ -429,13 +429,14 @@ def _layout_products(best: Any) -> list[Observation]:
     """The layout ladder: for each of :data:`LAYOUT_ROWS`, the time of one product over
     :data:`LAYOUT_WEIGHT` stored as a linear layer stores it and as a Conv1D does (the same
     ``F.linear`` call, the second over the transposed view of an [in, out] tensor). On a 2-core
-    x86 host, fp32: with one thread the [in, out] product of 16-48 rows ran 1.1-1.5 times faster,
-    with two threads 2.2-3.7 times; from 64 rows both ran alike."""
+    x86 host, fp32, three repetitions: with one thread the [in, out] product of 16-48 rows ran
+    1.2-1.6 times faster, with two threads 2.3-5.8 times; at 256 rows both ran alike."""
     import torch
 
     n, k = LAYOUT_WEIGHT
     linear = torch.nn.functional.linear
     stored = {"[out, in]": torch.randn(n, k), "[in, out]": torch.randn(k, n).t()}
+    nbytes = float(n * k * 4)
     out = []
     for r in LAYOUT_ROWS:
         x = torch.randn(r, k)
@@ -445,7 +446,6 @@ def _layout_products(best: Any) -> list[Observation]:
                 for _ in range(calls):
                     linear(x, w)
 
-            nbytes = float(n * k * 4)
             out.append(Observation(f"{_LAYOUT} {layout}: {r} rows over [{n}, {k}] fp32", "micro",
                                    best(run) / calls, np.array([2.0 * r * n * k]),
                                    np.array([nbytes + 4.0 * r * (n + k)]), np.ones(1), 0.0, np.array([float(r)]),
