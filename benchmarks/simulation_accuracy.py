@@ -77,6 +77,11 @@ ANY_FAMILY_MODELS = ["family:opt", "family:falcon", "family:bloom", "family:gptj
 # (Conv1D), unlike every model the calibration measures, so their products of few rows are priced
 # by the layout ladder's gap (``matmul_half_rows_in_out``)
 CONV1D_FAMILY_MODELS = ["family:gpt2-wide", "family:gpt2-narrow"]
+# real-size shapes of three families the calibration never sees (``--models sized``): GPT-2 small
+# (124M), a GPT-NeoX of Pythia-160M's shapes and an OPT of OPT-125M's (random weights): 0.5-0.65 GB
+# of fp32 weights and a 50k vocabulary, five to thirty times the bytes of the largest calibration
+# model, so their decode steps stream from memory what the calibration's models partly keep in cache
+SIZED_FAMILY_MODELS = ["family:gpt2-124m", "family:gpt-neox-160m", "family:opt-125m"]
 EXTRA_FAMILY_MODELS = ["family:qwen3", "family:gemma", "family:gemma2", "family:gpt-neox", "family:starcoder2",
                        "family:olmo2", "family:granite", "family:qwen2-moe"]
 
@@ -126,6 +131,14 @@ def family_config(name: str) -> object:
     if name == "stablelm":
         return t.StableLmConfig(hidden_size=256, intermediate_size=768, num_hidden_layers=4, num_attention_heads=4,
                                 num_key_value_heads=4, **common)
+    if name == "gpt2-124m":
+        return GPT2Config(n_embd=768, n_layer=12, n_head=12, vocab_size=50257, n_positions=1024)
+    if name == "gpt-neox-160m":
+        return t.GPTNeoXConfig(hidden_size=768, intermediate_size=3072, num_hidden_layers=12, num_attention_heads=12,
+                               rotary_pct=0.25, vocab_size=50304, max_position_embeddings=2048)
+    if name == "opt-125m":
+        return t.OPTConfig(hidden_size=768, ffn_dim=3072, num_hidden_layers=12, num_attention_heads=12,
+                           word_embed_proj_dim=768, vocab_size=50272, max_position_embeddings=2048)
     if name == "gpt2":
         return GPT2Config(n_embd=384, n_layer=4, n_head=6, vocab_size=8192, n_positions=512)
     if name == "gpt2-wide":
@@ -242,10 +255,11 @@ def main(argv: list[str] | None = None) -> int:
                     help="the calibration's clock (wall: what a run measures)")
     ap.add_argument("--no-normalise", action="store_true",
                     help="leave out the reference workload (no drift normalisation) in calibration and measurement")
-    ap.add_argument("--models", choices=["all", "llama", "families", "any", "extra", "conv1d"], default="all",
+    ap.add_argument("--models", choices=["all", "llama", "families", "any", "extra", "conv1d", "sized"], default="all",
                     help="which predicted models: the llama sizes, the four other families, the five families only "
                          "the any-model path describes (any), all of these (all), eight more families (extra), or "
-                         "GPT-2 at two other sizes (conv1d: weights stored [in, out])")
+                         "GPT-2 at two other sizes (conv1d: weights stored [in, out]), or three families at real "
+                         "checkpoints' sizes, 124-160M parameters (sized)")
     ap.add_argument("--batches", type=_ints, default=BATCHES,
                     help=f"batch sizes predicted and measured, comma-separated (default {','.join(map(str, BATCHES))})")
     ap.add_argument("--outputs", type=_ints, default=OUTPUTS,
@@ -270,7 +284,7 @@ def main(argv: list[str] | None = None) -> int:
     t0 = time.time()
     specs = {"all": TEST_MODELS + FAMILY_MODELS + ANY_FAMILY_MODELS, "llama": TEST_MODELS,
              "families": FAMILY_MODELS, "any": ANY_FAMILY_MODELS, "extra": EXTRA_FAMILY_MODELS,
-             "conv1d": CONV1D_FAMILY_MODELS}[args.models]
+             "conv1d": CONV1D_FAMILY_MODELS, "sized": SIZED_FAMILY_MODELS}[args.models]
     models = {spec: build_model(spec) for spec in specs}
     if min(args.outputs) < 2 or min(args.batches) < 1 or args.input_tokens < 1:
         ap.error("--outputs must be at least 2 (a TPOT needs two tokens); --batches and --input-tokens at least 1")
@@ -302,7 +316,8 @@ def main(argv: list[str] | None = None) -> int:
         profiles.append(profile_from_fit(fit, name="host-calibrated", note="benchmarks/simulation_accuracy.py"))
         walls.append(time.time() - tc)
         print(f"calibration {k + 1} in {time.time() - tc:.0f} s: {json.dumps(fit.coefficients)}, "
-              f"matmul_half_rows {fit.matmul_half_rows:.2f}, [in, out] weights {fit.in_out_rows} rows less, "
+              f"matmul_half_rows {fit.matmul_half_rows:.2f}, small-M gaps "
+              f"{fit.small_m_gaps.model_dump() if fit.small_m_gaps else None}, "
               f"pack_rows {fit.pack_rows}, "
               f"cache {fit.cache_bytes / 1e6:g} MB, decode warm-up {fit.decode_warmup_steps:.2f} steps, "
               f"{fit.passes} passes {fit.drift_pct or 0:.1f} % apart "

@@ -144,19 +144,24 @@ def test_calibrate_command_writes_profile(tmp_path: Path, monkeypatch: pytest.Mo
     assert (d["matmul_ns_per_weight_row"] or 0.0) == pytest.approx(float(row.group(1)), abs=0.051)
     cal = d["calibration"]
     assert len(cal["replicates"]) == 40 and len(cal["held_out"]) == 4
-    # the layout ladder: said, kept in the record, and the [in, out] products' h made of it
-    lay = re.search(r"layouts: a product of 16-48 rows over a weight stored \[in, out\] \(a Conv1D\) ran (\d+\.\d) "
-                    r"rows' time (faster|slower) than over one stored \[out, in\] \(a linear layer\), median over "
-                    r"the row counts; ", r.stderr)
-    assert lay is not None, r.stderr
-    gap = cal["in_out_rows"]
-    assert abs(gap) == pytest.approx(float(lay.group(1)), abs=0.051) and (gap >= 0) == (lay.group(2) == "faster")
+    # the layout ladder: said, kept in the record, and each product's h made of it
+    lay = re.search(r"layouts: small-M slowdown \(rows \+ h\) / rows by inner size K = 256, 384, 512, 768, 1024 \(the "
+                    r"layout ladder, products of 16-48 rows\): h ((?:\d+\.\d ?){5}) over a weight stored \[out, in\] "
+                    r"\(a linear layer\), ((?:\d+\.\d ?){5}) over one stored \[in, out\] \(a Conv1D\); fitted h "
+                    r"(\d+\.\d)$", r.stderr, re.M)
+    no_h = "layouts: products of 16-48 rows measured at inner sizes 256, 384, 512, 768, 1024; no small-M slowdown " \
+           "fitted, so every product is priced alike"
+    gaps = cal["small_m_gaps"]
+    assert gaps["inner"] == [256.0, 384.0, 512.0, 768.0, 1024.0]
     if d.get("matmul_half_rows"):  # the show command leaves unset fields out
-        assert d["matmul_half_rows_in_out"] == pytest.approx(max(0.0, d["matmul_half_rows"] - gap))
-        assert f"h {d['matmul_half_rows']:.1f} for [out, in], {d['matmul_half_rows_in_out']:.1f} for [in, out]" \
-            in r.stderr
+        assert lay is not None, r.stderr
+        assert d["matmul_small_m_gaps"] == gaps and float(lay.group(3)) == pytest.approx(d["matmul_half_rows"],
+                                                                                        abs=0.051)
+        for said, key in ((lay.group(1), "out_in"), (lay.group(2), "in_out")):
+            assert [float(v) for v in said.split()] == pytest.approx(
+                [max(0.0, d["matmul_half_rows"] - g) for g in gaps[key]], abs=0.051)
     else:
-        assert d.get("matmul_half_rows_in_out") is None and "both layouts are priced alike" in r.stderr
+        assert d.get("matmul_small_m_gaps") is None and no_h in r.stderr
     # every bootstrap refit kept it
     at = cal["params"].index("s_per_weight_row")
     assert {r[at] for r in cal["replicates"]} == {cal["coefficients"][at]}

@@ -1,23 +1,27 @@
-"""The weight's layout in the small-M slowdown: which products read a weight stored [in, out]
-(transformers' Conv1D) rather than [out, in] (a linear layer), the calibration's layout ladder
-that measures how many rows of the slowdown such a product runs without, and the cost model,
-the fit and the intervals that price it alike."""
+"""The weight's layout and the product's inner size in the small-M slowdown: which products read
+a weight stored [in, out] (transformers' Conv1D) rather than [out, in] (a linear layer), the
+calibration's layout ladder that measures, at several inner sizes, how many rows of the slowdown
+each product runs without, and the cost model, the fit and the intervals that price it alike."""
 
 from __future__ import annotations
+
+import tempfile
+from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
+import yaml
 
 from perfsdk.capture.ops import OpRecord
 from perfsdk.capture.recorder import OperationCapture
 from perfsdk.hardware.catalog import builtin_profiles
-from perfsdk.hardware.profile import CalibrationRecord
+from perfsdk.hardware.profile import CalibrationRecord, HardwareProfile, HardwareProfileError, SmallMGaps
 from perfsdk.simulation.calibration import Observation, profile_from_fit
 from perfsdk.simulation.calibration.fit import PARAMS
-from perfsdk.simulation.calibration.measure import (LAYOUT_ROWS, LAYOUT_WEIGHT, _LAYOUT, fit_with_micro,
-                                                    in_out_rows, in_out_text)
-from perfsdk.simulation.costmodel import compute_time_s, cost_op, half_rows
+from perfsdk.simulation.calibration.measure import (LAYOUT_INNER, LAYOUT_OUT, LAYOUT_ROWS, _LAYOUT, fit_with_micro,
+                                                    ladder_half_rows, small_m_gaps, small_m_text)
+from perfsdk.simulation.costmodel import compute_time_s, cost_op, half_rows, inner_size
 from perfsdk.simulation.uncertainty import replicate_ratios
 
 from tests.test_simulation_fit import TRUTH, _observations
@@ -103,93 +107,163 @@ def test_a_product_over_an_in_out_weight_takes_its_own_h() -> None:
     assert compute_time_s(conv, flat) == pytest.approx(base)
 
 
-def _ladder(gaps: dict[int, float], h: float = 40.0, per_row: float = 2e-6) -> list[Observation]:
-    """The layout ladder of a machine whose [out, in] products take ``(R + h)`` rows' time and
-    whose [in, out] ones ``gaps[R]`` rows less (the largest row count: both ``R`` rows)."""
-    n, k = LAYOUT_WEIGHT
+GAPS = SmallMGaps(inner=[256, 1024], out_in=[0.0, 40.0], in_out=[30.0, 30.0])
+
+
+def test_with_gaps_each_product_takes_h_less_its_layouts_gap_at_its_inner_size() -> None:
+    base_prof = builtin_profiles()["host-cpu"]
+    prof = base_prof.model_copy(update={
+        "matmul_half_rows": 50.0, "matmul_half_rows_in_out": 6.0, "matmul_small_m_gaps": GAPS,
+        "compute_efficiency": 1.0, "peak_tflops": base_prof.peak_tflops.model_copy(update={"fp32": 0.1})})
+    assert inner_size(_product(32, False, k=768)) == 768.0 and inner_size(_product(1, True, k=96)) == 96.0
+    # [out, in]: 0 rows off at K <= 256, 40 from K = 1024, 20 halfway between them in log K (512)
+    assert half_rows(_product(32, False, k=128), prof) == 50.0
+    assert half_rows(_product(32, False, k=256), prof) == 50.0
+    assert half_rows(_product(32, False, k=512), prof) == pytest.approx(30.0, rel=1e-12)
+    assert half_rows(_product(32, False, k=1024), prof) == 10.0
+    assert half_rows(_product(32, False, k=4096), prof) == 10.0
+    # [in, out]: 30 off at every size (the table takes the place of matmul_half_rows_in_out)
+    assert half_rows(_product(32, True, k=512), prof) == 20.0
+    base = 2 * 32 * 512 * 1536 / 1e11
+    assert compute_time_s(_product(32, False, k=512), prof) == pytest.approx(base * (32 + 30) / 32, rel=1e-12)
+    assert compute_time_s(_product(32, True, k=512), prof) == pytest.approx(base * (32 + 20) / 32, rel=1e-12)
+    # a gap beyond h leaves no slowdown, never a speed-up; no h at all: none
+    assert half_rows(_product(32, False, k=1024), prof.model_copy(update={"matmul_half_rows": 25.0})) == 0.0
+    assert half_rows(_product(32, False, k=256), prof.model_copy(update={"matmul_half_rows": None})) == 0.0
+    # a negative gap (a slower kernel than the median's) adds to h
+    slower = prof.model_copy(update={"matmul_small_m_gaps": SmallMGaps(inner=[512], out_in=[-8.0], in_out=[0.0])})
+    assert half_rows(_product(32, False, k=64), slower) == 58.0
+
+
+def test_the_gaps_are_checked_and_round_trip_through_the_profile_yaml() -> None:
+    from perfsdk.hardware.profile import load_profile_file, profile_to_yaml
+
+    prof = builtin_profiles()["host-cpu"].model_copy(update={"matmul_half_rows": 50.0,
+                                                             "matmul_small_m_gaps": GAPS})
+    again = HardwareProfile.model_validate(yaml.safe_load(profile_to_yaml(prof)))
+    assert again.matmul_small_m_gaps == GAPS
+    with pytest.raises(ValueError, match=r"one gap per inner size \(2\), got 1 and 2"):
+        SmallMGaps(inner=[256, 1024], out_in=[0.0], in_out=[1.0, 2.0])
+    with pytest.raises(ValueError, match="inner sizes must be positive and ascending"):
+        SmallMGaps(inner=[1024, 256], out_in=[0.0, 1.0], in_out=[1.0, 2.0])
+    bad = profile_to_yaml(prof).replace("- 1024.0", "- 100.0")
+    path = Path(tempfile.mkdtemp()) / "bad.yaml"
+    path.write_text(bad)
+    with pytest.raises(HardwareProfileError, match="matmul_small_m_gaps"):
+        load_profile_file(path)
+
+
+def _ladder(h: dict[tuple[str, int], dict[int, float]], per_row: dict[int, float] | None = None) -> list[Observation]:
+    """The layout ladder of a machine whose products of R rows at inner size K take ``(R + h)``
+    rows' time, ``h[(layout, K)][R]`` (the largest row count: ``R`` rows' time)."""
     out = []
     big = max(LAYOUT_ROWS)
-    for r in LAYOUT_ROWS:
-        t_lin = (r + (h if r < big else 0.0)) * per_row
-        for layout, t in (("[out, in]", t_lin), ("[in, out]", t_lin - (gaps[r] if r < big else 0.0) * per_row)):
-            out.append(Observation(f"{_LAYOUT} {layout}: {r} rows over [{n}, {k}] fp32", "micro", t,
-                                   np.array([2.0 * r * n * k]), np.array([4.0 * n * k]), np.ones(1), 0.0,
-                                   np.array([float(r)]), calls=1.0))
+    for k in LAYOUT_INNER:
+        unit = (per_row or {}).get(k, 1e-6 * k / 256)
+        for r in LAYOUT_ROWS:
+            for layout in ("[out, in]", "[in, out]"):
+                extra = h[(layout, k)][r] if r < big else 0.0
+                out.append(Observation(f"{_LAYOUT} {layout}: {r} rows over [{LAYOUT_OUT}, {k}] fp32", "micro",
+                                       (r + extra) * unit, np.array([2.0 * r * LAYOUT_OUT * k]),
+                                       np.array([4.0 * LAYOUT_OUT * k]), np.ones(1), 0.0, np.array([float(r)]),
+                                       calls=1.0))
     return out
 
 
-def test_the_layout_ladder_measures_the_rows_an_in_out_product_runs_without() -> None:
-    assert LAYOUT_ROWS == (16, 32, 48, 256) and LAYOUT_WEIGHT == (1152, 384)
-    assert in_out_rows(_ladder({16: 24.0, 32: 24.0, 48: 24.0})) == pytest.approx(24.0)
-    # the median over the small row counts
-    assert in_out_rows(_ladder({16: 70.0, 32: 30.0, 48: 12.0})) == pytest.approx(30.0)
-    # an [in, out] product slower than the [out, in] one: a negative gap, said as it is
-    assert in_out_rows(_ladder({16: -5.0, 32: -4.0, 48: -6.0})) == pytest.approx(-5.0)
+def _flat(oi: dict[int, float], io: dict[int, float]) -> dict[tuple[str, int], dict[int, float]]:
+    return {**{("[out, in]", k): dict.fromkeys(LAYOUT_ROWS[:-1], v) for k, v in oi.items()},
+            **{("[in, out]", k): dict.fromkeys(LAYOUT_ROWS[:-1], v) for k, v in io.items()}}
+
+
+def test_the_layout_ladder_measures_h_by_layout_and_inner_size() -> None:
+    assert LAYOUT_ROWS == (16, 32, 48, 256) and LAYOUT_OUT == 1152 and LAYOUT_INNER == (256, 384, 512, 768, 1024)
+    # two threads on the x86 host: a slow [out, in] kernel up to K = 512, a fast one beyond
+    h = _flat({256: 80.0, 384: 90.0, 512: 85.0, 768: 15.0, 1024: 20.0}, dict.fromkeys(LAYOUT_INNER, 10.0))
+    h[("[in, out]", 384)] = {16: 40.0, 32: 4.0, 48: 12.0}  # the median over the small row counts
+    measured = ladder_half_rows(_ladder(h))
+    assert measured[("[out, in]", 384.0)] == pytest.approx(90.0, rel=1e-9)
+    assert measured[("[in, out]", 384.0)] == pytest.approx(12.0, rel=1e-9)
+    gaps = small_m_gaps(_ladder(h))
+    assert gaps is not None and gaps.inner == [256.0, 384.0, 512.0, 768.0, 1024.0]
+    # taken from the median [out, in] h (80): slower kernels get a negative gap
+    assert gaps.out_in == pytest.approx([0.0, -10.0, -5.0, 65.0, 60.0], rel=1e-9)
+    assert gaps.in_out == pytest.approx([70.0, 68.0, 70.0, 70.0, 70.0], rel=1e-9)
     # one layout missing at a row count, or no ladder at all: not measured
-    ladder = _ladder({16: 24.0, 32: 24.0, 48: 24.0})
-    assert in_out_rows(ladder[1:]) is None and in_out_rows([]) is None
+    assert small_m_gaps(_ladder(h)[1:]) is None and small_m_gaps([]) is None and ladder_half_rows([]) == {}
 
 
-def test_the_fit_keeps_the_gap_and_the_profile_prices_in_out_products_as_the_fit_does() -> None:
+def test_the_fit_prices_each_product_with_its_gap_and_the_profile_does_the_same() -> None:
     obs, lists = _observations(np.random.default_rng(3))
     h_true = TRUTH["s_per_row_flop"] / TRUTH["s_per_flop"]  # 7.3
-    res, kept = fit_with_micro(_ladder({16: 5.0, 32: 5.0, 48: 5.0}), obs, cache_bytes=(0.0,), pack_rows=(0.0,))
+    ladder = _ladder(_flat({256: 9.0, 384: 10.0, 512: 10.0, 768: 6.0, 1024: 4.0}, dict.fromkeys(LAYOUT_INNER, 7.0)))
+    table = small_m_gaps(ladder)
+    assert table is not None and table.out_in == pytest.approx([0.0, -1.0, -1.0, 3.0, 5.0])
+    assert table.in_out == pytest.approx([2.0] * 5)
+    truth = np.array([TRUTH[p] for p in PARAMS])
+    for o in obs:  # the machine: each product at h less its gap
+        o.small_m_gaps = table
+        o.measured_s = o.predict(truth)
+        o.small_m_gaps = None
+    res, kept = fit_with_micro(ladder, obs, cache_bytes=(0.0,), pack_rows=(0.0,))
     assert kept == []  # the ladder is not fitted as observations
-    assert res.in_out_rows == pytest.approx(5.0)
-    assert res.matmul_half_rows == pytest.approx(h_true, rel=1e-6)  # no [in, out] product among them
+    assert res.small_m_gaps == table and all(o.small_m_gaps == table for o in obs)
+    assert res.matmul_half_rows == pytest.approx(h_true, rel=1e-6)
     prof = profile_from_fit(res, name="fitted")
-    assert prof.matmul_half_rows_in_out == pytest.approx(h_true - 5.0, rel=1e-6)
-    assert prof.calibration is not None and prof.calibration.in_out_rows == pytest.approx(5.0)
-    # an [in, out] product priced by the profile and by the fit's observation: one model
+    assert prof.matmul_small_m_gaps == table and prof.matmul_half_rows_in_out is None
+    assert prof.calibration is not None and prof.calibration.small_m_gaps == table
     x = np.array([res.coefficients[p] for p in PARAMS])
     for rows in (16, 64, 300):
-        ops = [_product(rows, True), _product(rows, False)]
-        ob = Observation.from_ops("mixed", "prefill", 1.0, ops)
-        ob.in_out_rows = res.in_out_rows or 0.0
-        simulated = sum(cost_op(op, prof).time_s for op in ops) + prof.step_overhead_s
-        assert ob.predict(x) == pytest.approx(simulated, rel=1e-9), rows
-        # the [in, out] product costs (R + h - gap) / (R + h) of the [out, in] one's compute
-        assert compute_time_s(ops[0], prof) / compute_time_s(ops[1], prof) == pytest.approx(
-            (rows + h_true - 5.0) / (rows + h_true), rel=1e-6)
-    # a gap beyond h: no slowdown left, never a speed-up
-    big, _ = fit_with_micro(_ladder({16: 20.0, 32: 20.0, 48: 20.0}), obs, cache_bytes=(0.0,), pack_rows=(0.0,))
-    assert profile_from_fit(big, name="big").matmul_half_rows_in_out == 0.0
-    # no ladder: both layouts alike
+        for k in (128, 300, 512, 900, 2048):
+            ops = [_product(rows, True, k=k), _product(rows, False, k=k)]
+            ob = Observation.from_ops("mixed", "prefill", 1.0, ops)
+            ob.small_m_gaps = table
+            simulated = sum(cost_op(op, prof).time_s for op in ops) + prof.step_overhead_s
+            assert ob.predict(x) == pytest.approx(simulated, rel=1e-9), (rows, k)
+    # K = 1024 [out, in]: h 7.3 - 5; [in, out] everywhere 7.3 - 2
+    assert compute_time_s(_product(64, False, k=1024), prof) / compute_time_s(_product(64, True, k=1024), prof) \
+        == pytest.approx((64 + h_true - 5.0) / (64 + h_true - 2.0), rel=1e-6)
+    # no ladder: every product alike
     none, _ = fit_with_micro([], obs, cache_bytes=(0.0,), pack_rows=(0.0,))
-    assert none.in_out_rows is None and profile_from_fit(none, name="n").matmul_half_rows_in_out is None
+    assert none.small_m_gaps is None and profile_from_fit(none, name="n").matmul_small_m_gaps is None
 
 
 def test_the_calibration_says_what_the_ladder_measured() -> None:
-    prof = builtin_profiles()["host-cpu"].model_copy(update={"matmul_half_rows": 26.0,
-                                                             "matmul_half_rows_in_out": 14.5})
-    assert in_out_text(11.5, prof) == (
-        "a product of 16-48 rows over a weight stored [in, out] (a Conv1D) ran 11.5 rows' time faster than over one "
-        "stored [out, in] (a linear layer), median over the row counts; small-M slowdown (rows + h) / rows: h 26.0 "
-        "for [out, in], 14.5 for [in, out]")
-    flat = prof.model_copy(update={"matmul_half_rows": None, "matmul_half_rows_in_out": None})
-    assert in_out_text(-2.0, flat).endswith("ran 2.0 rows' time slower than over one stored [out, in] (a linear "
-                                            "layer), median over the row counts; no small-M slowdown fitted, so "
-                                            "both layouts are priced alike")
+    prof = builtin_profiles()["host-cpu"].model_copy(update={"matmul_half_rows": 50.0})
+    gaps = SmallMGaps(inner=[256, 512, 1024], out_in=[-4.0, 0.0, 45.5], in_out=[41.0, 40.0, 60.0])
+    assert small_m_text(gaps, prof) == (
+        "small-M slowdown (rows + h) / rows by inner size K = 256, 512, 1024 (the layout ladder, products of 16-48 "
+        "rows): h 54.0 50.0 4.5 over a weight stored [out, in] (a linear layer), 9.0 10.0 0.0 over one stored "
+        "[in, out] (a Conv1D); fitted h 50.0")
+    flat = prof.model_copy(update={"matmul_half_rows": None})
+    assert small_m_text(gaps, flat) == ("products of 16-48 rows measured at inner sizes 256, 512, 1024; no small-M "
+                                        "slowdown fitted, so every product is priced alike")
 
 
-def test_the_intervals_refit_h_of_in_out_products_with_every_replicate() -> None:
-    """Replicates that differ in h only: an [in, out] product's cost moves with h less the gap,
-    the [out, in] one's with h."""
+def test_the_intervals_refit_h_of_each_product_less_its_gap_with_every_replicate() -> None:
+    """Replicates that differ in h only: each product's cost moves with h less its gap, a
+    record from before the gaps (``in_out_rows``) takes that gap off [in, out] products only."""
     x = np.array([{**TRUTH, "s_per_row_flop": 20 * TRUTH["s_per_flop"]}.get(p, 0.0) for p in PARAMS])
     reps = []
     for h in (10.0, 20.0, 30.0):
         r = x.copy()
         r[PARAMS.index("s_per_row_flop")] = h * TRUTH["s_per_flop"]
         reps.append(list(r))
-    cal = CalibrationRecord(host="h", fitted_at="now", params=list(PARAMS), coefficients=list(x), replicates=reps,
-                            in_out_rows=12.0)
     rows = 64
-    ratios = replicate_ratios(cal, {"prefill": [_product(rows, True)], "decode": [_product(rows, False)]})
     flops = 2 * rows * 512 * 1536 * TRUTH["s_per_flop"]  # compute-bound: bytes take a tenth of that
     # the fixed part: one step, one op, the weight's stored rows (512 as [in, out], 1536 as [out, in])
     fixed = TRUTH["step_overhead_s"] + TRUTH["op_overhead_s"]
-    io = [flops * (rows + max(0.0, h - 12.0)) / rows + fixed + 512 * TRUTH["s_per_weight_row"]
-          for h in (10.0, 20.0, 30.0)]
-    lin = [flops * (rows + h) / rows + fixed + 1536 * TRUTH["s_per_weight_row"] for h in (10.0, 20.0, 30.0)]
-    assert list(ratios["prefill"]) == pytest.approx([t / io[1] for t in io], rel=1e-9)
-    assert list(ratios["decode"]) == pytest.approx([t / lin[1] for t in lin], rel=1e-9)
+
+    def costs(gap: float, stored: int) -> list[float]:
+        return [flops * (rows + max(0.0, h - gap)) / rows + fixed + stored * TRUTH["s_per_weight_row"]
+                for h in (10.0, 20.0, 30.0)]
+
+    table = SmallMGaps(inner=[256, 1024], out_in=[0.0, 16.0], in_out=[12.0, 12.0])
+    for cal, io_gap, oi_gap in (
+            (CalibrationRecord(host="h", fitted_at="now", params=list(PARAMS), coefficients=list(x),
+                               replicates=reps, small_m_gaps=table), 12.0, 8.0),  # K = 512: 8 off [out, in]
+            (CalibrationRecord(host="h", fitted_at="now", params=list(PARAMS), coefficients=list(x),
+                               replicates=reps, in_out_rows=12.0), 12.0, 0.0)):
+        ratios = replicate_ratios(cal, {"prefill": [_product(rows, True)], "decode": [_product(rows, False)]})
+        io, lin = costs(io_gap, 512), costs(oi_gap, 1536)
+        assert list(ratios["prefill"]) == pytest.approx([t / io[1] for t in io], rel=1e-9)
+        assert list(ratios["decode"]) == pytest.approx([t / lin[1] for t in lin], rel=1e-9)

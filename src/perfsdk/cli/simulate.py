@@ -423,7 +423,7 @@ def calibrate_command(models: tuple[str, ...], repeats: int, passes: int, max_pa
     """Fit a host profile (FLOP/s, bandwidth, per-op and per-step overhead) from short measured runs,
     or with --from-store from runs already measured and stored."""
     from perfsdk.simulation.calibration import calibrate_from_store, calibrate_here, profile_from_fit
-    from perfsdk.simulation.calibration.measure import in_out_text
+    from perfsdk.simulation.calibration.measure import small_m_text
 
     def progress(m: Any) -> None:
         click.echo(f"measured {m.model} batch {m.batch_size} in {m.input_tokens} out {m.output_tokens}: "
@@ -459,8 +459,8 @@ def calibrate_command(models: tuple[str, ...], repeats: int, passes: int, max_pa
         if result.cache_note:
             click.echo(f"cache: {result.cache_note}", err=True)
         profile = profile_from_fit(result, name=name, note=note)
-        if result.in_out_rows is not None:
-            click.echo(f"layouts: {in_out_text(result.in_out_rows, profile)}", err=True)
+        if result.small_m_gaps is not None:
+            click.echo(f"layouts: {small_m_text(result.small_m_gaps, profile)}", err=True)
     except ValueError as exc:
         _fail(str(exc))
         return
@@ -472,8 +472,8 @@ def calibrate_command(models: tuple[str, ...], repeats: int, passes: int, max_pa
     if as_json:
         click.echo(json.dumps({"coefficients": result.coefficients, "errors_pct": result.errors_pct,
                                "matmul_half_rows": result.matmul_half_rows, "matmul_pack_rows": result.pack_rows,
-                               "in_out_rows": result.in_out_rows,
-                               "matmul_half_rows_in_out": profile.matmul_half_rows_in_out,
+                               "matmul_small_m_gaps": (profile.matmul_small_m_gaps.model_dump()
+                                                       if profile.matmul_small_m_gaps else None),
                                "cache_bytes": result.cache_bytes, "cache_note": result.cache_note,
                                "decode_warmup_steps": result.decode_warmup_steps,
                                "drift_pct": result.drift_pct,

@@ -90,6 +90,44 @@ class PeakTflops(_Strict):
         return {k: v for k in type(self).model_fields if (v := getattr(self, k)) is not None}
 
 
+class SmallMGaps(_Strict):
+    """Rows taken off the small-M slowdown ``h`` of a matrix product, by how its weight is stored
+    and by its inner size K (the input features the product sums over), as a host's calibration
+    measured them: a product of inner size K over a weight stored [out, in] (a linear layer) takes
+    ``max(0, h - out_in(K))``, over one stored [in, out] (a Conv1D) ``max(0, h - in_out(K))``; each
+    gap linear in log K between the listed sizes and held beyond them."""
+
+    inner: list[float] = Field(min_length=1, description="Inner sizes K measured, ascending")
+    out_in: list[float] = Field(description="Gap in rows at each inner size, weight stored [out, in]")
+    in_out: list[float] = Field(description="Gap in rows at each inner size, weight stored [in, out]")
+
+    @model_validator(mode="after")
+    def _aligned(self) -> SmallMGaps:
+        if len(self.out_in) != len(self.inner) or len(self.in_out) != len(self.inner):
+            raise ValueError(f"out_in and in_out need one gap per inner size ({len(self.inner)}), "
+                             f"got {len(self.out_in)} and {len(self.in_out)}")
+        if any(k <= 0 for k in self.inner) or any(b <= a for a, b in zip(self.inner, self.inner[1:])):
+            raise ValueError(f"inner sizes must be positive and ascending, got {self.inner}")
+        return self
+
+    def gap(self, inner: float, in_out: bool) -> float:
+        """The gap of a product of inner size ``inner`` (at most 0: the smallest size's) over a
+        weight stored [in, out] (``in_out``) or [out, in]."""
+        import math
+
+        ys = self.in_out if in_out else self.out_in
+        if inner <= self.inner[0]:
+            return ys[0]
+        if inner >= self.inner[-1]:
+            return ys[-1]
+        x = math.log(inner)
+        for (k0, y0), (k1, y1) in zip(zip(self.inner, ys), zip(self.inner[1:], ys[1:])):
+            if inner <= k1:
+                t = (x - math.log(k0)) / (math.log(k1) - math.log(k0))
+                return y0 + t * (y1 - y0)
+        return ys[-1]
+
+
 class CalibrationRecord(_Strict):
     """What a calibration on a host keeps so that its predictions can state their uncertainty.
 
@@ -146,8 +184,21 @@ class CalibrationRecord(_Strict):
         default=None,
         description="Rows of the small-M slowdown that a product over a weight stored [in, out] runs without, "
                     "against the same product over a weight stored [out, in], measured by the calibration's "
-                    "micro-kernels: such a product's h is max(0, matmul_half_rows - this)")
+                    "micro-kernels: such a product's h is max(0, matmul_half_rows - this) (profiles before "
+                    "small_m_gaps)")
+    small_m_gaps: SmallMGaps | None = Field(
+        default=None,
+        description="The small-M slowdown's gaps by weight layout and inner size that the calibration's layout "
+                    "ladder measured and its fit priced the measured products with (the profile's "
+                    "matmul_small_m_gaps)")
     clock: Literal["wall", "cpu"] | None = Field(default=None, description="The clock its times were taken on")
+
+    def layout_gaps(self) -> SmallMGaps | None:
+        """``small_m_gaps``; for a record from before them, ``in_out_rows`` as the gap of every
+        product over a weight stored [in, out], whatever its inner size (None: neither)."""
+        if self.small_m_gaps is not None or self.in_out_rows is None:
+            return self.small_m_gaps
+        return SmallMGaps(inner=[1.0], out_in=[0.0], in_out=[self.in_out_rows])
 
     def speed_factor(self, reference_now_s: float) -> float:
         """How much longer every time takes with the reference workload at ``reference_now_s``
@@ -214,7 +265,15 @@ class HardwareProfile(_Strict):
         default=None, ge=0,
         description="matmul_half_rows for a matrix product whose weight is stored [in, out] (transformers' "
                     "Conv1D) instead of [out, in] (a linear layer's): a CPU kernel runs products of few rows at "
-                    "another speed on each layout. Unset: matmul_half_rows for both")
+                    "another speed on each layout. Unset: matmul_half_rows for both. matmul_small_m_gaps, "
+                    "where set, takes its place")
+    matmul_small_m_gaps: SmallMGaps | None = Field(
+        default=None,
+        description="Rows taken off matmul_half_rows by the weight's layout and the product's inner size K (the "
+                    "input features it sums over): a CPU kernel's speed on products of few rows depends on both "
+                    "(with two threads on one x86 host, [out, in] products of R = 16-48 rows took (R + 64 to 104) / R "
+                    "of their full-speed time at K <= 640, (R + 10 to 38) / R at K >= 768). Measured by perfsdk calibrate; unset: "
+                    "matmul_half_rows_in_out, else matmul_half_rows for every product")
     matmul_ns_per_weight_row: float | None = Field(
         default=None, ge=0,
         description="Fixed cost of each row of a matrix product's weight as stored (the output features of a "

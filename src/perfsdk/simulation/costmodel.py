@@ -7,7 +7,9 @@ For one operation on one device (profile ``P``)::
                   attention adds score elements * softmax ns_per_element; a matrix product with
                   R output rows is slowed by (R + P.matmul_half_rows) / R, small-M inefficiency
                   (from 4 * P.matmul_pack_rows rows when that is set: small_m_applies; a weight
-                  stored [in, out] takes P.matmul_half_rows_in_out where that is set: half_rows))
+                  stored [in, out] takes P.matmul_half_rows_in_out where that is set; with
+                  P.matmul_small_m_gaps, h less the gap of the weight's layout and the product's
+                  inner size: half_rows))
     memory_s   = (bytes_read + bytes_written) / (P.memory_bandwidth * P.memory_efficiency)
                  (with P.cache_mb: a forward pass touching R bytes of weights + KV cache has
                   min(1, cache / R) of its bytes served at P.cache_bandwidth instead; an
@@ -257,13 +259,25 @@ def compute_time_s(op: OpRecord, profile: HardwareProfile, dtype: str | None = N
     return t
 
 
+def inner_size(op: OpRecord) -> float:
+    """The inner size K of a matrix product (the input features it sums over): its FLOPs over
+    twice its output elements (0 when either is unknown)."""
+    return op.flops / (2.0 * op.elements) if op.category == "matmul" and op.flops and op.elements else 0.0
+
+
 def half_rows(op: OpRecord, profile: HardwareProfile) -> float:
-    """The small-M slowdown's h for a matrix product, ``(R + h) / R`` on R rows: the profile's
-    ``matmul_half_rows_in_out`` for a weight stored [in, out] (``op.weight_in_out``) where the
-    profile sets it, else its ``matmul_half_rows`` (0: none)."""
+    """The small-M slowdown's h for a matrix product, ``(R + h) / R`` on R rows: with the
+    profile's ``matmul_small_m_gaps``, its ``matmul_half_rows`` less the gap of the product's
+    weight layout (``op.weight_in_out``) and inner size (:func:`inner_size`), at least 0;
+    without, ``matmul_half_rows_in_out`` for a weight stored [in, out] where the profile sets it,
+    else ``matmul_half_rows`` (0: none)."""
+    h = profile.matmul_half_rows or 0.0
+    gaps = profile.matmul_small_m_gaps
+    if gaps is not None:
+        return max(0.0, h - gaps.gap(inner_size(op), op.weight_in_out)) if h else 0.0
     if op.weight_in_out and profile.matmul_half_rows_in_out is not None:
         return profile.matmul_half_rows_in_out
-    return profile.matmul_half_rows or 0.0
+    return h
 
 
 def warmup_factor(warmup_steps: float, steps: float) -> float:

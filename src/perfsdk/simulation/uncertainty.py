@@ -182,7 +182,7 @@ def replicate_ratios(cal: CalibrationRecord, phase_ops: dict[str, list[OpRecord]
     out: dict[str, np.ndarray] = {}
     for phase, ops in phase_ops.items():
         obs = _phase_observation(ops, phase, step_weights)
-        obs.in_out_rows = cal.in_out_rows or 0.0
+        obs.small_m_gaps = cal.layout_gaps()
         base = obs.predict(central, 0.0, cal.cache_bytes, cal.pack_rows)
         out[phase] = np.array([obs.predict(r, 0.0, cal.cache_bytes, cal.pack_rows) / base if base > 0 else 1.0
                                for r in reps])

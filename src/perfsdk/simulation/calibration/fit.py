@@ -49,11 +49,11 @@ from typing import Any, Literal
 import numpy as np
 import structlog
 
-from perfsdk.hardware.profile import HardwareProfile
+from perfsdk.hardware.profile import HardwareProfile, SmallMGaps
 from perfsdk.capture.ops import OpRecord
-from perfsdk.simulation.costmodel import (matmul_rows, op_bytes, pack_passes, product_rows, products_pack_passes,
-                                          products_small_m, resident_bytes, small_m_applies, weight_row_applies,
-                                          weight_row_share, weight_rows)
+from perfsdk.simulation.costmodel import (inner_size, matmul_rows, op_bytes, pack_passes, product_rows,
+                                          products_pack_passes, products_small_m, resident_bytes, small_m_applies,
+                                          weight_row_applies, weight_row_share, weight_rows)
 
 log = structlog.get_logger("perfsdk.simulation.calibration")
 
@@ -87,8 +87,10 @@ class Observation:
     calls: float = 0.0  # (weighted) ATen calls the ops stand for, views included (the launches summed)
     captured: bool = False  # the ops are every ATen call of the model's own code (captured), views included
     in_out: np.ndarray | None = None  # matrix products whose weight is stored [in, out] (a Conv1D)
-    #: rows of the small-M slowdown those products run without (the calibration's ``in_out_rows``)
-    in_out_rows: float = 0.0
+    inner: np.ndarray | None = None  # inner size K of each matrix product (0 for other ops)
+    #: rows of the small-M slowdown each product runs without, by its weight's layout and inner
+    #: size (the calibration's layout ladder: ``matmul_small_m_gaps``); None: every product alike
+    small_m_gaps: SmallMGaps | None = None
     #: grouped products (mixture-of-experts), by op index: the row counts of the products each
     #: runs and how many of each (:func:`~perfsdk.simulation.costmodel.product_rows`)
     grouped: dict[int, tuple[list[float], list[float]]] = field(default_factory=dict)
@@ -132,6 +134,7 @@ class Observation:
                    weight_rows=np.array([weight_rows(o) if o.flops else 0 for o in ops], dtype=float),
                    calls=aten, captured=captured,
                    in_out=np.array([o.category == "matmul" and o.weight_in_out for o in ops], dtype=bool),
+                   inner=np.array([inner_size(o) for o in ops], dtype=float),
                    grouped={i: product_rows(o) for i, o in enumerate(ops)
                             if o.category == "matmul" and o.groups and o.groups > 1})
 
@@ -163,8 +166,9 @@ class Observation:
         The small-M slowdown of a matrix product, ``(rows + h) / rows`` on its FLOPs, is
         ``flops * x_f + (flops / rows) * x_h`` with ``x_h = h * x_f``: linear in a coefficient of
         its own, fitted like the others. A fixed ``half_rows`` instead scales the FLOPs of the
-        first column. A product over a weight stored [in, out] (``in_out``) takes ``h`` less
-        ``in_out_rows``, at least 0, at the current ``h``. The bytes of a forward pass whose
+        first column. With ``small_m_gaps``, each product takes ``h`` less the gap of its weight's
+        layout (``in_out``) and inner size (its gap's rows off the first column: linear), none
+        where the gap reaches the current ``h``. The bytes of a forward pass whose
         weights + KV cache fit ``cache_bytes`` are split between the cache and memory rates
         (:func:`cached_fraction`). Matrix products with at least
         ``pack_rows`` rows repack their weights (a pass over them on top of max(compute,
@@ -178,15 +182,18 @@ class Observation:
             memo[key] = (self.row_flops(pack_rows), float(self.weights @ self.packed_bytes(pack_rows)),
                          self.stored_rows(pack_rows))
         per_row, packed, weight_rows_sum = memo[key]
-        if self.in_out_rows and self.in_out is not None and self.in_out.any():
-            # a product over an [in, out] weight: h less in_out_rows (at least 0), a share of h
-            h_now = half_rows or (x_h / x_f if x_f > 0 else 0.0)
-            keep = max(0.0, 1.0 - self.in_out_rows / h_now) if h_now > 0 else 0.0
-            per_row = np.where(self.in_out, per_row * keep, per_row)
         if ("fixed", 0.0) not in memo:
             memo[("fixed", 0.0)] = self.scores if self.scores is not None else np.zeros_like(self.flops)
         scores = memo[("fixed", 0.0)]
         flops = self.flops
+        gaps = self.gap_rows()
+        h_now = half_rows or (x_h / x_f if x_f > 0 else 0.0)
+        if gaps is not None and h_now > 0:
+            # a product's (R + h - gap) / R, linear in x_f and x_h: its gap's rows come off the
+            # FLOPs column; one whose gap reaches the current h runs without a slowdown
+            slowed = gaps < h_now
+            flops = flops - np.where(slowed, per_row * gaps, 0.0)
+            per_row = np.where(slowed, per_row, 0.0)
         if half_rows:
             flops = flops + per_row * half_rows
         if cache_bytes:
@@ -216,6 +223,20 @@ class Observation:
             weight_rows_sum,
             self.calls,
         ])
+
+    def gap_rows(self) -> np.ndarray | None:
+        """Each op's gap from ``small_m_gaps`` (0 for ops other than matrix products; None
+        without gaps)."""
+        if self.small_m_gaps is None or self.rows is None:
+            return None
+        key = ("gaps", 0.0)
+        if key not in self._memo:
+            inner = self.inner if self.inner is not None else np.zeros_like(self.flops)
+            in_out = self.in_out if self.in_out is not None else np.zeros(len(self.flops), dtype=bool)
+            self._memo[key] = np.array([self.small_m_gaps.gap(float(k), bool(io)) if np.isfinite(r) else 0.0
+                                        for k, io, r in zip(inner, in_out, self.rows)])
+        gaps: np.ndarray = self._memo[key]
+        return gaps
 
     @property
     def op_count(self) -> float:
@@ -277,9 +298,9 @@ class FitResult:
     #: torch threads and clock of a calibration measured here (what re-timing the reference repeats)
     threads: int | None = None
     clock: Literal["wall", "cpu"] | None = None
-    #: rows of the small-M slowdown a product over a weight stored [in, out] runs without
-    #: (measured by the micro-kernels' layout ladder; None: not measured, both layouts alike)
-    in_out_rows: float | None = None
+    #: rows of the small-M slowdown each product runs without, by its weight's layout and inner
+    #: size (measured by the micro-kernels' layout ladder; None: not measured, every product alike)
+    small_m_gaps: SmallMGaps | None = None
     #: bootstrap refits' coefficients (PARAMS order), held-out errors ([prefill, decode]) and the
     #: reference workload's times relative to their median: see
     #: :class:`~perfsdk.hardware.profile.CalibrationRecord`
@@ -604,7 +625,7 @@ def profile_from_fit(result: FitResult, *, name: str = "host-calibrated", base: 
         cache_bytes=result.cache_bytes, pack_rows=result.pack_rows, reference=result.reference,
         reference_s=result.reference_s, reference_tracking=result.reference_tracking, drift_pct=result.drift_pct,
         normalised_drift_pct=result.normalised_drift_pct, passes=result.passes, threads=result.threads,
-        clock=result.clock, in_out_rows=result.in_out_rows)
+        clock=result.clock, small_m_gaps=result.small_m_gaps)
     cached = bool(result.cache_bytes) and k.get("s_per_cached_byte", 0) > 0
     where = "this host" if machine is None else f"{cpu} in stored runs"
     return HardwareProfile(
@@ -625,8 +646,7 @@ def profile_from_fit(result: FitResult, *, name: str = "host-calibrated", base: 
         prefill_overhead_s=result.coefficients["prefill_overhead_s"],
         decode_warmup_steps=result.decode_warmup_steps,
         matmul_half_rows=result.matmul_half_rows or None,
-        matmul_half_rows_in_out=(max(0.0, result.matmul_half_rows - result.in_out_rows)
-                                 if result.matmul_half_rows and result.in_out_rows is not None else None),
+        matmul_small_m_gaps=result.small_m_gaps if result.matmul_half_rows else None,
         matmul_pack_rows=result.pack_rows or None,
         matmul_pack_gbs=(1e-9 / result.coefficients["s_per_packed_byte"]
                          if result.pack_rows and result.coefficients.get("s_per_packed_byte", 0) > 0 else None),

@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 
 from perfsdk.capture.ops import OpRecord
-from perfsdk.hardware.profile import HardwareProfile
+from perfsdk.hardware.profile import HardwareProfile, SmallMGaps
 from perfsdk.simulation.calibration.fit import CACHE_GRID, FitResult, Observation, fit
 from perfsdk.stats import percentile
 
@@ -315,8 +315,9 @@ def micro_observations(repeats: int = 7, clock: str = "wall", estimator: str = "
     streamed one-row products that differ only in their weights' rows (the cost per stored row:
     :func:`weight_row_cost`) and a staircase of streamed products of 1-8 rows (the repacking
     size: :func:`repacking_rows`) and one-row products cycled over working sets of 4 to 96 MiB
-    (the cache: :func:`measured_cache`) and products of 16 to 256 rows over one weight stored
-    as a linear layer and as a Conv1D stores it (the layouts' small-M gap: :func:`in_out_rows`),
+    (the cache: :func:`measured_cache`) and products of 16 to 256 rows over weights of five inner
+    sizes, each stored as a linear layer and as a Conv1D stores it (the small-M slowdown by layout
+    and inner size: :func:`small_m_gaps`),
     timed with torch on the current thread setting.
 
     :func:`calibrate_here` fits the add only when the measured models leave the memory rate
@@ -416,75 +417,102 @@ def _streamed_products(shape: tuple[int, int], best: Any, rows: tuple[int, ...],
     return out
 
 
-#: The layout ladder (:func:`in_out_rows`): products of these rows over one fp32 weight of
-#: [out, in] = LAYOUT_WEIGHT, stored [out, in] (a linear layer) and [in, out] (a Conv1D), kept in
-#: cache (the kernel's speed, not the memory's); the last row count is the large product whose
-#: time per row is the unit of the gap
-LAYOUT_WEIGHT = (1152, 384)
+#: The layout ladder (:func:`small_m_gaps`): products of these rows over fp32 weights of
+#: [out, in] = [LAYOUT_OUT, K] for each inner size K of LAYOUT_INNER, stored [out, in] (a linear
+#: layer) and [in, out] (a Conv1D), kept in cache (the kernel's speed, not the memory's); the last
+#: row count is the large product whose time per row is the unit of the slowdown
+LAYOUT_OUT = 1152
+LAYOUT_INNER = (256, 384, 512, 768, 1024)
 LAYOUT_ROWS = (16, 32, 48, 256)
 _LAYOUT = "micro layout"
 
 
 def _layout_products(best: Any) -> list[Observation]:
-    """The layout ladder: for each of :data:`LAYOUT_ROWS`, the time of one product over
-    :data:`LAYOUT_WEIGHT` stored as a linear layer stores it and as a Conv1D does (the same
-    ``F.linear`` call, the second over the transposed view of an [in, out] tensor). On a 2-core
-    x86 host, fp32, three repetitions: with one thread the [in, out] product of 16-48 rows ran
-    1.2-1.6 times faster, with two threads 2.3-5.8 times; at 256 rows both ran alike."""
+    """The layout ladder: for each inner size of :data:`LAYOUT_INNER` and each of
+    :data:`LAYOUT_ROWS`, the time of one product over a [:data:`LAYOUT_OUT`, K] weight stored as a
+    linear layer stores it and as a Conv1D does (the same ``F.linear`` call, the second over the
+    transposed view of an [in, out] tensor). On a 2-core x86 host, fp32, with two threads: the
+    [out, in] products of 16-48 rows took (R + 64 to 104) / R of their full-speed time at K up to
+    640 and (R + 10 to 38) / R from K = 768, the [in, out] ones (R + 0 to 38) / R at every K;
+    with one thread (R + 8 to 31) / R and (R - 5 to 27) / R."""
     import torch
 
-    n, k = LAYOUT_WEIGHT
     linear = torch.nn.functional.linear
-    stored = {"[out, in]": torch.randn(n, k), "[in, out]": torch.randn(k, n).t()}
-    nbytes = float(n * k * 4)
+    n = LAYOUT_OUT
     out = []
-    for r in LAYOUT_ROWS:
-        x = torch.randn(r, k)
-        calls = max(2, 512 // r)
-        for layout, w in stored.items():
-            def run(w: Any = w, x: Any = x, calls: int = calls) -> None:
-                for _ in range(calls):
-                    linear(x, w)
+    for k in LAYOUT_INNER:
+        stored = {"[out, in]": torch.randn(n, k), "[in, out]": torch.randn(k, n).t()}
+        nbytes = float(n * k * 4)
+        for r in LAYOUT_ROWS:
+            x = torch.randn(r, k)
+            calls = max(2, 256 // r)
+            for layout, w in stored.items():
+                def run(w: Any = w, x: Any = x, calls: int = calls) -> None:
+                    for _ in range(calls):
+                        linear(x, w)
 
-            out.append(Observation(f"{_LAYOUT} {layout}: {r} rows over [{n}, {k}] fp32", "micro",
-                                   best(run) / calls, np.array([2.0 * r * n * k]),
-                                   np.array([nbytes + 4.0 * r * (n + k)]), np.ones(1), 0.0, np.array([float(r)]),
-                                   weight_bytes=np.array([nbytes]), calls=1.0))
+                out.append(Observation(f"{_LAYOUT} {layout}: {r} rows over [{n}, {k}] fp32", "micro",
+                                       best(run) / calls, np.array([2.0 * r * n * k]),
+                                       np.array([nbytes + 4.0 * r * (n + k)]), np.ones(1), 0.0,
+                                       np.array([float(r)]), weight_bytes=np.array([nbytes]), calls=1.0))
     return out
 
 
-def in_out_rows(micro: list[Observation]) -> float | None:
-    """Rows of the small-M slowdown that a product over a weight stored [in, out] runs without,
-    from the layout ladder among ``micro`` (None when it is missing): at each small row count R,
-    the [out, in] product's time less the [in, out] one's, in units of the time per row of the
-    largest [out, in] product; the median over the small R. A product over an [in, out] weight
-    then takes ``h - this`` (at least 0) for the fitted ``h`` (``matmul_half_rows_in_out``)."""
-    ladder: dict[tuple[str, float], float] = {}
+def ladder_half_rows(micro: list[Observation]) -> dict[tuple[str, float], float]:
+    """The small-M slowdown ``h`` the layout ladder among ``micro`` shows, by (layout, inner
+    size): at each small row count R, the product's time over the time per row of the largest
+    [out, in] product of the same inner size, less R; the median over the small R. Empty where
+    the ladder is missing or incomplete."""
+    ladder: dict[tuple[str, float, float], float] = {}
     for ob in micro:
         if ob.label.startswith(_LAYOUT):
-            layout = ob.label[len(_LAYOUT) + 1:].split(":")[0]
-            ladder[(layout, float(ob.rows[0]))] = ob.measured_s  # type: ignore[index]
-    rows = sorted({r for _, r in ladder})
-    if len(rows) < 2 or any((lay, r) not in ladder for lay in ("[out, in]", "[in, out]") for r in rows):
-        return None
-    big = rows[-1]
-    per_row = ladder[("[out, in]", big)] / big
-    if not per_row > 0:
-        return None
-    gaps = [(ladder[("[out, in]", r)] - ladder[("[in, out]", r)]) / per_row for r in rows[:-1]]
-    return float(statistics.median(gaps))
+            head, shape = ob.label[len(_LAYOUT) + 1:].split(" over [")
+            layout, count = head.split(": ")
+            inner = float(shape.split(",")[1].split("]")[0])
+            ladder[(layout, inner, float(count.split()[0]))] = ob.measured_s
+    out: dict[tuple[str, float], float] = {}
+    for inner in sorted({k for _, k, _ in ladder}):
+        rows = sorted({r for _, k, r in ladder if k == inner})
+        if len(rows) < 2 or any((lay, inner, r) not in ladder for lay in ("[out, in]", "[in, out]") for r in rows):
+            return {}
+        per_row = ladder[("[out, in]", inner, rows[-1])] / rows[-1]
+        if not per_row > 0:
+            return {}
+        for lay in ("[out, in]", "[in, out]"):
+            out[(lay, inner)] = float(statistics.median(ladder[(lay, inner, r)] / per_row - r for r in rows[:-1]))
+    return out
 
 
-def in_out_text(gap: float, profile: HardwareProfile) -> str:
-    """What the layout ladder measured (``gap``: :func:`in_out_rows`) and what the profile
+def small_m_gaps(micro: list[Observation]) -> SmallMGaps | None:
+    """The gaps of :class:`~perfsdk.hardware.profile.SmallMGaps` from the layout ladder among
+    ``micro`` (None where it is missing): each (layout, inner size)'s ``h``
+    (:func:`ladder_half_rows`) taken from the median ``h`` of the [out, in] products over the inner
+    sizes. A product then takes the fitted ``h`` less its gap, at least 0: the fit's ``h`` is that
+    of a product at the median, and one on a faster kernel takes the rows it runs without off it."""
+    h = ladder_half_rows(micro)
+    if not h:
+        return None
+    inner = sorted({k for _, k in h})
+    anchor = float(statistics.median(h[("[out, in]", k)] for k in inner))
+    return SmallMGaps(inner=inner, out_in=[anchor - h[("[out, in]", k)] for k in inner],
+                      in_out=[anchor - h[("[in, out]", k)] for k in inner])
+
+
+def small_m_text(gaps: SmallMGaps, profile: HardwareProfile) -> str:
+    """What the layout ladder measured (``gaps``: :func:`small_m_gaps`) and what the profile
     ``profile`` made of it, for the calibration's output."""
-    h, h_io = profile.matmul_half_rows or 0.0, profile.matmul_half_rows_in_out
-    said = (f"a product of {min(LAYOUT_ROWS)}-{sorted(LAYOUT_ROWS)[-2]} rows over a weight stored [in, out] "
-            f"(a Conv1D) ran {abs(gap):.1f} rows' time {'faster' if gap >= 0 else 'slower'} than over one stored "
-            f"[out, in] (a linear layer), median over the row counts")
-    if h_io is None:
-        return said + "; no small-M slowdown fitted, so both layouts are priced alike"
-    return said + f"; small-M slowdown (rows + h) / rows: h {h:.1f} for [out, in], {h_io:.1f} for [in, out]"
+    h = profile.matmul_half_rows or 0.0
+    sizes = ", ".join(f"{k:g}" for k in gaps.inner)
+    if not h:
+        return (f"products of {min(LAYOUT_ROWS)}-{sorted(LAYOUT_ROWS)[-2]} rows measured at inner sizes {sizes}; "
+                "no small-M slowdown fitted, so every product is priced alike")
+
+    def row(in_out: bool) -> str:
+        return " ".join(f"{max(0.0, h - g):.1f}" for g in (gaps.in_out if in_out else gaps.out_in))
+
+    return (f"small-M slowdown (rows + h) / rows by inner size K = {sizes} (the layout ladder, products of "
+            f"{min(LAYOUT_ROWS)}-{sorted(LAYOUT_ROWS)[-2]} rows): h {row(False)} over a weight stored [out, in] "
+            f"(a linear layer), {row(True)} over one stored [in, out] (a Conv1D); fitted h {h:.1f}")
 
 
 #: The cache staircase (:func:`measured_cache`): one-row products over [1024, 1024] fp32 weights
@@ -1065,16 +1093,16 @@ def fit_with_micro(micro: list[Observation], measured: list[Observation],
     held_cache = "cache_bytes" not in fit_kw
     if held_cache:
         fit_kw["cache_bytes"] = (cache or 0.0,)
-    layout_gap = in_out_rows(micro)
-    micro = [ob for ob in micro if not ob.label.startswith(_LAYOUT)]  # measures the layouts' gap only
+    layout_gaps = small_m_gaps(micro)
+    micro = [ob for ob in micro if not ob.label.startswith(_LAYOUT)]  # measures the gaps only
     row_s = weight_row_cost(micro)
     if row_s is not None:
         # measured by the pair, held in every fit; the pair itself stays out (its weights stream
         # at the rate of one long cycle, which a model's matrices do not reach)
         fit_kw.setdefault("held", {"s_per_weight_row": row_s})
         micro = [ob for ob in micro if not ob.label.startswith(_PAIR)]
-    for ob in measured:  # products over [in, out] weights take the measured gap off h
-        ob.in_out_rows = layout_gap or 0.0
+    for ob in measured:  # each product takes the gap of its layout and inner size off h
+        ob.small_m_gaps = layout_gaps
     fixed = [ob for ob in micro if not _streams_only(ob)]
     result = fit(fixed + measured, **fit_kw)
     if not result.coefficients["s_per_byte"] > 0 and len(fixed) < len(micro):
@@ -1082,7 +1110,7 @@ def fit_with_micro(micro: list[Observation], measured: list[Observation],
         result = fit(fixed + measured, **fit_kw)
     if held_cache:
         result.cache_note = measured_cache_note(cache, result)
-    result.in_out_rows = layout_gap
+    result.small_m_gaps = layout_gaps
     return result, fixed
 
 
