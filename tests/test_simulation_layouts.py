@@ -53,6 +53,8 @@ def test_captured_products_say_whether_their_weight_is_stored_in_out() -> None:
     assert mm["lin"].weight_in_out is False and mm["nobias"].weight_in_out is False
     assert mm["conv"].weight_in_out is True and mm["conv"].weight_rows == 48
     assert mm[""].weight_in_out is False  # the weight is the left operand: not a layer's x @ W
+    # the inner size each product sums over, from the captured FLOPs and output shape
+    assert {path: inner_size(o) for path, o in mm.items()} == {"lin": 48.0, "nobias": 48.0, "conv": 48.0, "": 6.0}
     assert not any(o.weight_in_out for o in cap.records if o.category != "matmul")
 
 
@@ -74,6 +76,11 @@ def test_gpt2_products_read_in_out_weights_and_llama_ones_do_not() -> None:
         assert flagged == layers, cfg.model_type
         # every layer product of GPT-2 (4 per layer, each phase), none of its head
         assert sum(o.weight_in_out for o in products) == (4 * 2 * 3 if layers else 0)
+        # inner sizes on the meta device: 64 into every projection but the MLP's way out (256 / 128)
+        down = "c_proj" if layers else "down_proj"
+        mlp_out = [inner_size(o) for o in products if o.module_path.endswith(f"mlp.{down}")]
+        assert mlp_out and set(mlp_out) == {4 * 64.0 if layers else 128.0}
+        assert {inner_size(o) for o in products if "lm_head" in o.module_path} == {64.0}
         analytic = [o for o in generation_ops(architecture_from_config(cfg), 1, 8, 3, "float32")
                     if o.category == "matmul" and o.weight_bytes]
         assert {o.weight_in_out for o in analytic if "lm_head" not in o.module_path} == {bool(layers)}

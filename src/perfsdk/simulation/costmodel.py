@@ -261,8 +261,9 @@ def compute_time_s(op: OpRecord, profile: HardwareProfile, dtype: str | None = N
 
 def inner_size(op: OpRecord) -> float:
     """The inner size K of a matrix product (the input features it sums over): its FLOPs over
-    twice its output elements (0 when either is unknown)."""
-    return op.flops / (2.0 * op.elements) if op.category == "matmul" and op.flops and op.elements else 0.0
+    twice its output elements (``elements``, else its output shape's; 0 when unknown)."""
+    out = op.elements or (_prod(op.output_shape) if op.output_shape else 0)
+    return op.flops / (2.0 * out) if op.category == "matmul" and op.flops and out else 0.0
 
 
 def half_rows(op: OpRecord, profile: HardwareProfile) -> float:
