@@ -79,8 +79,9 @@ ANY_FAMILY_MODELS = ["family:opt", "family:falcon", "family:bloom", "family:gptj
 CONV1D_FAMILY_MODELS = ["family:gpt2-wide", "family:gpt2-narrow"]
 # real-size shapes of three families the calibration never sees (``--models sized``): GPT-2 small
 # (124M), a GPT-NeoX of Pythia-160M's shapes and an OPT of OPT-125M's (random weights): 0.5-0.65 GB
-# of fp32 weights and a 50k vocabulary, five to thirty times the bytes of the largest calibration
-# model, so their decode steps stream from memory what the calibration's models partly keep in cache
+# of fp32 weights and a 50k vocabulary, 4.5-6 times the 111 MB of the largest calibration model
+# (tiny-llama-medium), and linear layers 768 and 3072 wide where the calibration's are at most 512
+# wide but for their MLPs' down projections
 SIZED_FAMILY_MODELS = ["family:gpt2-124m", "family:gpt-neox-160m", "family:opt-125m"]
 EXTRA_FAMILY_MODELS = ["family:qwen3", "family:gemma", "family:gemma2", "family:gpt-neox", "family:starcoder2",
                        "family:olmo2", "family:granite", "family:qwen2-moe"]

@@ -272,7 +272,7 @@ class HardwareProfile(_Strict):
         description="Rows taken off matmul_half_rows by the weight's layout and the product's inner size K (the "
                     "input features it sums over): a CPU kernel's speed on products of few rows depends on both "
                     "(with two threads on one x86 host, [out, in] products of R = 16-48 rows took (R + 64 to 104) / R "
-                    "of their full-speed time at K <= 640, (R + 10 to 38) / R at K >= 768). Measured by perfsdk calibrate; unset: "
+                    "of their full-speed time at K <= 640, (R + 2 to 38) / R at K >= 768). Measured by perfsdk calibrate; unset: "
                     "matmul_half_rows_in_out, else matmul_half_rows for every product")
     matmul_ns_per_weight_row: float | None = Field(
         default=None, ge=0,

@@ -433,8 +433,8 @@ def _layout_products(best: Any) -> list[Observation]:
     linear layer stores it and as a Conv1D does (the same ``F.linear`` call, the second over the
     transposed view of an [in, out] tensor). On a 2-core x86 host, fp32, with two threads: the
     [out, in] products of 16-48 rows took (R + 64 to 104) / R of their full-speed time at K up to
-    640 and (R + 10 to 38) / R from K = 768, the [in, out] ones (R + 0 to 38) / R at every K;
-    with one thread (R + 8 to 31) / R and (R - 5 to 27) / R."""
+    640 and (R + 2 to 38) / R from K = 768, the [in, out] ones (R - 6 to 38) / R at every K;
+    with one thread (R + 8 to 31) / R and (R + 1 to 27) / R (K = 192 to 3072)."""
     import torch
 
     linear = torch.nn.functional.linear
