@@ -57,10 +57,13 @@ def test_values_change_and_interval_share_one_estimator(store: Path, perfsdk_cli
     by = {c["metric"]: c for c in data["comparisons"]}
     tput = by["output_tokens_per_s"]
     assert tput["estimator"] == "per-step samples"
-    assert tput["baseline_value"] == pytest.approx(np.mean(_per_step_rates(a)))
-    assert tput["candidate_value"] == pytest.approx(np.mean(_per_step_rates(b)))
-    # not the run summary's tokens / wall time, which is another estimator of throughput
-    assert tput["baseline_value"] != pytest.approx(a.collectors["latency"]["output_tokens_per_s"], rel=1e-3)
+    assert tput["baseline_value"] == pytest.approx(np.mean(_per_step_rates(a)), rel=1e-9)
+    assert tput["candidate_value"] == pytest.approx(np.mean(_per_step_rates(b)), rel=1e-9)
+    # not the run summary's tokens / wall time, which is another estimator of throughput: the two
+    # differ by the run's timing (0.05 % in one run, more in most), so the value shown must sit on
+    # the per-step mean, not merely near the summary
+    summary = a.collectors["latency"]["output_tokens_per_s"]
+    assert abs(tput["baseline_value"] - summary) > abs(tput["baseline_value"] - np.mean(_per_step_rates(a)))
     ttft = by["ttft_s"]
     assert ttft["estimator"] == "per-request samples" and ttft["samples"] == [6, 6]
     assert ttft["baseline_value"] == pytest.approx(np.mean([x["ttft_s"] for x in a.read_series("requests")]))

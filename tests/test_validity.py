@@ -276,7 +276,7 @@ def _contention_run(no_sysfs: Path, seconds: float = 2.0) -> Any:
     # background daemons on a quiet CI machine stay far below. Only contention is judged here.
     cfg = {"collectors": {"utilization": False, "energy": False, "memory": False},
            "validity": {"max_contention_pct": min(10.0, 50.0 / cpus), "max_cv": 100, "max_drift_pct": 1000,
-                        "min_samples": 1, "max_freq_drop_pct": 100}}
+                        "max_cold_ratio": 1000, "min_samples": 1, "max_freq_drop_pct": 100}}
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(256, 256), nn.ReLU(), nn.Linear(256, 256)).eval()
     x = torch.randn(64, 256)
