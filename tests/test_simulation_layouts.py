@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import tempfile
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -142,6 +143,29 @@ def test_with_gaps_each_product_takes_h_less_its_layouts_gap_at_its_inner_size()
     assert half_rows(_product(32, False, k=64), slower) == 58.0
 
 
+def test_with_an_anchor_each_product_keeps_the_share_of_h_its_kernel_measured() -> None:
+    # the ladder measured h = 80 at the anchor: a kernel that measured 20 keeps a quarter of the fitted h
+    base_prof = builtin_profiles()["host-cpu"]
+    gaps = SmallMGaps(inner=[256, 1024], out_in=[0.0, 60.0], in_out=[40.0, 90.0], anchor=80.0)
+    prof = base_prof.model_copy(update={
+        "matmul_half_rows": 100.0, "matmul_small_m_gaps": gaps,
+        "compute_efficiency": 1.0, "peak_tflops": base_prof.peak_tflops.model_copy(update={"fp32": 0.1})})
+    assert gaps.scale(256, False) == 1.0 and gaps.scale(1024, False) == 0.25 and gaps.scale(4096, True) == 0.0
+    assert half_rows(_product(32, False, k=128), prof) == 100.0
+    assert half_rows(_product(32, False, k=1024), prof) == pytest.approx(25.0, rel=1e-12)
+    # halfway in log K (512): a gap of 30 rows, 50 measured of 80
+    assert half_rows(_product(32, False, k=512), prof) == pytest.approx(62.5, rel=1e-12)
+    assert half_rows(_product(32, True, k=256), prof) == pytest.approx(50.0, rel=1e-12)
+    # a measured h at or below 0 rows: no slowdown, never a speed-up
+    assert half_rows(_product(32, True, k=2048), prof) == 0.0
+    base = 2 * 32 * 512 * 1536 / 1e11
+    assert compute_time_s(_product(32, False, k=512), prof) == pytest.approx(base * (32 + 62.5) / 32, rel=1e-12)
+    # the anchor must be a slowdown: a table with none subtracts its gaps
+    with pytest.raises(ValueError, match="anchor"):
+        SmallMGaps(inner=[256], out_in=[0.0], in_out=[0.0], anchor=0.0)
+    assert gaps.model_copy(update={"anchor": None}).half_rows(100.0, 1024, False) == 40.0
+
+
 def test_the_gaps_are_checked_and_round_trip_through_the_profile_yaml() -> None:
     from perfsdk.hardware.profile import load_profile_file, profile_to_yaml
 
@@ -192,9 +216,14 @@ def test_the_layout_ladder_measures_h_by_layout_and_inner_size() -> None:
     assert measured[("[in, out]", 384.0)] == pytest.approx(12.0, rel=1e-9)
     gaps = small_m_gaps(_ladder(h))
     assert gaps is not None and gaps.inner == [256.0, 384.0, 512.0, 768.0, 1024.0]
-    # taken from the median [out, in] h (80): slower kernels get a negative gap
+    # taken from the median [out, in] h (80), the anchor: slower kernels get a negative gap
+    assert gaps.anchor == pytest.approx(80.0, rel=1e-9)
     assert gaps.out_in == pytest.approx([0.0, -10.0, -5.0, 65.0, 60.0], rel=1e-9)
     assert gaps.in_out == pytest.approx([70.0, 68.0, 70.0, 70.0, 70.0], rel=1e-9)
+    # a ladder with no slowdown at its median keeps the gaps to subtract, no anchor
+    flat = small_m_gaps(_ladder(_flat({256: 3.0, 384: -2.0, 512: 0.0, 768: -1.0, 1024: 5.0},
+                                      dict.fromkeys(LAYOUT_INNER, 1.0))))
+    assert flat is not None and flat.anchor is None and flat.out_in == pytest.approx([-3.0, 2.0, 0.0, 1.0, -5.0])
     # one layout missing at a row count, or no ladder at all: not measured
     assert small_m_gaps(_ladder(h)[1:]) is None and small_m_gaps([]) is None and ladder_half_rows([]) == {}
 
@@ -205,9 +234,9 @@ def test_the_fit_prices_each_product_with_its_gap_and_the_profile_does_the_same(
     ladder = _ladder(_flat({256: 9.0, 384: 10.0, 512: 10.0, 768: 6.0, 1024: 4.0}, dict.fromkeys(LAYOUT_INNER, 7.0)))
     table = small_m_gaps(ladder)
     assert table is not None and table.out_in == pytest.approx([0.0, -1.0, -1.0, 3.0, 5.0])
-    assert table.in_out == pytest.approx([2.0] * 5)
+    assert table.in_out == pytest.approx([2.0] * 5) and table.anchor == 9.0
     truth = np.array([TRUTH[p] for p in PARAMS])
-    for o in obs:  # the machine: each product at h less its gap
+    for o in obs:  # the machine: each product at the share of h its kernel measured
         o.small_m_gaps = table
         o.measured_s = o.predict(truth)
         o.small_m_gaps = None
@@ -226,9 +255,15 @@ def test_the_fit_prices_each_product_with_its_gap_and_the_profile_does_the_same(
             ob.small_m_gaps = table
             simulated = sum(cost_op(op, prof).time_s for op in ops) + prof.step_overhead_s
             assert ob.predict(x) == pytest.approx(simulated, rel=1e-9), (rows, k)
-    # K = 1024 [out, in]: h 7.3 - 5; [in, out] everywhere 7.3 - 2
+    # K = 1024 [out, in]: 4 of the anchor's 9 rows measured, so 4/9 of h; [in, out] everywhere 7/9
     assert compute_time_s(_product(64, False, k=1024), prof) / compute_time_s(_product(64, True, k=1024), prof) \
-        == pytest.approx((64 + h_true - 5.0) / (64 + h_true - 2.0), rel=1e-6)
+        == pytest.approx((64 + h_true * 4 / 9) / (64 + h_true * 7 / 9), rel=1e-6)
+    # the same data fitted with the gaps subtracted instead (a table without its anchor) misses h
+    plain = table.model_copy(update={"anchor": None})
+    for o in obs:
+        o.small_m_gaps = plain
+    other, _ = fit_with_micro([], obs, cache_bytes=(0.0,), pack_rows=(0.0,))
+    assert other.matmul_half_rows != pytest.approx(h_true, rel=1e-3)
     # no ladder: every product alike
     none, _ = fit_with_micro([], obs, cache_bytes=(0.0,), pack_rows=(0.0,))
     assert none.small_m_gaps is None and profile_from_fit(none, name="n").matmul_small_m_gaps is None
@@ -241,6 +276,11 @@ def test_the_calibration_says_what_the_ladder_measured() -> None:
         "small-M slowdown (rows + h) / rows by inner size K = 256, 512, 1024 (the layout ladder, products of 16-48 "
         "rows): h 54.0 50.0 4.5 over a weight stored [out, in] (a linear layer), 9.0 10.0 0.0 over one stored "
         "[in, out] (a Conv1D); fitted h 50.0")
+    # with an anchor of 50 measured rows and a fitted h of 100, each product keeps twice what it measured
+    anchored = gaps.model_copy(update={"anchor": 50.0})
+    doubled = prof.model_copy(update={"matmul_half_rows": 100.0})
+    assert ("h 108.0 100.0 9.0 over a weight stored [out, in] (a linear layer), 18.0 20.0 0.0 over one stored "
+            "[in, out] (a Conv1D); fitted h 100.0") in small_m_text(anchored, doubled)
     flat = prof.model_copy(update={"matmul_half_rows": None})
     assert small_m_text(gaps, flat) == ("products of 16-48 rows measured at inner sizes 256, 512, 1024; no small-M "
                                         "slowdown fitted, so every product is priced alike")
@@ -260,17 +300,26 @@ def test_the_intervals_refit_h_of_each_product_less_its_gap_with_every_replicate
     # the fixed part: one step, one op, the weight's stored rows (512 as [in, out], 1536 as [out, in])
     fixed = TRUTH["step_overhead_s"] + TRUTH["op_overhead_s"]
 
-    def costs(gap: float, stored: int) -> list[float]:
-        return [flops * (rows + max(0.0, h - gap)) / rows + fixed + stored * TRUTH["s_per_weight_row"]
+    def costs(h_of: Any, stored: int) -> list[float]:
+        return [flops * (rows + h_of(h)) / rows + fixed + stored * TRUTH["s_per_weight_row"]
                 for h in (10.0, 20.0, 30.0)]
 
+    def less(gap: float) -> Any:
+        return lambda h: max(0.0, h - gap)
+
+    def share(f: float) -> Any:
+        return lambda h: h * f
+
     table = SmallMGaps(inner=[256, 1024], out_in=[0.0, 16.0], in_out=[12.0, 12.0])
-    for cal, io_gap, oi_gap in (
+    anchored = table.model_copy(update={"anchor": 24.0})
+    for cal, io_h, oi_h in (
             (CalibrationRecord(host="h", fitted_at="now", params=list(PARAMS), coefficients=list(x),
-                               replicates=reps, small_m_gaps=table), 12.0, 8.0),  # K = 512: 8 off [out, in]
+                               replicates=reps, small_m_gaps=table), less(12.0), less(8.0)),  # K = 512: 8 off [out, in]
             (CalibrationRecord(host="h", fitted_at="now", params=list(PARAMS), coefficients=list(x),
-                               replicates=reps, in_out_rows=12.0), 12.0, 0.0)):
+                               replicates=reps, small_m_gaps=anchored), share(0.5), share(16 / 24)),
+            (CalibrationRecord(host="h", fitted_at="now", params=list(PARAMS), coefficients=list(x),
+                               replicates=reps, in_out_rows=12.0), less(12.0), less(0.0))):
         ratios = replicate_ratios(cal, {"prefill": [_product(rows, True)], "decode": [_product(rows, False)]})
-        io, lin = costs(io_gap, 512), costs(oi_gap, 1536)
+        io, lin = costs(io_h, 512), costs(oi_h, 1536)
         assert list(ratios["prefill"]) == pytest.approx([t / io[1] for t in io], rel=1e-9)
         assert list(ratios["decode"]) == pytest.approx([t / lin[1] for t in lin], rel=1e-9)

@@ -14,6 +14,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Literal
 
+import numpy as np
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
@@ -91,15 +92,24 @@ class PeakTflops(_Strict):
 
 
 class SmallMGaps(_Strict):
-    """Rows taken off the small-M slowdown ``h`` of a matrix product, by how its weight is stored
-    and by its inner size K (the input features the product sums over), as a host's calibration
-    measured them: a product of inner size K over a weight stored [out, in] (a linear layer) takes
-    ``max(0, h - out_in(K))``, over one stored [in, out] (a Conv1D) ``max(0, h - in_out(K))``; each
-    gap linear in log K between the listed sizes and held beyond them."""
+    """How far the small-M slowdown ``h`` of a matrix product departs from the fitted one, by how
+    its weight is stored and by its inner size K (the input features the product sums over), as a
+    host's calibration measured it: a gap in rows at each measured K for a weight stored [out, in]
+    (a linear layer) and one stored [in, out] (a Conv1D), each linear in log K between the listed
+    sizes and held beyond them.
+
+    With ``anchor`` (the measured ``h`` the gaps are taken from), a product takes the fitted ``h``
+    scaled by its own measured ``h`` over the anchor, ``h * (anchor - gap) / anchor``: a kernel
+    that measured a third of the anchor's slowdown keeps a third of the fitted one. Without, it
+    takes ``h - gap``. Either way at least 0."""
 
     inner: list[float] = Field(min_length=1, description="Inner sizes K measured, ascending")
     out_in: list[float] = Field(description="Gap in rows at each inner size, weight stored [out, in]")
     in_out: list[float] = Field(description="Gap in rows at each inner size, weight stored [in, out]")
+    anchor: float | None = Field(
+        default=None, gt=0,
+        description="The measured h the gaps are taken from (rows): a product then takes the fitted h times "
+                    "(anchor - gap) / anchor; none: the fitted h less the gap")
 
     @model_validator(mode="after")
     def _aligned(self) -> SmallMGaps:
@@ -111,21 +121,25 @@ class SmallMGaps(_Strict):
         return self
 
     def gap(self, inner: float, in_out: bool) -> float:
-        """The gap of a product of inner size ``inner`` (at most 0: the smallest size's) over a
-        weight stored [in, out] (``in_out``) or [out, in]."""
+        """The gap of a product of inner size ``inner`` over a weight stored [in, out]
+        (``in_out``) or [out, in]: linear in log K between the sizes, held beyond them."""
         import math
 
         ys = self.in_out if in_out else self.out_in
-        if inner <= self.inner[0]:
-            return ys[0]
-        if inner >= self.inner[-1]:
-            return ys[-1]
-        x = math.log(inner)
-        for (k0, y0), (k1, y1) in zip(zip(self.inner, ys), zip(self.inner[1:], ys[1:])):
-            if inner <= k1:
-                t = (x - math.log(k0)) / (math.log(k1) - math.log(k0))
-                return y0 + t * (y1 - y0)
-        return ys[-1]
+        x = math.log(min(max(inner, self.inner[0]), self.inner[-1]))
+        return float(np.interp(x, [math.log(k) for k in self.inner], ys))
+
+    def scale(self, inner: float, in_out: bool) -> float | None:
+        """The share of the fitted ``h`` such a product keeps, ``(anchor - gap) / anchor`` at
+        least 0 (None without an anchor: the gap is subtracted instead)."""
+        if self.anchor is None:
+            return None
+        return max(0.0, 1.0 - self.gap(inner, in_out) / self.anchor)
+
+    def half_rows(self, h: float, inner: float, in_out: bool) -> float:
+        """The ``h`` of such a product when the fitted one is ``h``."""
+        s = self.scale(inner, in_out)
+        return h * s if s is not None else max(0.0, h - self.gap(inner, in_out))
 
 
 class CalibrationRecord(_Strict):

@@ -268,14 +268,15 @@ def inner_size(op: OpRecord) -> float:
 
 def half_rows(op: OpRecord, profile: HardwareProfile) -> float:
     """The small-M slowdown's h for a matrix product, ``(R + h) / R`` on R rows: with the
-    profile's ``matmul_small_m_gaps``, its ``matmul_half_rows`` less the gap of the product's
-    weight layout (``op.weight_in_out``) and inner size (:func:`inner_size`), at least 0;
-    without, ``matmul_half_rows_in_out`` for a weight stored [in, out] where the profile sets it,
-    else ``matmul_half_rows`` (0: none)."""
+    profile's ``matmul_small_m_gaps``, its ``matmul_half_rows`` as the product's weight layout
+    (``op.weight_in_out``) and inner size (:func:`inner_size`) take it
+    (:meth:`~perfsdk.hardware.profile.SmallMGaps.half_rows`); without,
+    ``matmul_half_rows_in_out`` for a weight stored [in, out] where the profile sets it, else
+    ``matmul_half_rows`` (0: none)."""
     h = profile.matmul_half_rows or 0.0
     gaps = profile.matmul_small_m_gaps
     if gaps is not None:
-        return max(0.0, h - gaps.gap(inner_size(op), op.weight_in_out)) if h else 0.0
+        return gaps.half_rows(h, inner_size(op), op.weight_in_out) if h else 0.0
     if op.weight_in_out and profile.matmul_half_rows_in_out is not None:
         return profile.matmul_half_rows_in_out
     return h

@@ -166,9 +166,10 @@ class Observation:
         The small-M slowdown of a matrix product, ``(rows + h) / rows`` on its FLOPs, is
         ``flops * x_f + (flops / rows) * x_h`` with ``x_h = h * x_f``: linear in a coefficient of
         its own, fitted like the others. A fixed ``half_rows`` instead scales the FLOPs of the
-        first column. With ``small_m_gaps``, each product takes ``h`` less the gap of its weight's
-        layout (``in_out``) and inner size (its gap's rows off the first column: linear), none
-        where the gap reaches the current ``h``. The bytes of a forward pass whose
+        first column. With ``small_m_gaps``, each product's ``h`` follows its weight's layout
+        (``in_out``) and inner size: scaled by its share (with an anchor: its rows per FLOP
+        scaled, linear as before), or less its gap (the gap's rows off the first column: linear),
+        none where the gap reaches the current ``h``. The bytes of a forward pass whose
         weights + KV cache fit ``cache_bytes`` are split between the cache and memory rates
         (:func:`cached_fraction`). Matrix products with at least
         ``pack_rows`` rows repack their weights (a pass over them on top of max(compute,
@@ -188,7 +189,11 @@ class Observation:
         flops = self.flops
         gaps = self.gap_rows()
         h_now = half_rows or (x_h / x_f if x_f > 0 else 0.0)
-        if gaps is not None and h_now > 0:
+        scales = self.gap_scales()
+        if scales is not None:
+            # a product's (R + h * scale) / R: its rows per FLOP scaled, linear in x_h as it is
+            per_row = per_row * scales
+        elif gaps is not None and h_now > 0:
             # a product's (R + h - gap) / R, linear in x_f and x_h: its gap's rows come off the
             # FLOPs column; one whose gap reaches the current h runs without a slowdown
             slowed = gaps < h_now
@@ -237,6 +242,19 @@ class Observation:
                                         for k, io, r in zip(inner, in_out, self.rows)])
         gaps: np.ndarray = self._memo[key]
         return gaps
+
+    def gap_scales(self) -> np.ndarray | None:
+        """Each op's share of the fitted ``h`` where ``small_m_gaps`` has an anchor (1 for ops other
+        than matrix products; None otherwise)."""
+        if self.small_m_gaps is None or self.small_m_gaps.anchor is None or self.rows is None:
+            return None
+        key = ("scales", 0.0)
+        if key not in self._memo:
+            gaps = self.gap_rows()
+            assert gaps is not None
+            self._memo[key] = np.maximum(0.0, 1.0 - gaps / self.small_m_gaps.anchor)
+        scales: np.ndarray = self._memo[key]
+        return scales
 
     @property
     def op_count(self) -> float:

@@ -486,16 +486,17 @@ def ladder_half_rows(micro: list[Observation]) -> dict[tuple[str, float], float]
 def small_m_gaps(micro: list[Observation]) -> SmallMGaps | None:
     """The gaps of :class:`~perfsdk.hardware.profile.SmallMGaps` from the layout ladder among
     ``micro`` (None where it is missing): each (layout, inner size)'s ``h``
-    (:func:`ladder_half_rows`) taken from the median ``h`` of the [out, in] products over the inner
-    sizes. A product then takes the fitted ``h`` less its gap, at least 0: the fit's ``h`` is that
-    of a product at the median, and one on a faster kernel takes the rows it runs without off it."""
+    (:func:`ladder_half_rows`) taken from the anchor, the median ``h`` of the [out, in] products
+    over the inner sizes. The fit's ``h`` is that of a product at the anchor; a product then
+    keeps the share of it its own measured ``h`` is of the anchor (none at or below 0 rows). An
+    anchor of 0 rows or less (no slowdown at the median) leaves the gaps to be subtracted."""
     h = ladder_half_rows(micro)
     if not h:
         return None
     inner = sorted({k for _, k in h})
     anchor = float(statistics.median(h[("[out, in]", k)] for k in inner))
     return SmallMGaps(inner=inner, out_in=[anchor - h[("[out, in]", k)] for k in inner],
-                      in_out=[anchor - h[("[in, out]", k)] for k in inner])
+                      in_out=[anchor - h[("[in, out]", k)] for k in inner], anchor=anchor if anchor > 0 else None)
 
 
 def small_m_text(gaps: SmallMGaps, profile: HardwareProfile) -> str:
@@ -508,7 +509,7 @@ def small_m_text(gaps: SmallMGaps, profile: HardwareProfile) -> str:
                 "no small-M slowdown fitted, so every product is priced alike")
 
     def row(in_out: bool) -> str:
-        return " ".join(f"{max(0.0, h - g):.1f}" for g in (gaps.in_out if in_out else gaps.out_in))
+        return " ".join(f"{gaps.half_rows(h, k, in_out):.1f}" for k in gaps.inner)
 
     return (f"small-M slowdown (rows + h) / rows by inner size K = {sizes} (the layout ladder, products of "
             f"{min(LAYOUT_ROWS)}-{sorted(LAYOUT_ROWS)[-2]} rows): h {row(False)} over a weight stored [out, in] "
