@@ -151,6 +151,9 @@ def test_with_an_anchor_each_product_keeps_the_share_of_h_its_kernel_measured() 
         "matmul_half_rows": 100.0, "matmul_small_m_gaps": gaps,
         "compute_efficiency": 1.0, "peak_tflops": base_prof.peak_tflops.model_copy(update={"fp32": 0.1})})
     assert gaps.scale(256, False) == 1.0 and gaps.scale(1024, False) == 0.25 and gaps.scale(4096, True) == 0.0
+    # a kernel measured slower than the anchor keeps h whole: a small anchor must not multiply noise
+    slower = gaps.model_copy(update={"out_in": [-20.0, 60.0]})
+    assert slower.scale(256, False) == 1.0 and slower.half_rows(100.0, 200, False) == 100.0
     assert half_rows(_product(32, False, k=128), prof) == 100.0
     assert half_rows(_product(32, False, k=1024), prof) == pytest.approx(25.0, rel=1e-12)
     # halfway in log K (512): a gap of 30 rows, 50 measured of 80
@@ -276,10 +279,11 @@ def test_the_calibration_says_what_the_ladder_measured() -> None:
         "small-M slowdown (rows + h) / rows by inner size K = 256, 512, 1024 (the layout ladder, products of 16-48 "
         "rows): h 54.0 50.0 4.5 over a weight stored [out, in] (a linear layer), 9.0 10.0 0.0 over one stored "
         "[in, out] (a Conv1D); fitted h 50.0")
-    # with an anchor of 50 measured rows and a fitted h of 100, each product keeps twice what it measured
+    # with an anchor of 50 measured rows and a fitted h of 100, each product keeps twice what it
+    # measured, at most the fitted h (K = 256 measured 54)
     anchored = gaps.model_copy(update={"anchor": 50.0})
     doubled = prof.model_copy(update={"matmul_half_rows": 100.0})
-    assert ("h 108.0 100.0 9.0 over a weight stored [out, in] (a linear layer), 18.0 20.0 0.0 over one stored "
+    assert ("h 100.0 100.0 9.0 over a weight stored [out, in] (a linear layer), 18.0 20.0 0.0 over one stored "
             "[in, out] (a Conv1D); fitted h 100.0") in small_m_text(anchored, doubled)
     flat = prof.model_copy(update={"matmul_half_rows": None})
     assert small_m_text(gaps, flat) == ("products of 16-48 rows measured at inner sizes 256, 512, 1024; no small-M "

@@ -99,9 +99,11 @@ class SmallMGaps(_Strict):
     sizes and held beyond them.
 
     With ``anchor`` (the measured ``h`` the gaps are taken from), a product takes the fitted ``h``
-    scaled by its own measured ``h`` over the anchor, ``h * (anchor - gap) / anchor``: a kernel
-    that measured a third of the anchor's slowdown keeps a third of the fitted one. Without, it
-    takes ``h - gap``. Either way at least 0."""
+    scaled by its own measured ``h`` over the anchor, ``h * (anchor - gap) / anchor``, at most
+    ``h``: a kernel that measured a third of the anchor's slowdown keeps a third of the fitted
+    one, and one measured slower than the anchor keeps it whole (a small anchor, as one thread
+    measures, would otherwise multiply the ladder's noise into ``h``). Without, it takes
+    ``h - gap``. Either way at least 0."""
 
     inner: list[float] = Field(min_length=1, description="Inner sizes K measured, ascending")
     out_in: list[float] = Field(description="Gap in rows at each inner size, weight stored [out, in]")
@@ -109,7 +111,7 @@ class SmallMGaps(_Strict):
     anchor: float | None = Field(
         default=None, gt=0,
         description="The measured h the gaps are taken from (rows): a product then takes the fitted h times "
-                    "(anchor - gap) / anchor; none: the fitted h less the gap")
+                    "(anchor - gap) / anchor, between 0 and 1; none: the fitted h less the gap")
 
     @model_validator(mode="after")
     def _aligned(self) -> SmallMGaps:
@@ -130,11 +132,11 @@ class SmallMGaps(_Strict):
         return float(np.interp(x, [math.log(k) for k in self.inner], ys))
 
     def scale(self, inner: float, in_out: bool) -> float | None:
-        """The share of the fitted ``h`` such a product keeps, ``(anchor - gap) / anchor`` at
-        least 0 (None without an anchor: the gap is subtracted instead)."""
+        """The share of the fitted ``h`` such a product keeps, ``(anchor - gap) / anchor`` between
+        0 and 1 (None without an anchor: the gap is subtracted instead)."""
         if self.anchor is None:
             return None
-        return max(0.0, 1.0 - self.gap(inner, in_out) / self.anchor)
+        return min(1.0, max(0.0, 1.0 - self.gap(inner, in_out) / self.anchor))
 
     def half_rows(self, h: float, inner: float, in_out: bool) -> float:
         """The ``h`` of such a product when the fitted one is ``h``."""
