@@ -489,8 +489,8 @@ def small_m_gaps(micro: list[Observation]) -> SmallMGaps | None:
     (:func:`ladder_half_rows`) taken from the anchor, the median ``h`` of the [out, in] products
     over the inner sizes. The fit's ``h`` is that of a product at the anchor; a product then
     keeps the share of it its own measured ``h`` is of the anchor (none at or below 0 rows, all
-    of it at or above the anchor). An
-    anchor of 0 rows or less (no slowdown at the median) leaves the gaps to be subtracted."""
+    of it at or above the anchor). An anchor of 0 rows or less (no slowdown at the median) leaves
+    the gaps to be subtracted."""
     h = ladder_half_rows(micro)
     if not h:
         return None
