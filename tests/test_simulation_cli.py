@@ -12,6 +12,7 @@ import pytest
 import yaml
 from click.testing import CliRunner
 
+from perfsdk.hardware.profile import SmallMGaps
 from perfsdk.simulation.calibration import Observation, fit, profile_from_fit
 from perfsdk.cli.simulate import calibrate_command, hardware_group, simulate_command
 
@@ -157,9 +158,15 @@ def test_calibrate_command_writes_profile(tmp_path: Path, monkeypatch: pytest.Mo
         assert lay is not None, r.stderr
         assert d["matmul_small_m_gaps"] == gaps and float(lay.group(3)) == pytest.approx(d["matmul_half_rows"],
                                                                                         abs=0.051)
-        for said, key in ((lay.group(1), "out_in"), (lay.group(2), "in_out")):
-            assert [float(v) for v in said.split()] == pytest.approx(
-                [max(0.0, d["matmul_half_rows"] - g) for g in gaps[key]], abs=0.051)
+        # each size's h as the cost model takes it: the fitted h's share (with the ladder's anchor), or h less the gap
+        table = SmallMGaps.model_validate(gaps)
+        h = d["matmul_half_rows"]
+        for said, in_out in ((lay.group(1), False), (lay.group(2), True)):
+            expected = [table.half_rows(h, k, in_out) for k in table.inner]
+            assert [float(v) for v in said.split()] == pytest.approx(expected, abs=0.051)
+            if table.anchor is not None:
+                assert expected == pytest.approx([h * min(1.0, max(0.0, 1 - g / table.anchor))
+                                                  for g in gaps["in_out" if in_out else "out_in"]])
     else:
         assert d.get("matmul_small_m_gaps") is None and no_h in r.stderr
     # every bootstrap refit kept it
