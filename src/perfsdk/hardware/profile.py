@@ -136,7 +136,13 @@ class SmallMGaps(_Strict):
         0 and 1 (None without an anchor: the gap is subtracted instead)."""
         if self.anchor is None:
             return None
-        return min(1.0, max(0.0, 1.0 - self.gap(inner, in_out) / self.anchor))
+        return float(self.shares(self.gap(inner, in_out)))
+
+    def shares(self, gaps: Any) -> Any:
+        """``(anchor - gap) / anchor`` between 0 and 1 for a gap or an array of them (an anchor
+        must be set)."""
+        assert self.anchor is not None
+        return np.clip(1.0 - np.asarray(gaps) / self.anchor, 0.0, 1.0)
 
     def half_rows(self, h: float, inner: float, in_out: bool) -> float:
         """The ``h`` of such a product when the fitted one is ``h``."""

@@ -252,7 +252,7 @@ class Observation:
         if key not in self._memo:
             gaps = self.gap_rows()
             assert gaps is not None
-            self._memo[key] = np.clip(1.0 - gaps / self.small_m_gaps.anchor, 0.0, 1.0)
+            self._memo[key] = self.small_m_gaps.shares(gaps)
         scales: np.ndarray = self._memo[key]
         return scales
 
