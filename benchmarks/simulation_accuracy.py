@@ -6,7 +6,7 @@ Protocol
 1. Calibrate (``perfsdk.simulation.calibration``, as ``perfsdk calibrate`` does): the
    ``builtin:tiny-llama-medium`` configuration (hidden 512) at 8, 4, 2 and 1 layers, narrowed
    to width 256 at 4 layers and to width 64 at 8 and 2 layers, and small GPT-BigCode and CodeGen
-   models, on a grid of batch sizes and prompt lengths in
+   models (``--calibration-models`` measures others), on a grid of batch sizes and prompt lengths in
    ``--calibration-passes`` round-robin passes (more, up to ``--calibration-max-passes``, while
    the median pass is not settled, as ``perfsdk calibrate`` does), plus three micro-kernels (a 1024^3 matmul, a
    3 x 64 MiB add, a chain of tiny kernels).
@@ -245,6 +245,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--calibration-max-passes", type=int, default=DEFAULT_MAX_PASSES,
                     help="more calibration passes, up to this many, until the median pass is settled "
                          "(perfsdk calibrate's --max-passes default)")
+    ap.add_argument("--calibration-models", type=lambda t: [m for m in t.split(",") if m], default=None,
+                    help="models the calibrations measure, comma-separated (default: perfsdk calibrate's)")
     ap.add_argument("--calibration-repeats", type=int, default=3,
                     help="repeats per configuration and pass of the calibration (perfsdk calibrate's default)")
     ap.add_argument("--min-time", type=float, default=0.2,
@@ -309,7 +311,8 @@ def main(argv: list[str] | None = None) -> int:
     def calibrate(k: int) -> None:
         tc = time.time()
         fit, measured_configs = calibrate_here(
-            list(DEFAULT_CALIBRATION_MODELS), repeats=args.calibration_repeats, threads=args.threads, clock=args.clock,
+            args.calibration_models or list(DEFAULT_CALIBRATION_MODELS), repeats=args.calibration_repeats,
+            threads=args.threads, clock=args.clock,
             passes=args.calibration_passes, max_passes=max(args.calibration_passes, args.calibration_max_passes),
             cache=args.calibration_cache, min_time_s=args.min_time, normalise=not args.no_normalise, seed=k)
         fits.append(fit)
