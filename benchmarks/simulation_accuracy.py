@@ -203,17 +203,20 @@ def _inside(value: float, low: float | None, high: float | None) -> bool | None:
 
 
 def _summary(rows: list[dict], k: int | None = None, own_level: bool = False, current_speed: bool = False,
-             every_entry: bool = False) -> dict:
+             every_entry: bool = False, terms: str | None = None) -> dict:
     """Median and worst |error|, share inside the interval and median interval width (percent of
     the prediction) of ``rows``, for calibration ``k`` (None: the first); ``own_level``: errors
     against the measurement at its own reference level instead of the calibration's;
     ``current_speed``: the prediction brought to the measurement's speed with ``perfsdk simulate
     --at-current-speed``'s scaling (at the measurement's reference median), against the
     measurement at its own level; ``every_entry``: the intervals drawn on every held-out
-    configuration's error, whatever the predicted model's family (families rows only)."""
+    configuration's error, whatever the predicted model's family (families rows only); ``terms``
+    (``one_level`` or ``current_speed``): the prediction brought to the measurement's level with
+    the memory traffic scaled apart (:func:`_term_factors`), against the measurement at its own level."""
     k = k or 0
     errs, inside, widths = [], [], []
-    tag = "_current_speed" if current_speed else "_own_level" if own_level else ""
+    tag = (f"_{terms}_terms" if terms else "_current_speed" if current_speed else "_own_level" if own_level
+           else "")
     band = "_every_entry" if every_entry else ""
     for r in rows:
         for x in ("ttft", "tpot"):
@@ -226,6 +229,26 @@ def _summary(rows: list[dict], k: int | None = None, own_level: bool = False, cu
             "max_abs_error_pct": max(errs) if errs else None,
             "inside_share": sum(inside) / len(inside) if inside else None,
             "median_width_pct": statistics.median(widths) if widths else None, "figures": len(errs)}
+
+
+def _term_factors(cal: object, level: float, whole: bool) -> tuple[float, float]:
+    """The factors that bring a calibration's predictions from its reference median to the
+    reference at ``level``, the memory traffic apart where the calibration told its exponent
+    apart (``CalibrationRecord.speed_factors``). ``whole``: the rest in proportion (a shift lasting
+    minutes carries through whole, ``SHIFT_EXPONENT``) and the memory traffic to the power
+    ``memory_tracking / rest_tracking`` (the noise of the reference's timings lowers both
+    exponents alike, so their ratio is what a long shift carries); otherwise the calibration's
+    own exponents, as ``perfsdk simulate --at-current-speed`` scales."""
+    ref_s = getattr(cal, "reference_s", None)
+    if not ref_s:
+        return 1.0, 1.0
+    ratio = level / ref_s
+    rest_b, mem_b = getattr(cal, "rest_tracking", None), getattr(cal, "memory_tracking", None)
+    if not whole:
+        return cal.speed_factors(level)  # type: ignore[attr-defined]
+    if rest_b is None or mem_b is None or rest_b <= 0:
+        return ratio ** SHIFT_EXPONENT, ratio ** SHIFT_EXPONENT
+    return ratio ** SHIFT_EXPONENT, ratio ** (SHIFT_EXPONENT * min(1.0, mem_b / rest_b))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -375,11 +398,20 @@ def main(argv: list[str] | None = None) -> int:
     speed = [prof.calibration.speed_factor(ref_s)
              if ref is not None and prof.calibration is not None and prof.calibration.reference_s else 1.0
              for prof in profiles]
+    # each calibrated profile brought to the measurement's reference median with the memory traffic
+    # scaled apart: in proportion (``whole``) and with the calibration's own exponents
+    term_factors = {whole: [_term_factors(prof.calibration, ref_s, whole) if ref is not None else (1.0, 1.0)
+                            for prof in profiles] for whole in (True, False)}
+    term_profiles = {whole: [prof.slower_by(*fs) for prof, fs in zip(profiles, term_factors[whole])]
+                     for whole in (True, False)}
     rows = []
     for spec, b, o in configs:
         cfg = models[spec].config
         preds = [simulate_config(cfg, prof, batch_size=b, input_tokens=args.input_tokens, output_tokens=o,
                                  dtype="float32", name=spec) for prof in profiles]
+        term_preds = {whole: [simulate_config(cfg, prof, batch_size=b, input_tokens=args.input_tokens,
+                                              output_tokens=o, dtype="float32", name=spec) for prof in profs]
+                      for whole, profs in term_profiles.items()}
         # a family the calibrations never measured draws its model error from the families they left
         # out whole; the same prediction's intervals drawn on every held-out configuration, beside
         every_entry = [simulate_config(cfg, _every_entry(prof), batch_size=b, input_tokens=args.input_tokens,
@@ -419,6 +451,14 @@ def main(argv: list[str] | None = None) -> int:
                                                      for lo, hi, fk in zip(lows, highs, speed)]
             row[f"{x}_width_pct_each"] = [None if lo is None else 100 * (hi - lo) / v
                                           for lo, hi, v in zip(lows, highs, vals)]
+            # the memory traffic scaled apart: at one level in proportion, and as --at-current-speed scales
+            for whole, tag in ((True, "one_level"), (False, "current_speed")):
+                tp = term_preds[whole]
+                row[f"{x}_{tag}_terms_each"] = [getattr(q, f"{x}_s") or 0.0 for q in tp]
+                row[f"{x}_error_{tag}_terms_pct_each"] = [100 * ((getattr(q, f"{x}_s") or 0.0) - own[j]) / own[j]
+                                                          for q in tp]
+                row[f"{x}_inside_{tag}_terms_each"] = [_inside(own[j], getattr(q, f"{x}_s_low"),
+                                                               getattr(q, f"{x}_s_high")) for q in tp]
             if every_entry:
                 lo_e = [getattr(q, f"{x}_s_low") for q in every_entry]
                 hi_e = [getattr(q, f"{x}_s_high") for q in every_entry]
@@ -431,6 +471,9 @@ def main(argv: list[str] | None = None) -> int:
             100 * (max(v) / min(v) - 1) for v in (row["ttft_one_level_each"], row["tpot_one_level_each"]))
         row["calibration_spread_own_tracking_pct"] = max(
             100 * (max(v) / min(v) - 1) for v in (row["ttft_own_tracking_each"], row["tpot_own_tracking_each"]))
+        for tag in ("one_level", "current_speed"):
+            row[f"calibration_spread_{tag}_terms_pct"] = max(
+                100 * (max(v) / min(v) - 1) for v in (row[f"ttft_{tag}_terms_each"], row[f"tpot_{tag}_terms_each"]))
         rows.append(row)
         print(f"{row['model']:18s} b{b} out{o:<3d} TTFT {row['ttft_measured_ms']:8.2f} ms pred "
               f"{row['ttft_predicted_ms']:8.2f} ({row['ttft_error_pct']:+6.1f}%)  TPOT "
@@ -449,7 +492,15 @@ def main(argv: list[str] | None = None) -> int:
         "families_own_level": {k: _summary(fam_rows, k, own_level=True) for k in range(len(profiles))},
         "families_current_speed": {k: _summary(fam_rows, k, current_speed=True) for k in range(len(profiles))},
         "families_every_entry": {k: _summary(fam_rows, k, every_entry=True) for k in range(len(profiles))},
+        "families_one_level_terms": {k: _summary(fam_rows, k, terms="one_level") for k in range(len(profiles))},
+        "families_current_speed_terms": {k: _summary(fam_rows, k, terms="current_speed")
+                                         for k in range(len(profiles))},
         "speed_factors": speed,
+        "term_factors": {"one_level": term_factors[True], "current_speed": term_factors[False]},
+        "family_calibration_spread_one_level_terms_pct": max(
+            (r["calibration_spread_one_level_terms_pct"] for r in fam_rows), default=None),
+        "family_calibration_spread_current_speed_terms_pct": max(
+            (r["calibration_spread_current_speed_terms_pct"] for r in fam_rows), default=None),
         "family_calibration_spread_pct": max((r["calibration_spread_pct"] for r in fam_rows), default=None),
         "family_calibration_spread_one_level_pct": max(
             (r["calibration_spread_one_level_pct"] for r in fam_rows), default=None),
@@ -468,7 +519,9 @@ def main(argv: list[str] | None = None) -> int:
         "reference_s": {"measurement": ref_s if ref is not None else None,
                         "calibrations": [f.reference_s for f in fits]},
         "reference_tracking": {"measurement": tracking if ref is not None else None,
-                               "calibrations": [f.reference_tracking for f in fits]},
+                               "calibrations": [f.reference_tracking for f in fits],
+                               "calibrations_rest": [f.rest_tracking for f in fits],
+                               "calibrations_memory": [f.memory_tracking for f in fits]},
         "measurement_repeatability_pct": {"families": _repeatability(fam_rows),
                                           "llama": _repeatability([r for r in rows if not r["family"]])},
         "threads": args.threads, "calls": args.calls, "passes": args.passes, "clock": args.clock,
@@ -523,6 +576,27 @@ def main(argv: list[str] | None = None) -> int:
     for k, s_ in (summary["families_current_speed"] if fam_rows else {}).items():
         lines.append(f"Unseen families, calibration {k + 1}, at the measurement's speed (x {speed[k]:.3f}, "
                      f"--at-current-speed's scaling at the measurement's reference median): {said(s_)}.")
+    for k, (s_, fs) in enumerate(zip(summary["families_one_level_terms"].values() if fam_rows else [],
+                                     term_factors[True])):
+        lines.append(f"Unseen families, calibration {k + 1}, the memory traffic apart, brought to the measurement's "
+                     f"reference level in proportion (x {fs[0]:.3f}, the memory traffic x {fs[1]:.3f}), against the "
+                     f"measurement there: {said(s_)}.")
+    for k, (s_, fs) in enumerate(zip(summary["families_current_speed_terms"].values() if fam_rows else [],
+                                     term_factors[False])):
+        lines.append(f"Unseen families, calibration {k + 1}, the memory traffic apart, at the measurement's speed "
+                     f"with the calibration's own exponents (x {fs[0]:.3f}, the memory traffic x {fs[1]:.3f}): "
+                     f"{said(s_)}.")
+    if len(profiles) > 1 and fam_rows:
+        lines.append("With the memory traffic apart, the calibrations' predictions of the unseen families differ by "
+                     f"at most {summary['family_calibration_spread_one_level_terms_pct']:.1f} % brought to one level in "
+                     f"proportion, {summary['family_calibration_spread_current_speed_terms_pct']:.1f} % with their own "
+                     "exponents.")
+    for k, f in enumerate(fits):
+        if f.memory_tracking is not None and f.rest_tracking is not None:
+            lines.append(f"Calibration {k + 1} told the exponents apart: memory traffic {f.memory_tracking:.2f}, the "
+                         f"rest {f.rest_tracking:.2f} (one for all: {f.reference_tracking:.2f}).")
+        else:
+            lines.append(f"Calibration {k + 1} could not tell the memory traffic's exponent apart.")
     if ref is not None:
         lines.append("Reference workload at its median: measurement " + f"{ref_s * 1e3:.2f} ms, calibrations "
                      + ", ".join(f"{(f.reference_s or 0) * 1e3:.2f} ms" for f in fits)

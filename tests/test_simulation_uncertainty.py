@@ -16,14 +16,16 @@ from perfsdk.models.tiny import tiny_llama_config
 from perfsdk.simulation.calibration.fit import CACHE_GRID
 from perfsdk.simulation.calibration import (PARAMS, REFERENCE_LABEL, ConfigurationSamples, at_current_speed, Measurement, bootstrap_coefficients, fit,
                                             held_out_errors, median_of, normalised_runs, pass_levels, pass_order,
-                                            passes_settled, profile_from_fit, reference_tracking)
+                                            passes_settled, profile_from_fit, reference_tracking,
+                                            term_tracking)
 from perfsdk.simulation.predictor import simulate_config
 from perfsdk.simulation.uncertainty import profile_origin
 from tests.test_simulation_fit import TRUTH, _observations
 
 
 def _calibrated(held_out: list[list[float]], levels: list[float], replicates: int = 1,
-                reference_s: float | None = None, tracking: float | None = None):
+                reference_s: float | None = None, tracking: float | None = None,
+                apart: tuple[float, float] | None = None):
     """A profile fitted to noise-free observations, with the given held-out errors and levels;
     every bootstrap replicate equal to the central coefficients (no parameter spread). With
     ``reference_s``: timed around this version's reference workload, at one thread."""
@@ -36,6 +38,8 @@ def _calibrated(held_out: list[list[float]], levels: list[float], replicates: in
     if reference_s is not None:
         res.reference, res.reference_s, res.reference_tracking = REFERENCE_LABEL, reference_s, tracking
         res.threads, res.clock = 1, "wall"
+        if apart is not None:
+            res.rest_tracking, res.memory_tracking = apart
     return profile_from_fit(res, name="my-host")
 
 
@@ -85,6 +89,101 @@ def test_the_normalisation_takes_the_power_the_passes_follow_the_reference_with(
     # the passes as plain (TTFT, TPOT) tuples, as the accuracy benchmark keeps them
     assert reference_tracking({"a": [((2.0, 0.5), 1.0), ((2.0 * 1.1 ** 0.25, 0.5 * 1.1 ** 0.25), 1.1)]}) \
         == pytest.approx(0.25)
+
+
+def test_the_memory_traffic_and_the_rest_follow_the_reference_with_exponents_of_their_own() -> None:
+    levels = [1.0, 1.1, 0.9, 1.05]
+
+    def passes(ttft: float, decode: float, b_ttft: float, b_decode: float) -> list[tuple[Measurement, float]]:
+        return [(_m(ttft * lv ** b_ttft, decode * lv ** b_decode), lv) for lv in levels]
+
+    # compute-bound phases (no memory traffic) follow the reference to the power 0.9, phases that
+    # are all memory traffic to the power 0.2, a phase half of each to 0.55 (0.9 * 0.5 + 0.2 * 0.5)
+    raw = {"small": passes(2.0, 4.0, 0.9, 0.9), "large": passes(3.0, 9.0, 0.9, 0.2), "mid": passes(1.0, 2.0, 0.55, 0.55)}
+    shares = {"small": (0.0, 0.0), "large": (0.0, 1.0), "mid": (0.5, 0.5)}
+    rest, memory = term_tracking(raw, shares)  # type: ignore[misc]
+    assert (rest, memory) == (pytest.approx(0.9), pytest.approx(0.2))
+    # one exponent for all of them lies in between
+    assert 0.2 < reference_tracking(raw) < 0.9
+    # memory traffic that moves against the reference: its exponent held at 0, the rest's fitted with it held
+    against = {"small": passes(2.0, 4.0, 0.8, 0.8), "large": passes(3.0, 9.0, 0.8, -0.3)}
+    assert term_tracking(against, {"small": (0.0, 0.0), "large": (0.0, 1.0)}) == (pytest.approx(0.8), 0.0)
+    # every phase with the same share: the two cannot be told apart
+    assert term_tracking(raw, {"small": (0.4, 0.4), "large": (0.4, 0.4), "mid": (0.4, 0.4)}) is None
+    # shares that barely spread (one minus the regressors' squared correlation under 0.05): none either
+    assert term_tracking(raw, {"small": (0.40, 0.40), "large": (0.40, 0.42), "mid": (0.41, 0.41)}) is None
+    # a configuration without shares (not fitted) is left out; one pass says nothing
+    assert term_tracking({**raw, "x": [(_m(1.0, 1.0), 1.0)], "y": passes(5.0, 5.0, 0.0, 0.0)}, shares) == \
+        (pytest.approx(0.9), pytest.approx(0.2))
+    assert term_tracking({"a": [(_m(2.0, 4.0), 1.1)]}, {"a": (0.0, 1.0)}) is None
+    # both following to the same power, with the timings' own noise: the exponents come out apart
+    # by less than twice the standard error of their difference, and one exponent stands for all
+    rng = np.random.default_rng(3)
+    lv = np.exp(rng.normal(0.0, 0.04, 8))
+    noisy = {f"c{c}": [(_m(2.0 * v ** 0.7 * np.exp(rng.normal(0.0, 0.03)), 4.0 * v ** 0.7 * np.exp(rng.normal(0.0, 0.03))),
+                        float(v)) for v in lv] for c in range(6)}
+    noisy_shares = {f"c{c}": (0.1 * c, 0.2 * c) for c in range(6)}
+    assert term_tracking(noisy, noisy_shares) is None
+    # the same noise with the memory traffic following to 0 and the rest to 1: told apart
+    apart = {k: [(_m(m.ttft_s * v ** (1 - noisy_shares[k][0] - 0.7), m.decode_s * v ** (1 - noisy_shares[k][1] - 0.7)), v)
+                 for m, v in runs] for k, runs in noisy.items()}
+    rest, memory = term_tracking(apart, noisy_shares)  # type: ignore[misc]
+    assert rest > 0.7 and memory < 0.3
+
+
+def test_a_fits_memory_share_is_its_bytes_from_memory_over_the_whole_predicted_time() -> None:
+    from perfsdk.simulation.calibration.fit import FitResult, Observation
+
+    # two ops: a matrix product of 2e6 FLOPs over 1e3 bytes (compute-bound at these rates) and an
+    # add of 10 FLOPs over 4e6 bytes (memory-bound); 5 us per op, 20 us per forward pass
+    ob = Observation(label="x", phase="decode", measured_s=1.0, flops=np.array([2e6, 10.0]),
+                     bytes_=np.array([1e3, 4e6]), weights=np.array([1.0, 1.0]), forward_passes=1.0)
+    coef = dict.fromkeys(PARAMS, 0.0)
+    coef.update(s_per_flop=1e-10, s_per_byte=1e-10, op_overhead_s=5e-6, step_overhead_s=20e-6)
+    res = FitResult(coefficients=coef, errors_pct={}, iterations=1, observations=1)
+    compute, memory, fixed = 2e6 * 1e-10, 4e6 * 1e-10, 2 * 5e-6 + 20e-6
+    assert res.memory_share(ob) == pytest.approx(memory / (compute + memory + fixed))
+    assert res.memory_share(replace(ob, bytes_=np.array([1e3, 1.0]))) == 0.0
+
+
+def test_a_profile_slower_by_two_factors_scales_the_memory_traffic_by_its_own() -> None:
+    prof = _calibrated([[0.1, -0.1]], [1.0], reference_s=0.040, tracking=0.8, apart=(0.9, 0.25))
+    prof = prof.model_copy(update={"matmul_pack_gbs": 30.0, "cache_bandwidth_gbs": 200.0, "cache_mb": 8.0})
+    slow = prof.slower_by(1.2, 1.05)
+    assert slow.memory_bandwidth_gbs == pytest.approx(prof.memory_bandwidth_gbs / 1.05)
+    assert slow.matmul_pack_gbs == pytest.approx(30.0 / 1.05)
+    assert slow.cache_bandwidth_gbs == pytest.approx(200.0 / 1.2)  # the cache runs at the cores' speed
+    assert slow.peak_tflops.fp32 == pytest.approx(prof.peak_tflops.fp32 / 1.2)  # type: ignore[operator]
+    assert slow.op_overhead_s == pytest.approx(prof.op_overhead_s * 1.2)
+    cal, now = prof.calibration, slow.calibration
+    assert cal is not None and now is not None
+    want = {"s_per_byte": 1.05, "s_per_packed_byte": 1.05}
+    assert now.coefficients == pytest.approx([c * want.get(p, 1.2) for p, c in zip(cal.params, cal.coefficients)])
+    assert now.replicates[0] == pytest.approx([c * want.get(p, 1.2) for p, c in zip(cal.params, cal.replicates[0])])
+    assert now.reference_s == pytest.approx(0.040 * 1.2)
+    # one factor: both alike, as before
+    assert prof.slower_by(1.2).memory_bandwidth_gbs == pytest.approx(prof.memory_bandwidth_gbs / 1.2)
+    with pytest.raises(ValueError, match="a speed factor must be positive"):
+        prof.slower_by(1.2, 0.0)
+    # the record's factors: the reference's ratio to each exponent; one exponent where not told apart
+    assert cal.speed_factors(0.044) == (pytest.approx(1.1 ** 0.9), pytest.approx(1.1 ** 0.25))
+    assert cal.speed_factor(0.044) == pytest.approx(1.1 ** 0.8)
+    assert cal.model_copy(update={"memory_tracking": None}).speed_factors(0.044) == (
+        pytest.approx(1.1 ** 0.8), pytest.approx(1.1 ** 0.8))
+    # what the calibration found is said in the profile's source, and kept through a profile file
+    assert ("Told apart by each phase's share of memory traffic, the memory traffic followed the reference workload "
+            "to the power 0.25, the rest to 0.90.") in prof.source
+    back = parse_profile(yaml.safe_load(profile_to_yaml(prof)))
+    assert back.calibration is not None
+    assert (back.calibration.rest_tracking, back.calibration.memory_tracking) == (0.9, 0.25)
+    # re-timed: the memory traffic's factor apart, and said
+    now_prof, factor, said = at_current_speed(prof, ticks=3, min_time_s=0.0,
+                                              timer=_Timer(0.044, 0.044, 0.044))  # type: ignore[arg-type]
+    assert factor == pytest.approx(1.1 ** 0.9)
+    assert now_prof.memory_bandwidth_gbs == pytest.approx(prof.memory_bandwidth_gbs / 1.1 ** 0.25)
+    assert ("every predicted time x 1.090 (that ratio to the power 0.90), the memory traffic's x 1.024 (to the "
+            "power 0.25, the one the calibration's memory-bound phases followed it with); the median of 3 timings"
+            ) in said
 
 
 def test_the_median_pass_is_settled_when_three_passes_covering_it_agree() -> None:

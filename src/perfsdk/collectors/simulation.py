@@ -187,6 +187,9 @@ class SimulationCollectorResult(CollectorResult):
     speed_factor: float | None = Field(
         default=None, description="at_current_speed: how much longer every predicted time of the measured device was "
                                   "made, from its reference workload timed after the run (None: not re-timed)")
+    memory_speed_factor: float | None = Field(
+        default=None, description="at_current_speed: the same for the memory traffic, where the calibration told "
+                                  "its exponent apart (None: as speed_factor, or not re-timed)")
 
 
 def _summarize(res: SimulationResult, top_n: int) -> TargetPrediction:
@@ -485,7 +488,10 @@ class SimulationCollector(Collector):
             try:
                 now_host, factor, said = at_current_speed(host)
                 notes.append(said)
-                out = out.model_copy(update={"speed_factor": factor})
+                cal = host.calibration
+                apart = cal is not None and cal.memory_tracking is not None and cal.rest_tracking is not None
+                memory = host.memory_bandwidth_gbs / now_host.memory_bandwidth_gbs if apart else None
+                out = out.model_copy(update={"speed_factor": factor, "memory_speed_factor": memory})
             except ValueError as exc:
                 errors["at_current_speed"] = str(exc)
         for target in [*cfg.targets, measured_name]:
@@ -627,8 +633,10 @@ def _summary_tables(res: dict[str, Any]) -> list[Any]:
         n_same = res.get("compared_steps") or 0
         said = [f"measured: median of the run's {n_same} steps of this shape"] if n_same > 1 else []
         if res.get("speed_factor") is not None:
-            said.append(f"predicted at this machine's speed after the run: x {res['speed_factor']:.3f} (its "
-                        "calibration's reference workload timed again)")
+            memory = res.get("memory_speed_factor")
+            said.append(f"predicted at this machine's speed after the run: x {res['speed_factor']:.3f}"
+                        + ("" if memory is None else f", the memory traffic x {memory:.3f}")
+                        + " (its calibration's reference workload timed again)")
         elif (res.get("errors") or {}).get("at_current_speed"):
             said.append(f"at the calibration's speed: {res['errors']['at_current_speed']}")
         ct = Table(title=f"Predicted vs measured on {res.get('measured_profile')}", show_edge=False,

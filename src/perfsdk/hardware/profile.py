@@ -150,6 +150,13 @@ class SmallMGaps(_Strict):
         return h * s if s is not None else max(0.0, h - self.gap(inner, in_out))
 
 
+#: the rates that price the bytes streamed from memory (the memory-bound bytes, and the weights a
+#: matrix product repacks), and the calibration coefficients of the same: what
+#: :meth:`HardwareProfile.slower_by` scales by the memory traffic's own factor
+MEMORY_RATES = ("memory_bandwidth_gbs", "matmul_pack_gbs")
+MEMORY_COEFFICIENTS = ("s_per_byte", "s_per_packed_byte")
+
+
 class CalibrationRecord(_Strict):
     """What a calibration on a host keeps so that its predictions can state their uncertainty.
 
@@ -197,6 +204,15 @@ class CalibrationRecord(_Strict):
         description="The exponent b of time ∝ level ** b that the configurations' passes follow the reference with "
                     "(1: exactly as it moves, 0: not at all); the normalisation divides by level ** b, and levels "
                     "are stored to that power")
+    rest_tracking: float | None = Field(
+        default=None, ge=0, le=1,
+        description="The exponent that the work other than memory traffic follows the reference with, told apart "
+                    "from the memory traffic's (memory_tracking) by each phase's share of memory traffic; None: "
+                    "not told apart (reference_tracking for all)")
+    memory_tracking: float | None = Field(
+        default=None, ge=0, le=1,
+        description="The exponent that the memory traffic (the costs per byte of memory_bandwidth_gbs and "
+                    "matmul_pack_gbs) follows the reference with; None: as the rest")
     drift_pct: float | None = Field(default=None, description="Slowest pass over fastest, raw timings, percent")
     normalised_drift_pct: float | None = Field(
         default=None, description="The same after each configuration is divided by the adjacent reference, percent")
@@ -225,11 +241,24 @@ class CalibrationRecord(_Strict):
     def speed_factor(self, reference_now_s: float) -> float:
         """How much longer every time takes with the reference workload at ``reference_now_s``
         instead of its calibration median: ``(now / reference_s) ** reference_tracking`` (the
-        power the calibration's configurations followed the reference with; 1 when unknown)."""
+        power the calibration's configurations followed the reference with; 1 when unknown).
+        :meth:`speed_factors` tells the memory traffic's part apart."""
         if self.reference_s is None:
             raise ValueError("this calibration timed no reference workload")
         b = self.reference_tracking if self.reference_tracking is not None else 1.0
         return float((reference_now_s / self.reference_s) ** b)
+
+    def speed_factors(self, reference_now_s: float) -> tuple[float, float]:
+        """How much longer the work other than memory traffic, and the memory traffic, take with
+        the reference workload at ``reference_now_s`` instead of its calibration median: the
+        ratio to the powers ``rest_tracking`` and ``memory_tracking``; both :meth:`speed_factor`
+        where the calibration did not tell them apart."""
+        if self.rest_tracking is None or self.memory_tracking is None:
+            f = self.speed_factor(reference_now_s)
+            return f, f
+        assert self.reference_s is not None
+        r = reference_now_s / self.reference_s
+        return float(r ** self.rest_tracking), float(r ** self.memory_tracking)
 
     @model_validator(mode="after")
     def _shapes(self) -> CalibrationRecord:
@@ -403,30 +432,34 @@ class HardwareProfile(_Strict):
         """False for the host itself: transfers through the host cost nothing."""
         return self.host_to_device_gbs is not None and self.device_to_host_gbs is not None
 
-    def slower_by(self, factor: float) -> HardwareProfile:
+    def slower_by(self, factor: float, memory_factor: float | None = None) -> HardwareProfile:
         """The same device with every time it prices ``factor`` times as long: each rate
         (``*_gbs``, ``peak_tflops``) divided by ``factor``, each fixed or per-element cost (``*_s``,
         ``*_ns_per_*``) multiplied by it; sizes, energies per bit or FLOP and power unchanged.
+        ``memory_factor`` (default ``factor``) takes the place of ``factor`` for the memory
+        traffic: the rates of :data:`MEMORY_RATES` and the calibration's coefficients of them.
         A calibration record's coefficients (all seconds per unit) and reference time follow, so
         the intervals keep their relative width. Used to bring a calibrated host to its speed of
         the moment (the reference workload timed again)."""
-        if factor <= 0:
-            raise ValueError(f"profile {self.name}: a speed factor must be positive, got {factor}")
+        mf = factor if memory_factor is None else memory_factor
+        if factor <= 0 or mf <= 0:
+            raise ValueError(f"profile {self.name}: a speed factor must be positive, got {factor} and {mf}")
         update: dict[str, Any] = {}
         for name in type(self).model_fields:
             value = getattr(self, name)
             if value is None or isinstance(value, bool):
                 continue
             if name.endswith("_gbs"):
-                update[name] = value / factor
+                update[name] = value / (mf if name in MEMORY_RATES else factor)
             elif name.endswith("_s") or "_ns_per_" in name:
                 update[name] = value * factor
         update["peak_tflops"] = PeakTflops(**{k: v / factor for k, v in self.peak_tflops.available().items()})
         cal = self.calibration
         if cal is not None:
+            per = [mf if p in MEMORY_COEFFICIENTS else factor for p in cal.params]
             update["calibration"] = cal.model_copy(update={
-                "coefficients": [c * factor for c in cal.coefficients],
-                "replicates": [[c * factor for c in r] for r in cal.replicates],
+                "coefficients": [c * f for c, f in zip(cal.coefficients, per)],
+                "replicates": [[c * f for c, f in zip(r, per)] for r in cal.replicates],
                 "reference_s": cal.reference_s * factor if cal.reference_s is not None else None})
         return self.model_copy(update=update)
 

@@ -49,7 +49,7 @@ from typing import Any, Literal
 import numpy as np
 import structlog
 
-from perfsdk.hardware.profile import HardwareProfile, SmallMGaps
+from perfsdk.hardware.profile import MEMORY_COEFFICIENTS, HardwareProfile, SmallMGaps
 from perfsdk.capture.ops import OpRecord
 from perfsdk.simulation.costmodel import (inner_size, matmul_rows, op_bytes, pack_passes, product_rows,
                                           products_pack_passes, products_small_m, resident_bytes, small_m_applies,
@@ -64,6 +64,10 @@ PARAMS = ("s_per_flop", "s_per_byte", "op_overhead_s", "step_overhead_s", "prefi
 #: from the analytic generator), or per ATen call (ops captured from the model's own code)
 _OP_TERMS = [2, 7]
 _CALL_TERMS = [11]
+#: coefficients of the bytes streamed from memory (the memory-bound bytes and the weights
+#: repacked): the profile's ``memory_bandwidth_gbs`` and ``matmul_pack_gbs``, which a re-timing
+#: scales by the memory's own exponent (:attr:`FitResult.memory_tracking`)
+MEMORY_TERMS = [PARAMS.index(p) for p in MEMORY_COEFFICIENTS]
 
 
 @dataclass
@@ -335,6 +339,11 @@ class FitResult:
     #: the exponent the configurations' times follow the reference's with
     #: (:func:`~perfsdk.simulation.calibration.measure.reference_tracking`)
     reference_tracking: float | None = None
+    #: the exponents the work other than memory traffic and the memory traffic follow the
+    #: reference with, apart (:func:`~perfsdk.simulation.calibration.measure.term_tracking`);
+    #: None when they could not be told apart
+    rest_tracking: float | None = None
+    memory_tracking: float | None = None
     #: how many steady decode steps the first decode steps take beyond their count (the
     #: profile's ``decode_warmup_steps``; the decode times fitted are brought to the steady step)
     decode_warmup_steps: float = 0.0
@@ -343,6 +352,15 @@ class FitResult:
     #: the machine the measurements come from, when it is not this one (stored runs):
     #: :class:`~perfsdk.simulation.calibration.from_store.MeasuredMachine`
     machine: Any = None
+
+    def memory_share(self, ob: Observation) -> float:
+        """The share of ``ob``'s predicted time that its bytes streamed from memory take
+        (:data:`MEMORY_TERMS`: the memory-bound bytes and the weights repacked), at these
+        coefficients; 0 for a phase predicted at no time."""
+        x = np.array([self.coefficients[p] for p in PARAMS])
+        f = ob.features(x[0], x[1], 0.0, self.cache_bytes, x[5], self.pack_rows, x[8], x[9], x[10]) * x
+        total = float(f.sum())
+        return float(f[MEMORY_TERMS].sum() / total) if total > 0 else 0.0
 
     @property
     def flops_per_s(self) -> float | None:
@@ -629,6 +647,9 @@ def profile_from_fit(result: FitResult, *, name: str = "host-calibrated", base: 
             if result.reference_tracking is not None:
                 source += f" (to the power {result.reference_tracking:.2f}, the one the passes follow it with)"
         source += "."
+    if result.memory_tracking is not None and result.rest_tracking is not None:
+        source += (f" Told apart by each phase's share of memory traffic, the memory traffic followed the reference "
+                   f"workload to the power {result.memory_tracking:.2f}, the rest to {result.rest_tracking:.2f}.")
     if missing:
         source += f" Not identifiable from the data, kept from {base.name}: {', '.join(missing)}."
     source += f" Energy, static power and efficiency-free rates: energy figures copied from {base.name} (estimates)."
@@ -641,7 +662,8 @@ def profile_from_fit(result: FitResult, *, name: str = "host-calibrated", base: 
         replicates=result.replicates, held_out=result.held_out, levels=result.levels,
         held_out_whole_family=result.held_out_whole_family, families=result.families,
         cache_bytes=result.cache_bytes, pack_rows=result.pack_rows, reference=result.reference,
-        reference_s=result.reference_s, reference_tracking=result.reference_tracking, drift_pct=result.drift_pct,
+        reference_s=result.reference_s, reference_tracking=result.reference_tracking,
+        rest_tracking=result.rest_tracking, memory_tracking=result.memory_tracking, drift_pct=result.drift_pct,
         normalised_drift_pct=result.normalised_drift_pct, passes=result.passes, threads=result.threads,
         clock=result.clock, small_m_gaps=result.small_m_gaps)
     cached = bool(result.cache_bytes) and k.get("s_per_cached_byte", 0) > 0

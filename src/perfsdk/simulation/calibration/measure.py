@@ -5,6 +5,7 @@ grid of shapes, plus two micro-kernels, turned into observations and fitted
 from __future__ import annotations
 
 import gc
+import math
 import random
 import statistics
 import time
@@ -745,9 +746,10 @@ def at_current_speed(profile: HardwareProfile, *, ticks: int = 5, min_time_s: fl
     calibration's torch threads and clock: at least ``ticks`` timings (each the median of its
     calls) and for at least ``min_time_s`` seconds (at most ``max_ticks`` timings); their median
     is the machine's speed now. Every time the profile prices is multiplied by
-    :meth:`~perfsdk.hardware.profile.CalibrationRecord.speed_factor`: a machine that runs slower
+    :meth:`~perfsdk.hardware.profile.CalibrationRecord.speed_factors`: a machine that runs slower
     now than while it was calibrated gets predictions that are slower by as much as its
-    calibrated work followed the reference. The intervals follow, widened by how far a window of
+    calibrated work followed the reference, the memory traffic by its own exponent where the
+    calibration told it apart (:func:`term_tracking`). The intervals follow, widened by how far a window of
     a few seconds strays from the machine's level (:func:`_retimed_levels`): a re-timing is such
     a window, and the run it predicts another. Returns the profile, that
     factor and the sentence that says what was found. ``ValueError`` when it cannot be done: no
@@ -785,16 +787,19 @@ def at_current_speed(profile: HardwareProfile, *, ticks: int = 5, min_time_s: fl
     finally:
         torch.set_num_threads(before)
     now = float(statistics.median(times))
-    factor = cal.speed_factor(now)
-    b = cal.reference_tracking if cal.reference_tracking is not None else 1.0
+    factor, memory_factor = cal.speed_factors(now)
+    apart = cal.rest_tracking is not None and cal.memory_tracking is not None
+    b = cal.rest_tracking if apart else cal.reference_tracking if cal.reference_tracking is not None else 1.0
     levels, (lo, hi) = _retimed_levels(cal.levels)
-    slowed = profile.slower_by(factor)
+    slowed = profile.slower_by(factor, memory_factor)
     assert slowed.calibration is not None
     slowed = slowed.model_copy(update={"calibration": slowed.calibration.model_copy(update={"levels": levels})})
+    memory = (f", the memory traffic's x {memory_factor:.3f} (to the power {cal.memory_tracking:.2f}, the one the "
+              "calibration's memory-bound phases followed it with)" if apart else "")
     said = (f"at this machine's speed now: the reference workload took {fmt_s(now)} against {fmt_s(cal.reference_s)} "
             f"when {profile.name} was calibrated; every predicted time x {factor:.3f} (that ratio to "
-            f"the power {b:.2f}); the median of {len(times)} timings over {spent:.1f} s, from {fmt_s(min(times))} "
-            f"to {fmt_s(max(times))}")
+            f"the power {b:.2f}){memory}; the median of {len(times)} timings over {spent:.1f} s, from "
+            f"{fmt_s(min(times))} to {fmt_s(max(times))}")
     if cal.levels:
         said += (f"; a window of seconds strays from the machine's level by {100 * (lo - 1):+.1f} / "
                  f"{100 * (hi - 1):+.1f} % (90 %, as the calibration's reference did), which the intervals include")
@@ -841,6 +846,26 @@ def median_of(runs: list[Measurement]) -> Measurement:
                        repeats=sum(m.repeats for m in runs))
 
 
+def _centred(raw: dict[Any, list[tuple[Any, float]]]) -> list[tuple[Any, int, list[float], list[float]]]:
+    """For each configuration and phase of ``raw`` (see :func:`reference_tracking`) with two
+    passes or more: its key, the phase's index, and the log levels and log times of its passes,
+    each centred on its mean."""
+    out = []
+    for key, runs in raw.items():
+        if len(runs) < 2:
+            continue
+        xs = [math.log(adj) for _, adj in runs]
+        mx = sum(xs) / len(xs)
+        phases = [(m.ttft_s, m.decode_s) if isinstance(m, Measurement) else tuple(m) for m, _ in runs]
+        for j in range(len(phases[0])):
+            ys = [math.log(ph[j]) for ph in phases if ph[j] > 0]
+            if len(ys) != len(xs):
+                continue
+            my = sum(ys) / len(ys)
+            out.append((key, j, [x - mx for x in xs], [y - my for y in ys]))
+    return out
+
+
 def reference_tracking(raw: dict[Any, list[tuple[Any, float]]]) -> float:
     """How closely the configurations' times follow the reference workload's: the exponent
     ``b`` of ``time ∝ level ** b``, estimated from the passes (``raw``: per configuration, each
@@ -854,25 +879,74 @@ def reference_tracking(raw: dict[Any, list[tuple[Any, float]]]) -> float:
     noise where it cannot (with a fixed ``b = 1``, a reference that swings more than the work it
     stands for makes the normalised times less steady than the raw ones). Clipped to [0, 1];
     1 when nothing can be estimated (one pass, or a level that never moved)."""
-    import math
-
     sxy = sxx = 0.0
-    for runs in raw.values():
-        if len(runs) < 2:
-            continue
-        xs = [math.log(adj) for _, adj in runs]
-        mx = sum(xs) / len(xs)
-        phases = [(m.ttft_s, m.decode_s) if isinstance(m, Measurement) else tuple(m) for m, _ in runs]
-        for j in range(len(phases[0])):
-            ys = [math.log(ph[j]) for ph in phases if ph[j] > 0]
-            if len(ys) != len(xs):
-                continue
-            my = sum(ys) / len(ys)
-            sxy += sum((x - mx) * (y - my) for x, y in zip(xs, ys))
-            sxx += sum((x - mx) ** 2 for x in xs)
+    for _, _, xs, ys in _centred(raw):
+        sxy += sum(x * y for x, y in zip(xs, ys))
+        sxx += sum(x * x for x in xs)
     if sxx <= 0:
         return 1.0
     return min(1.0, max(0.0, sxy / sxx))
+
+
+#: :func:`term_tracking` tells the two exponents apart only where the memory shares of the
+#: phases spread enough: one minus the squared correlation of its two regressors at least this
+TERMS_APART_MIN = 0.05
+#: ... and where the two exponents differ by at least this many standard errors of their difference
+TERMS_APART_SE = 2.0
+
+
+def term_tracking(raw: dict[Any, list[tuple[Any, float]]],
+                  shares: dict[Any, tuple[float, ...]]) -> tuple[float, float] | None:
+    """The exponents ``(b_rest, b_memory)`` that the work other than memory traffic and the
+    memory traffic follow the reference workload with, apart.
+
+    A phase whose predicted time is the share ``m`` memory traffic (``shares``: per
+    configuration of ``raw``, each phase's share, :meth:`~perfsdk.simulation.calibration.fit.
+    FitResult.memory_share`) follows the reference with ``b_rest * (1 - m) + b_memory * m``: the
+    centred log times of every phase's passes (as :func:`reference_tracking` takes them) are
+    fitted on ``(1 - m) * x`` and ``m * x`` (``x`` the centred log level) by least squares with
+    both exponents in [0, 1]. The reference workload is a small model whose time is mostly
+    compute and fixed costs; a machine whose memory slows apart from its cores moves the
+    memory-bound phases (a large model's decode at batch 1) by other amounts than the reference,
+    and one exponent for all of them carries the reference's movement onto them. None where
+    the phases' shares do not spread enough to tell the two apart (:data:`TERMS_APART_MIN`),
+    where the two exponents differ by less than :data:`TERMS_APART_SE` standard errors of their
+    difference (the timings' own noise could make them that different; one exponent for all
+    then, :func:`reference_tracking`), or nothing moved."""
+    suu = suv = svv = suy = svy = syy = 0.0
+    points = groups = 0
+    for key, j, xs, ys in _centred(raw):
+        share = shares.get(key)
+        if share is None or j >= len(share):
+            continue
+        m = min(1.0, max(0.0, float(share[j])))
+        groups, points = groups + 1, points + len(xs)
+        for x, y in zip(xs, ys):
+            u, v = (1.0 - m) * x, m * x
+            suu, suv, svv, suy, svy = suu + u * u, suv + u * v, svv + v * v, suy + u * y, svy + v * y
+            syy += y * y
+    if suu <= 0 or svv <= 0 or 1.0 - suv * suv / (suu * svv) < TERMS_APART_MIN:
+        return None
+
+    def sse(a: float, b: float) -> float:
+        return syy + suu * a * a + 2 * suv * a * b + svv * b * b - 2 * (suy * a + svy * b)
+
+    det = suu * svv - suv * suv
+    a, b = (suy * svv - svy * suv) / det, (svy * suu - suy * suv) / det
+    # the variance of a - b: the residuals' (one degree of freedom lost to each phase's centring)
+    # times that of the difference in the normal equations' inverse
+    dof = points - groups - 2
+    if dof <= 0:
+        return None
+    resid = max(0.0, sse(a, b)) / dof
+    if abs(a - b) < TERMS_APART_SE * math.sqrt(resid * (suu + svv + 2 * suv) / det):
+        return None
+    if 0.0 <= a <= 1.0 and 0.0 <= b <= 1.0:
+        return a, b
+    # the least squares inside the box lie on one of its edges: each edge's best point, the least kept
+    edges = [(e, min(1.0, max(0.0, (svy - suv * e) / svv))) for e in (0.0, 1.0)]
+    edges += [(min(1.0, max(0.0, (suy - suv * e) / suu)), e) for e in (0.0, 1.0)]
+    return min(edges, key=lambda ab: sse(*ab))
 
 
 def normalised_runs(raw: dict[Any, list[tuple[Measurement, float]]], reference_s: float,
@@ -1043,6 +1117,11 @@ def calibrate_here(models: list[str], grid: list[tuple[int, int, int]] | None = 
         result.levels = ref.levels(tracking if tracking is not None else 1.0)
         result.reference, result.reference_s = ref.label, ref_s
         result.reference_tracking = tracking
+        # the memory traffic's exponent apart from the rest's, by each phase's share of it in this fit
+        shares = {key: tuple(result.memory_share(ob) for ob in c.observations) for key, c in zip(configs, samples)}
+        apart = term_tracking({k: [(m, ref.level_at(i)) for m, i in v] for k, v in raw.items()}, shares)
+        if apart is not None:
+            result.rest_tracking, result.memory_tracking = apart
     result.replicates = bootstrap_coefficients(result, samples, fixed, replicates=replicates, seed=seed,
                                                fit_step_overhead=fit_step_overhead)
     keep_held_out(result, samples, fixed, fit_step_overhead=fit_step_overhead)
