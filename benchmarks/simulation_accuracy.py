@@ -30,7 +30,10 @@ Protocol
    reported beside, and so are the errors of each prediction brought to the measurement's speed
    with the scaling ``perfsdk simulate --at-current-speed`` applies (``CalibrationRecord.speed_factor``),
    here at the measurement's reference median over all its passes (minutes; the command re-times
-   a few seconds), with the share inside the interval so scaled. The
+   a few seconds), with the share inside the interval so scaled; and the same two with the memory
+   traffic scaled apart where a calibration told its exponent apart (``rest_tracking``,
+   ``memory_tracking``: in proportion, the memory traffic to the power of their ratio; and with
+   the calibration's own exponents), each against the measurement at its own level. The
    measurement passes alternate
    with the ``--calibrations`` calibrations (measure, calibrate, measure, calibrate, then the
    remaining passes), so
@@ -521,7 +524,8 @@ def main(argv: list[str] | None = None) -> int:
         "reference_tracking": {"measurement": tracking if ref is not None else None,
                                "calibrations": [f.reference_tracking for f in fits],
                                "calibrations_rest": [f.rest_tracking for f in fits],
-                               "calibrations_memory": [f.memory_tracking for f in fits]},
+                               "calibrations_memory": [f.memory_tracking for f in fits],
+                               "calibrations_note": [f.tracking_note for f in fits]},
         "measurement_repeatability_pct": {"families": _repeatability(fam_rows),
                                           "llama": _repeatability([r for r in rows if not r["family"]])},
         "threads": args.threads, "calls": args.calls, "passes": args.passes, "clock": args.clock,
@@ -592,11 +596,8 @@ def main(argv: list[str] | None = None) -> int:
                      f"proportion, {summary['family_calibration_spread_current_speed_terms_pct']:.1f} % with their own "
                      "exponents.")
     for k, f in enumerate(fits):
-        if f.memory_tracking is not None and f.rest_tracking is not None:
-            lines.append(f"Calibration {k + 1} told the exponents apart: memory traffic {f.memory_tracking:.2f}, the "
-                         f"rest {f.rest_tracking:.2f} (one for all: {f.reference_tracking:.2f}).")
-        else:
-            lines.append(f"Calibration {k + 1} could not tell the memory traffic's exponent apart.")
+        lines.append(f"Calibration {k + 1}, the exponents of the memory traffic and the rest: "
+                     f"{f.tracking_note or 'not estimated'} (one for all: {f.reference_tracking or 1.0:.2f}).")
     if ref is not None:
         lines.append("Reference workload at its median: measurement " + f"{ref_s * 1e3:.2f} ms, calibrations "
                      + ", ".join(f"{(f.reference_s or 0) * 1e3:.2f} ms" for f in fits)

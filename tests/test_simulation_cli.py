@@ -181,6 +181,17 @@ def test_calibrate_command_writes_profile(tmp_path: Path, monkeypatch: pytest.Mo
     assert 0.0 <= cal["reference_tracking"] <= 1.0
     assert f"{cal['reference_tracking']:.2f}" == tracking.group(1)
     assert f"(to the power {tracking.group(1)}, the one the passes follow it with)" in d["source"]
+    # the memory traffic's exponent and the rest's: said, and kept only where told apart
+    apart = re.search(r"memory traffic and the rest, how closely each followed the reference workload \(by each "
+                      r"phase's share of memory traffic in this fit\): (not )?told apart: ([^\n]*)", r.stderr)
+    assert apart is not None, r.stderr
+    if apart.group(1):
+        assert cal.get("memory_tracking") is None and cal.get("rest_tracking") is None
+    else:
+        assert 0.0 <= cal["memory_tracking"] <= 1.0 and 0.0 <= cal["rest_tracking"] <= 1.0
+        assert apart.group(2).endswith("; --at-current-speed scales each by its own")
+        assert (f"the memory traffic followed the reference workload to the power {cal['memory_tracking']:.2f}, the "
+                f"rest to {cal['rest_tracking']:.2f}.") in d["source"]
     assert re.search(r"; the machine's level \(the reference timed around\) at 16 timings", r.stderr), r.stderr
     # what the seconds mean: the reference's median kept in the profile, and the spread of the level around it
     level = re.search(r"seconds: at this machine's speed while calibrating, the reference workload's median of "

@@ -4,6 +4,7 @@ errors, reference levels), drift normalisation, the intervals and origins the si
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import replace
 
 import numpy as np
@@ -17,7 +18,7 @@ from perfsdk.simulation.calibration.fit import CACHE_GRID
 from perfsdk.simulation.calibration import (PARAMS, REFERENCE_LABEL, ConfigurationSamples, at_current_speed, Measurement, bootstrap_coefficients, fit,
                                             held_out_errors, median_of, normalised_runs, pass_levels, pass_order,
                                             passes_settled, profile_from_fit, reference_tracking,
-                                            term_tracking)
+                                            term_fit, term_tracking)
 from perfsdk.simulation.predictor import simulate_config
 from perfsdk.simulation.uncertainty import profile_origin
 from tests.test_simulation_fit import TRUTH, _observations
@@ -124,11 +125,20 @@ def test_the_memory_traffic_and_the_rest_follow_the_reference_with_exponents_of_
                         float(v)) for v in lv] for c in range(6)}
     noisy_shares = {f"c{c}": (0.1 * c, 0.2 * c) for c in range(6)}
     assert term_tracking(noisy, noisy_shares) is None
+    said = term_fit(noisy, noisy_shares)[1]
+    assert re.fullmatch(r"not told apart: the memory traffic \d\.\d\d, the rest \d\.\d\d \(their difference's standard "
+                        r"error \d\.\d\d\), less than 2 standard errors apart", said), said
+    assert term_fit(raw, {"small": (0.4, 0.4), "large": (0.4, 0.4), "mid": (0.4, 0.4)})[1] == (
+        "not told apart: the phases' shares of memory traffic spread too little (0.000 against 0.05)")
     # the same noise with the memory traffic following to 0 and the rest to 1: told apart
     apart = {k: [(_m(m.ttft_s * v ** (1 - noisy_shares[k][0] - 0.7), m.decode_s * v ** (1 - noisy_shares[k][1] - 0.7)), v)
                  for m, v in runs] for k, runs in noisy.items()}
     rest, memory = term_tracking(apart, noisy_shares)  # type: ignore[misc]
     assert rest > 0.7 and memory < 0.3
+    assert term_fit(apart, noisy_shares)[1].startswith("told apart: the memory traffic ")
+    assert term_fit(against, {"small": (0.0, 0.0), "large": (0.0, 1.0)})[1] == (
+        "told apart: the memory traffic -0.30, the rest 0.80 (their difference's standard error 0.00); in [0, 1], "
+        "the memory traffic 0.00, the rest 0.80")
 
 
 def test_a_fits_memory_share_is_its_bytes_from_memory_over_the_whole_predicted_time() -> None:

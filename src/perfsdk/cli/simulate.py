@@ -453,10 +453,11 @@ def calibrate_command(models: tuple[str, ...], repeats: int, passes: int, max_pa
             _say_held(result)
             _say_uncertainty(result)
             _say_level(result)
-            if result.memory_tracking is not None and result.rest_tracking is not None:
-                click.echo(f"tracking apart: the memory traffic followed the reference workload to the power "
-                           f"{result.memory_tracking:.2f}, the rest to {result.rest_tracking:.2f} (by each phase's "
-                           "share of memory traffic in this fit; --at-current-speed scales each by its own)", err=True)
+            if result.tracking_note:
+                click.echo(f"memory traffic and the rest, how closely each followed the reference workload (by each "
+                           f"phase's share of memory traffic in this fit): {result.tracking_note}" + (
+                               "; --at-current-speed scales each by its own" if result.memory_tracking is not None
+                               else ""), err=True)
             click.echo(f"decode warm-up: the first decode steps took {result.decode_warmup_steps:.2f} steady steps "
                        "beyond their count (median over the passes of configurations with 8 or more decode steps; "
                        "the fit prices the steady step, predictions add it back by the decode's length)", err=True)
@@ -485,6 +486,7 @@ def calibrate_command(models: tuple[str, ...], repeats: int, passes: int, max_pa
                                "reference": result.reference, "reference_s": result.reference_s,
                                "reference_tracking": result.reference_tracking,
                                "rest_tracking": result.rest_tracking, "memory_tracking": result.memory_tracking,
+                               "tracking_note": result.tracking_note,
                                "fixed_cost": "per ATen call" if result.per_call else "per operation",
                                "measured_not_fitted": result.held,
                                "bootstrap_refits": len(result.replicates), "held_out": result.held_out,

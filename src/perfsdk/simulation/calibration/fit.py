@@ -344,6 +344,8 @@ class FitResult:
     #: None when they could not be told apart
     rest_tracking: float | None = None
     memory_tracking: float | None = None
+    #: what telling them apart found (:func:`~perfsdk.simulation.calibration.measure.term_fit`)
+    tracking_note: str | None = None
     #: how many steady decode steps the first decode steps take beyond their count (the
     #: profile's ``decode_warmup_steps``; the decode times fitted are brought to the steady step)
     decode_warmup_steps: float = 0.0

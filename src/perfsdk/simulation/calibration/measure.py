@@ -897,6 +897,12 @@ TERMS_APART_SE = 2.0
 
 def term_tracking(raw: dict[Any, list[tuple[Any, float]]],
                   shares: dict[Any, tuple[float, ...]]) -> tuple[float, float] | None:
+    """:func:`term_fit`'s exponents (None: not told apart)."""
+    return term_fit(raw, shares)[0]
+
+
+def term_fit(raw: dict[Any, list[tuple[Any, float]]],
+             shares: dict[Any, tuple[float, ...]]) -> tuple[tuple[float, float] | None, str]:
     """The exponents ``(b_rest, b_memory)`` that the work other than memory traffic and the
     memory traffic follow the reference workload with, apart.
 
@@ -912,7 +918,8 @@ def term_tracking(raw: dict[Any, list[tuple[Any, float]]],
     the phases' shares do not spread enough to tell the two apart (:data:`TERMS_APART_MIN`),
     where the two exponents differ by less than :data:`TERMS_APART_SE` standard errors of their
     difference (the timings' own noise could make them that different; one exponent for all
-    then, :func:`reference_tracking`), or nothing moved."""
+    then, :func:`reference_tracking`), or nothing moved. Returns them (or None) and a sentence
+    that says what was found."""
     suu = suv = svv = suy = svy = syy = 0.0
     points = groups = 0
     for key, j, xs, ys in _centred(raw):
@@ -925,8 +932,12 @@ def term_tracking(raw: dict[Any, list[tuple[Any, float]]],
             u, v = (1.0 - m) * x, m * x
             suu, suv, svv, suy, svy = suu + u * u, suv + u * v, svv + v * v, suy + u * y, svy + v * y
             syy += y * y
-    if suu <= 0 or svv <= 0 or 1.0 - suv * suv / (suu * svv) < TERMS_APART_MIN:
-        return None
+    if suu <= 0 or svv <= 0:
+        return None, "not told apart: nothing to fit (one pass, or no phase with memory traffic or without)"
+    spread = max(0.0, 1.0 - suv * suv / (suu * svv))
+    if spread < TERMS_APART_MIN:
+        return None, (f"not told apart: the phases' shares of memory traffic spread too little ({spread:.3f} "
+                      f"against {TERMS_APART_MIN})")
 
     def sse(a: float, b: float) -> float:
         return syy + suu * a * a + 2 * suv * a * b + svv * b * b - 2 * (suy * a + svy * b)
@@ -937,16 +948,19 @@ def term_tracking(raw: dict[Any, list[tuple[Any, float]]],
     # times that of the difference in the normal equations' inverse
     dof = points - groups - 2
     if dof <= 0:
-        return None
+        return None, "not told apart: too few passes"
     resid = max(0.0, sse(a, b)) / dof
-    if abs(a - b) < TERMS_APART_SE * math.sqrt(resid * (suu + svv + 2 * suv) / det):
-        return None
+    se = math.sqrt(resid * (suu + svv + 2 * suv) / det)
+    found = f"the memory traffic {b:.2f}, the rest {a:.2f} (their difference's standard error {se:.2f})"
+    if abs(a - b) < TERMS_APART_SE * se:
+        return None, f"not told apart: {found}, less than {TERMS_APART_SE:g} standard errors apart"
     if 0.0 <= a <= 1.0 and 0.0 <= b <= 1.0:
-        return a, b
+        return (a, b), f"told apart: {found}"
     # the least squares inside the box lie on one of its edges: each edge's best point, the least kept
     edges = [(e, min(1.0, max(0.0, (svy - suv * e) / svv))) for e in (0.0, 1.0)]
     edges += [(min(1.0, max(0.0, (suy - suv * e) / suu)), e) for e in (0.0, 1.0)]
-    return min(edges, key=lambda ab: sse(*ab))
+    best = min(edges, key=lambda ab: sse(*ab))
+    return best, f"told apart: {found}; in [0, 1], the memory traffic {best[1]:.2f}, the rest {best[0]:.2f}"
 
 
 def normalised_runs(raw: dict[Any, list[tuple[Measurement, float]]], reference_s: float,
@@ -1119,7 +1133,8 @@ def calibrate_here(models: list[str], grid: list[tuple[int, int, int]] | None = 
         result.reference_tracking = tracking
         # the memory traffic's exponent apart from the rest's, by each phase's share of it in this fit
         shares = {key: tuple(result.memory_share(ob) for ob in c.observations) for key, c in zip(configs, samples)}
-        apart = term_tracking({k: [(m, ref.level_at(i)) for m, i in v] for k, v in raw.items()}, shares)
+        apart, result.tracking_note = term_fit({k: [(m, ref.level_at(i)) for m, i in v] for k, v in raw.items()},
+                                               shares)
         if apart is not None:
             result.rest_tracking, result.memory_tracking = apart
     result.replicates = bootstrap_coefficients(result, samples, fixed, replicates=replicates, seed=seed,
