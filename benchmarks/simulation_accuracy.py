@@ -239,8 +239,8 @@ def _term_factors(cal: object, level: float, whole: bool) -> tuple[float, float]
     reference at ``level``, the memory traffic apart where the calibration told its exponent
     apart (``CalibrationRecord.speed_factors``). ``whole``: the rest in proportion (a shift lasting
     minutes carries through whole, ``SHIFT_EXPONENT``) and the memory traffic to the power
-    ``memory_tracking / rest_tracking`` (the noise of the reference's timings lowers both
-    exponents alike, so their ratio is what a long shift carries); otherwise the calibration's
+    ``memory_tracking / rest_tracking`` (assumed: the noise of the reference's timings lowers
+    both exponents alike, and their ratio is what a long shift carries); otherwise the calibration's
     own exponents, as ``perfsdk simulate --at-current-speed`` scales."""
     ref_s = getattr(cal, "reference_s", None)
     if not ref_s:
