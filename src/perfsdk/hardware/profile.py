@@ -253,10 +253,9 @@ class CalibrationRecord(_Strict):
         the reference workload at ``reference_now_s`` instead of its calibration median: the
         ratio to the powers ``rest_tracking`` and ``memory_tracking``; both :meth:`speed_factor`
         where the calibration did not tell them apart."""
-        if self.rest_tracking is None or self.memory_tracking is None:
-            f = self.speed_factor(reference_now_s)
+        f = self.speed_factor(reference_now_s)  # raises without a reference
+        if self.rest_tracking is None or self.memory_tracking is None or self.reference_s is None:
             return f, f
-        assert self.reference_s is not None
         r = reference_now_s / self.reference_s
         return float(r ** self.rest_tracking), float(r ** self.memory_tracking)
 
