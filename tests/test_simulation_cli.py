@@ -201,6 +201,16 @@ def test_calibrate_command_writes_profile(tmp_path: Path, monkeypatch: pytest.Mo
     assert level is not None, r.stderr
     assert level.group(1) == f"{cal['reference_s'] * 1e3:.2f}"
     assert 0.5 < float(level.group(2)) <= float(level.group(3)) < 2.0
+    # the memory reference timed beside it: its median kept and said
+    memory = re.search(r"memory reference \(one-row linear products over 8 fp32 \[2048, 2048\] weights, streamed\): "
+                       r"its median (\d+\.\d\d) ms while calibrating", r.stderr)
+    assert memory is not None, r.stderr
+    assert cal["memory_reference"] == "one-row linear products over 8 fp32 [2048, 2048] weights, streamed"
+    assert memory.group(1) == f"{cal['memory_reference_s'] * 1e3:.2f}"
+    compute = re.search(r"compute reference \(a linear product of 128 rows over one fp32 \[2048, 1024\] weight, in "
+                        r"cache\): its median (\d+\.\d\d) ms while calibrating", r.stderr)
+    assert compute is not None, r.stderr
+    assert compute.group(1) == f"{cal['compute_reference_s'] * 1e3:.2f}"
 
 
 def test_calibrate_runs_six_passes_by_default_up_to_nine() -> None:

@@ -176,10 +176,10 @@ def test_a_profile_slower_by_two_factors_scales_the_memory_traffic_by_its_own() 
     with pytest.raises(ValueError, match="a speed factor must be positive"):
         prof.slower_by(1.2, 0.0)
     # the record's factors: the reference's ratio to each exponent; one exponent where not told apart
-    assert cal.speed_factors(0.044) == (pytest.approx(1.1 ** 0.9), pytest.approx(1.1 ** 0.25))
+    assert cal.speed_factors(0.044) == (pytest.approx(1.1 ** 0.9), pytest.approx(1.1 ** 0.25), pytest.approx(1.1 ** 0.9))
     assert cal.speed_factor(0.044) == pytest.approx(1.1 ** 0.8)
     assert cal.model_copy(update={"memory_tracking": None}).speed_factors(0.044) == (
-        pytest.approx(1.1 ** 0.8), pytest.approx(1.1 ** 0.8))
+        pytest.approx(1.1 ** 0.8), pytest.approx(1.1 ** 0.8), pytest.approx(1.1 ** 0.8))
     # what the calibration found is said in the profile's source, and kept through a profile file
     assert ("Told apart by each phase's share of memory traffic, the memory traffic followed the reference workload "
             "to the power 0.25, the rest to 0.90.") in prof.source
@@ -773,3 +773,114 @@ def test_simulate_and_the_collector_at_the_current_speed_time_the_reference_agai
             assert res["speed_factor"] is None
             assert res["errors"]["at_current_speed"].startswith("profile host-cpu: its speed can only be re-timed")
             assert "at the calibration's speed: profile host-cpu: its speed can only be re-timed" in shown
+
+
+class _TimerWithMemory(_Timer):
+    """The reference workload and the memory reference, each taking the given times in turn."""
+
+    def __init__(self, times: tuple[float, ...], memory: tuple[float, ...], compute: tuple[float, ...] = ()) -> None:
+        super().__init__(*times)
+        self.memory_times, self.compute_times = list(memory), list(compute)
+
+    @property
+    def memory_median(self) -> float:
+        return float(np.median(self.memory_times))
+
+    @property
+    def compute_median(self) -> float | None:
+        return float(np.median(self.compute_times)) if self.compute_times else None
+
+
+def test_the_memory_reference_scales_the_memory_traffic_by_its_own_ratio() -> None:
+    from perfsdk.simulation.calibration.measure import COMPUTE_REFERENCE_LABEL, MEMORY_REFERENCE_LABEL
+
+    prof = _calibrated([[0.1, -0.1]], [1.0], reference_s=0.040, tracking=0.8, apart=(0.9, 0.25))
+    cal = prof.calibration
+    assert cal is not None
+    cal = cal.model_copy(update={"memory_reference": MEMORY_REFERENCE_LABEL, "memory_reference_s": 0.010})
+    prof = prof.model_copy(update={"calibration": cal})
+    # the memory reference now 20 % slower, the reference workload 10 %: the memory traffic by the
+    # memory reference's ratio in proportion, the rest by the reference's to its exponent
+    assert cal.speed_factors(0.044, 0.012) == (pytest.approx(1.1 ** 0.9), pytest.approx(1.2), pytest.approx(1.1 ** 0.9))
+    assert cal.speed_factors(0.044)[:2] == (pytest.approx(1.1 ** 0.9), pytest.approx(1.1 ** 0.25))  # not timed now
+    one = cal.model_copy(update={"rest_tracking": None, "memory_tracking": None})
+    assert one.speed_factors(0.044, 0.009) == (pytest.approx(1.1 ** 0.8), pytest.approx(0.9), pytest.approx(1.1 ** 0.8))
+    # the compute reference: the arithmetic by its ratio, where the calibration timed it
+    assert one.speed_factors(0.044, 0.009, 0.006) == (pytest.approx(1.1 ** 0.8), pytest.approx(0.9),
+                                                      pytest.approx(1.1 ** 0.8))
+    timed = one.model_copy(update={"compute_reference": COMPUTE_REFERENCE_LABEL, "compute_reference_s": 0.005})
+    assert timed.speed_factors(0.044, 0.009, 0.006) == (pytest.approx(1.1 ** 0.8), pytest.approx(0.9),
+                                                        pytest.approx(1.2))
+    both = prof.model_copy(update={"calibration": timed})
+    now3, _, said3 = at_current_speed(both, ticks=3, min_time_s=0.0, timer=_TimerWithMemory(
+        (0.044, 0.044, 0.044), (0.012, 0.013, 0.011), (0.006, 0.0055, 0.007)))  # type: ignore[arg-type]
+    assert now3.peak_tflops.fp32 == pytest.approx(prof.peak_tflops.fp32 / 1.2)  # type: ignore[operator]
+    assert now3.memory_bandwidth_gbs == pytest.approx(prof.memory_bandwidth_gbs / 1.2)
+    assert now3.op_overhead_s == pytest.approx(prof.op_overhead_s * 1.1 ** 0.8)
+    assert ("every predicted time but the memory traffic and the arithmetic x 1.079 (that ratio to the power 0.80), "
+            "the memory traffic's x 1.200 (the memory reference took 12.00 ms against 10.00 ms), the arithmetic's "
+            "x 1.200 (the compute reference took 6.00 ms against 5.00 ms); the median of 3 timings") in said3
+    # a profile slowed down keeps its memory reference's time at the memory traffic's factor
+    slow = prof.slower_by(1.2, 1.05)
+    assert slow.calibration is not None and slow.calibration.memory_reference_s == pytest.approx(0.0105)
+    back = parse_profile(yaml.safe_load(profile_to_yaml(prof)))
+    assert back.calibration is not None
+    assert (back.calibration.memory_reference, back.calibration.memory_reference_s) == (MEMORY_REFERENCE_LABEL, 0.010)
+    # re-timed with both: the memory bandwidth by the memory reference's 1.2, the rest by 1.1 ** 0.9
+    now, factor, said = at_current_speed(prof, ticks=3, min_time_s=0.0, timer=_TimerWithMemory(
+        (0.044, 0.044, 0.044), (0.012, 0.013, 0.011)))  # type: ignore[arg-type]
+    assert factor == pytest.approx(1.1 ** 0.9)
+    assert now.memory_bandwidth_gbs == pytest.approx(prof.memory_bandwidth_gbs / 1.2)
+    assert now.peak_tflops.fp32 == pytest.approx(prof.peak_tflops.fp32 / 1.1 ** 0.9)  # type: ignore[operator]
+    assert ("every predicted time but the memory traffic x 1.090 (that ratio to the power 0.90), the memory traffic's "
+            "x 1.200 (the memory reference took 12.00 ms against 10.00 ms); the median of 3 timings") in said
+    # a calibration whose memory reference is another than this version's: the memory by its exponent
+    other = prof.model_copy(update={"calibration": cal.model_copy(update={"memory_reference": "something else"})})
+    now2, _, said2 = at_current_speed(other, ticks=3, min_time_s=0.0, timer=_TimerWithMemory(
+        (0.044, 0.044, 0.044), (0.012, 0.013, 0.011)))  # type: ignore[arg-type]
+    assert now2.memory_bandwidth_gbs == pytest.approx(prof.memory_bandwidth_gbs / 1.1 ** 0.25)
+    assert "memory reference" not in said2
+
+
+def test_the_reference_timer_times_the_memory_reference_after_each_reference_timing() -> None:
+    from perfsdk.simulation.calibration import ReferenceTimer
+    from perfsdk.simulation.calibration.measure import (COMPUTE_REFERENCE_LABEL, MEMORY_REFERENCE_COPIES,
+                                                        MEMORY_REFERENCE_LABEL, MEMORY_REFERENCE_WEIGHT)
+
+    # 8 weights of 2048 x 2048 fp32: 128 MiB, each read once per call
+    assert MEMORY_REFERENCE_COPIES * MEMORY_REFERENCE_WEIGHT[0] * MEMORY_REFERENCE_WEIGHT[1] * 4 == 128 * 2 ** 20
+    assert MEMORY_REFERENCE_LABEL == "one-row linear products over 8 fp32 [2048, 2048] weights, streamed"
+    plain = ReferenceTimer(repeats=1)
+    plain.tick()
+    assert plain.memory_times == [] and plain.memory_median is None
+    timer = ReferenceTimer(repeats=1, model=plain.model, memory=True)
+    _, index = timer.around(lambda: None)
+    assert index == 0 and len(timer.times) == 2 and len(timer.memory_times) == 2
+    assert all(t > 0 for t in timer.memory_times)
+    assert timer.memory_median == pytest.approx(float(np.median(timer.memory_times)))
+    assert timer.compute_times == [] and timer.compute_median is None
+    both = ReferenceTimer(repeats=1, model=plain.model, memory=True, compute=True)
+    both.tick()
+    assert len(both.memory_times) == len(both.compute_times) == 1 and both.compute_median == both.compute_times[0] > 0
+    assert COMPUTE_REFERENCE_LABEL == "a linear product of 128 rows over one fp32 [2048, 1024] weight, in cache"
+
+
+def test_a_profile_slowed_by_three_factors_scales_the_arithmetic_apart() -> None:
+    prof = _calibrated([[0.1, -0.1]], [1.0], reference_s=0.040, tracking=0.8)
+    cal = prof.calibration
+    assert cal is not None
+    prof = prof.model_copy(update={"calibration": cal.model_copy(update={"memory_reference_s": 0.01,
+                                                                         "compute_reference_s": 0.005})})
+    slow = prof.slower_by(1.2, 1.05, 0.9)
+    assert slow.peak_tflops.fp32 == pytest.approx(prof.peak_tflops.fp32 / 0.9)  # type: ignore[operator]
+    assert slow.memory_bandwidth_gbs == pytest.approx(prof.memory_bandwidth_gbs / 1.05)
+    assert slow.op_overhead_s == pytest.approx(prof.op_overhead_s * 1.2)
+    now = slow.calibration
+    assert now is not None
+    want = {"s_per_byte": 1.05, "s_per_packed_byte": 1.05, "s_per_flop": 0.9, "s_per_row_flop": 0.9}
+    assert now.coefficients == pytest.approx([c * want.get(p, 1.2) for p, c in zip(cal.params, cal.coefficients)])
+    assert (now.reference_s, now.memory_reference_s, now.compute_reference_s) == (
+        pytest.approx(0.048), pytest.approx(0.0105), pytest.approx(0.0045))
+    with pytest.raises(ValueError, match="a speed factor must be positive"):
+        prof.slower_by(1.2, 1.0, -1.0)
+

@@ -384,6 +384,14 @@ def _say_level(result: Any) -> None:
                f"{result.reference_s * 1e3:.2f} ms{spread}; a calibration at another moment states every time in "
                "proportion to its own median (perfsdk simulate --at-current-speed rescales to the speed of the "
                "moment)", err=True)
+    if result.memory_reference_s:
+        click.echo(f"memory reference ({result.memory_reference}): its median {result.memory_reference_s * 1e3:.2f} ms "
+                   "while calibrating, timed right after each reference timing; perfsdk simulate --at-current-speed "
+                   "scales the memory traffic by its ratio, the memory's rate and the rest's drift apart", err=True)
+    if result.compute_reference_s:
+        click.echo(f"compute reference ({result.compute_reference}): its median "
+                   f"{result.compute_reference_s * 1e3:.2f} ms while calibrating; perfsdk simulate --at-current-speed "
+                   "scales the arithmetic by its ratio", err=True)
 
 
 @click.command("calibrate")
@@ -487,6 +495,10 @@ def calibrate_command(models: tuple[str, ...], repeats: int, passes: int, max_pa
                                "reference_tracking": result.reference_tracking,
                                "rest_tracking": result.rest_tracking, "memory_tracking": result.memory_tracking,
                                "tracking_note": result.tracking_note,
+                               "memory_reference": result.memory_reference,
+                               "memory_reference_s": result.memory_reference_s,
+                               "compute_reference": result.compute_reference,
+                               "compute_reference_s": result.compute_reference_s,
                                "fixed_cost": "per ATen call" if result.per_call else "per operation",
                                "measured_not_fitted": result.held,
                                "bootstrap_refits": len(result.replicates), "held_out": result.held_out,

@@ -189,7 +189,11 @@ class SimulationCollectorResult(CollectorResult):
                                   "made, from its reference workload timed after the run (None: not re-timed)")
     memory_speed_factor: float | None = Field(
         default=None, description="at_current_speed: the same for the memory traffic, where the calibration told "
-                                  "its exponent apart (None: as speed_factor, or not re-timed)")
+                                  "its exponent apart or timed the memory reference (None: as speed_factor, or not "
+                                  "re-timed)")
+    compute_speed_factor: float | None = Field(
+        default=None, description="at_current_speed: the same for the arithmetic, where the calibration timed the "
+                                  "compute reference (None: as speed_factor, or not re-timed)")
 
 
 def _summarize(res: SimulationResult, top_n: int) -> TargetPrediction:
@@ -489,9 +493,14 @@ class SimulationCollector(Collector):
                 now_host, factor, said = at_current_speed(host)
                 notes.append(said)
                 cal = host.calibration
-                apart = cal is not None and cal.memory_tracking is not None and cal.rest_tracking is not None
+                apart = cal is not None and ((cal.memory_tracking is not None and cal.rest_tracking is not None)
+                                             or cal.memory_reference_s is not None)
                 memory = host.memory_bandwidth_gbs / now_host.memory_bandwidth_gbs if apart else None
-                out = out.model_copy(update={"speed_factor": factor, "memory_speed_factor": memory})
+                fp32, fp32_now = host.peak_tflops.fp32, now_host.peak_tflops.fp32
+                compute = (fp32 / fp32_now if cal is not None and cal.compute_reference_s is not None and fp32
+                           and fp32_now else None)
+                out = out.model_copy(update={"speed_factor": factor, "memory_speed_factor": memory,
+                                             "compute_speed_factor": compute})
             except ValueError as exc:
                 errors["at_current_speed"] = str(exc)
         for target in [*cfg.targets, measured_name]:
@@ -633,9 +642,10 @@ def _summary_tables(res: dict[str, Any]) -> list[Any]:
         n_same = res.get("compared_steps") or 0
         said = [f"measured: median of the run's {n_same} steps of this shape"] if n_same > 1 else []
         if res.get("speed_factor") is not None:
-            memory = res.get("memory_speed_factor")
+            memory, compute = res.get("memory_speed_factor"), res.get("compute_speed_factor")
             said.append(f"predicted at this machine's speed after the run: x {res['speed_factor']:.3f}"
                         + ("" if memory is None else f", the memory traffic x {memory:.3f}")
+                        + ("" if compute is None else f", the arithmetic x {compute:.3f}")
                         + " (its calibration's reference workload timed again)")
         elif (res.get("errors") or {}).get("at_current_speed"):
             said.append(f"at the calibration's speed: {res['errors']['at_current_speed']}")

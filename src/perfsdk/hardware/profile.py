@@ -155,6 +155,9 @@ class SmallMGaps(_Strict):
 #: :meth:`HardwareProfile.slower_by` scales by the memory traffic's own factor
 MEMORY_RATES = ("memory_bandwidth_gbs", "matmul_pack_gbs")
 MEMORY_COEFFICIENTS = ("s_per_byte", "s_per_packed_byte")
+#: the calibration's coefficients of arithmetic (the cost per FLOP and the small-M slowdown's
+#: cost per row and FLOP, whose ratio is the slowdown's size): with ``peak_tflops``, what runs at the cores' speed
+COMPUTE_COEFFICIENTS = ("s_per_flop", "s_per_row_flop")
 
 
 class CalibrationRecord(_Strict):
@@ -213,6 +216,12 @@ class CalibrationRecord(_Strict):
         default=None, ge=0, le=1,
         description="The exponent that the memory traffic (the costs per byte of memory_bandwidth_gbs and "
                     "matmul_pack_gbs) follows the reference with; None: as the rest")
+    memory_reference: str | None = Field(
+        default=None, description="The memory-bound workload timed right after the reference workload each time")
+    memory_reference_s: float | None = Field(default=None, gt=0, description="Its median time, s")
+    compute_reference: str | None = Field(
+        default=None, description="The compute-bound workload timed right after the reference workload each time")
+    compute_reference_s: float | None = Field(default=None, gt=0, description="Its median time, s")
     drift_pct: float | None = Field(default=None, description="Slowest pass over fastest, raw timings, percent")
     normalised_drift_pct: float | None = Field(
         default=None, description="The same after each configuration is divided by the adjacent reference, percent")
@@ -248,16 +257,28 @@ class CalibrationRecord(_Strict):
         b = self.reference_tracking if self.reference_tracking is not None else 1.0
         return float((reference_now_s / self.reference_s) ** b)
 
-    def speed_factors(self, reference_now_s: float) -> tuple[float, float]:
-        """How much longer the work other than memory traffic, and the memory traffic, take with
-        the reference workload at ``reference_now_s`` instead of its calibration median: the
-        ratio to the powers ``rest_tracking`` and ``memory_tracking``; both :meth:`speed_factor`
-        where the calibration did not tell them apart."""
+    def speed_factors(self, reference_now_s: float, memory_now_s: float | None = None,
+                      compute_now_s: float | None = None) -> tuple[float, float, float]:
+        """How much longer the fixed costs and the rest, the memory traffic, and the arithmetic
+        take with the reference workload at ``reference_now_s`` instead of its calibration median:
+        the ratio to the powers ``rest_tracking``, ``memory_tracking`` and ``rest_tracking``; all
+        :meth:`speed_factor` where the calibration did not tell the memory's apart. With the memory
+        reference timed now (``memory_now_s``) and in the calibration, the memory traffic's is its
+        ratio instead, in proportion, and likewise the arithmetic's with the compute reference
+        (``compute_now_s``): on a shared host the memory's rate, the cores' and the rest drifted
+        apart over minutes, and each side reference moved with the calibration's coefficients of
+        its kind."""
         f = self.speed_factor(reference_now_s)  # raises without a reference
-        if self.rest_tracking is None or self.memory_tracking is None or self.reference_s is None:
-            return f, f
-        r = reference_now_s / self.reference_s
-        return float(r ** self.rest_tracking), float(r ** self.memory_tracking)
+        apart = self.rest_tracking is not None and self.memory_tracking is not None and self.reference_s is not None
+        ratio = reference_now_s / self.reference_s  # type: ignore[operator]
+        rest = float(ratio ** self.rest_tracking) if apart else f  # type: ignore[operator]
+        memory = float(ratio ** self.memory_tracking) if apart else f  # type: ignore[operator]
+        if memory_now_s is not None and self.memory_reference_s is not None:
+            memory = float(memory_now_s / self.memory_reference_s)
+        compute = rest
+        if compute_now_s is not None and self.compute_reference_s is not None:
+            compute = float(compute_now_s / self.compute_reference_s)
+        return rest, memory, compute
 
     @model_validator(mode="after")
     def _shapes(self) -> CalibrationRecord:
@@ -431,7 +452,8 @@ class HardwareProfile(_Strict):
         """False for the host itself: transfers through the host cost nothing."""
         return self.host_to_device_gbs is not None and self.device_to_host_gbs is not None
 
-    def slower_by(self, factor: float, memory_factor: float | None = None) -> HardwareProfile:
+    def slower_by(self, factor: float, memory_factor: float | None = None,
+                  compute_factor: float | None = None) -> HardwareProfile:
         """The same device with every time it prices ``factor`` times as long: each rate
         (``*_gbs``, ``peak_tflops``) divided by ``factor``, each fixed or per-element cost (``*_s``,
         ``*_ns_per_*``) multiplied by it; sizes, energies per bit or FLOP and power unchanged.
@@ -441,8 +463,9 @@ class HardwareProfile(_Strict):
         the intervals keep their relative width. Used to bring a calibrated host to its speed of
         the moment (the reference workload timed again)."""
         mf = factor if memory_factor is None else memory_factor
-        if factor <= 0 or mf <= 0:
-            raise ValueError(f"profile {self.name}: a speed factor must be positive, got {factor} and {mf}")
+        cf = factor if compute_factor is None else compute_factor
+        if factor <= 0 or mf <= 0 or cf <= 0:
+            raise ValueError(f"profile {self.name}: a speed factor must be positive, got {factor}, {mf} and {cf}")
         update: dict[str, Any] = {}
         for name in type(self).model_fields:
             value = getattr(self, name)
@@ -452,14 +475,16 @@ class HardwareProfile(_Strict):
                 update[name] = value / (mf if name in MEMORY_RATES else factor)
             elif name.endswith("_s") or "_ns_per_" in name:
                 update[name] = value * factor
-        update["peak_tflops"] = PeakTflops(**{k: v / factor for k, v in self.peak_tflops.available().items()})
+        update["peak_tflops"] = PeakTflops(**{k: v / cf for k, v in self.peak_tflops.available().items()})
         cal = self.calibration
         if cal is not None:
-            per = [mf if p in MEMORY_COEFFICIENTS else factor for p in cal.params]
+            per = [mf if p in MEMORY_COEFFICIENTS else cf if p in COMPUTE_COEFFICIENTS else factor for p in cal.params]
             update["calibration"] = cal.model_copy(update={
                 "coefficients": [c * f for c, f in zip(cal.coefficients, per)],
                 "replicates": [[c * f for c, f in zip(r, per)] for r in cal.replicates],
-                "reference_s": cal.reference_s * factor if cal.reference_s is not None else None})
+                "reference_s": cal.reference_s * factor if cal.reference_s is not None else None,
+                "memory_reference_s": cal.memory_reference_s * mf if cal.memory_reference_s is not None else None,
+                "compute_reference_s": cal.compute_reference_s * cf if cal.compute_reference_s is not None else None})
         return self.model_copy(update=update)
 
 

@@ -346,6 +346,13 @@ class FitResult:
     memory_tracking: float | None = None
     #: what telling them apart found (:func:`~perfsdk.simulation.calibration.measure.term_fit`)
     tracking_note: str | None = None
+    #: the memory reference timed beside the reference workload, and its median time, s
+    #: (:data:`~perfsdk.simulation.calibration.measure.MEMORY_REFERENCE_LABEL`)
+    memory_reference: str | None = None
+    memory_reference_s: float | None = None
+    #: the compute reference likewise (:data:`~perfsdk.simulation.calibration.measure.COMPUTE_REFERENCE_LABEL`)
+    compute_reference: str | None = None
+    compute_reference_s: float | None = None
     #: how many steady decode steps the first decode steps take beyond their count (the
     #: profile's ``decode_warmup_steps``; the decode times fitted are brought to the steady step)
     decode_warmup_steps: float = 0.0
@@ -665,7 +672,10 @@ def profile_from_fit(result: FitResult, *, name: str = "host-calibrated", base: 
         held_out_whole_family=result.held_out_whole_family, families=result.families,
         cache_bytes=result.cache_bytes, pack_rows=result.pack_rows, reference=result.reference,
         reference_s=result.reference_s, reference_tracking=result.reference_tracking,
-        rest_tracking=result.rest_tracking, memory_tracking=result.memory_tracking, drift_pct=result.drift_pct,
+        rest_tracking=result.rest_tracking, memory_tracking=result.memory_tracking,
+        memory_reference=result.memory_reference, memory_reference_s=result.memory_reference_s,
+        compute_reference=result.compute_reference, compute_reference_s=result.compute_reference_s,
+        drift_pct=result.drift_pct,
         normalised_drift_pct=result.normalised_drift_pct, passes=result.passes, threads=result.threads,
         clock=result.clock, small_m_gaps=result.small_m_gaps)
     cached = bool(result.cache_bytes) and k.get("s_per_cached_byte", 0) > 0

@@ -656,6 +656,22 @@ REFERENCE_MODEL = "builtin:tiny-llama-medium@layers=2"
 REFERENCE_SHAPE = (1, 16, 8)
 #: how a calibration's record names the reference workload this version times
 REFERENCE_LABEL = f"{REFERENCE_MODEL} batch {REFERENCE_SHAPE[0]} in {REFERENCE_SHAPE[1]} out {REFERENCE_SHAPE[2]}"
+#: The memory reference, timed right after the reference workload where asked (:class:`ReferenceTimer`):
+#: one-row linear products over copies of one fp32 weight, 128 MiB in all (four times the largest
+#: last-level cache of the hosts seen), each read once per call as a decode step reads its model's
+#: weights. On a shared host the memory's rate and the rest's moved apart between calibrations
+#: minutes apart (the rest 30 % and the memory 1 %; the rest 1 % and the memory 17 %), which the
+#: reference workload alone cannot follow.
+MEMORY_REFERENCE_WEIGHT = (2048, 2048)
+MEMORY_REFERENCE_COPIES = 8
+MEMORY_REFERENCE_LABEL = (f"one-row linear products over {MEMORY_REFERENCE_COPIES} fp32 "
+                          f"{list(MEMORY_REFERENCE_WEIGHT)} weights, streamed")
+#: The compute reference, timed beside the memory reference where asked: a linear product of
+#: 128 rows over one fp32 weight that lies in cache, the kind of product a prefill runs; its
+#: speed is the cores', not the memory's or the framework's.
+COMPUTE_REFERENCE_SHAPE = (128, 2048, 1024)  # rows, output features, input features
+COMPUTE_REFERENCE_LABEL = (f"a linear product of {COMPUTE_REFERENCE_SHAPE[0]} rows over one fp32 "
+                           f"{list(COMPUTE_REFERENCE_SHAPE[1:])} weight, in cache")
 #: a calibration's median pass should rest on three passes within this many percent of each
 #: other (:func:`passes_settled`); more passes are run until it does (up to ``max_passes``)
 PASS_SETTLE_PCT = 3.0
@@ -682,14 +698,28 @@ class ReferenceTimer:
     moment does not move it. A measurement divided by its level and multiplied by :attr:`median`
     is in seconds at the machine's typical speed over the whole session: a drift of the
     machine's speed over minutes cancels to first order.
+
+    With ``memory`` (and ``compute``), each timing of the reference is followed by one of the
+    memory reference (:data:`MEMORY_REFERENCE_LABEL`; the compute reference,
+    :data:`COMPUTE_REFERENCE_LABEL`): the median of ``repeats`` calls, kept in ``memory_times``
+    (``compute_times``). The reference workload is a small model whose time is mostly framework
+    and arithmetic; a model's weights streamed from memory drift on their own.
     """
 
-    def __init__(self, *, clock: str = "wall", repeats: int = 5, pause_gc: bool = False, model: Any = None) -> None:
+    def __init__(self, *, clock: str = "wall", repeats: int = 5, pause_gc: bool = False, model: Any = None,
+                 memory: bool = False, compute: bool = False) -> None:
         self.model = model if model is not None else build_random_model(REFERENCE_MODEL)
         self.clock = clock
         self.repeats = repeats
         self.pause_gc = pause_gc
         self.times: list[float] = []
+        #: with ``memory``, the memory reference (:data:`MEMORY_REFERENCE_LABEL`) timed after each
+        #: reference timing: the median of ``repeats`` calls each time
+        self.memory_times: list[float] = []
+        self._memory = _memory_workload() if memory else None
+        #: with ``compute``, the compute reference (:data:`COMPUTE_REFERENCE_LABEL`) likewise
+        self.compute_times: list[float] = []
+        self._compute = _compute_workload() if compute else None
 
     @property
     def label(self) -> str:
@@ -702,6 +732,10 @@ class ReferenceTimer:
                              estimator="median", clock=self.clock, pause_gc=self.pause_gc)
         t = m.ttft_s + m.decode_s
         self.times.append(t)
+        if self._memory is not None:
+            self.memory_times.append(_timed_median(self._memory, self.repeats, self.clock, warm=warm))
+        if self._compute is not None:
+            self.compute_times.append(_timed_median(self._compute, self.repeats, self.clock, warm=warm))
         return t
 
     def around(self, fn: Any) -> tuple[Any, int]:
@@ -724,12 +758,68 @@ class ReferenceTimer:
     def median(self) -> float:
         return float(statistics.median(self.times))
 
+    @property
+    def memory_median(self) -> float | None:
+        """The memory reference's median time over every timing; None when it was not timed."""
+        return float(statistics.median(self.memory_times)) if self.memory_times else None
+
+    @property
+    def compute_median(self) -> float | None:
+        """The compute reference's median time over every timing; None when it was not timed."""
+        return float(statistics.median(self.compute_times)) if self.compute_times else None
+
     def levels(self, tracking: float = 1.0) -> list[float]:
         """The machine's level around every measurement (:meth:`level_at`) relative to the
         reference's median, to the power ``tracking`` (:func:`reference_tracking`): what that
         level does to a configuration's time."""
         med = self.median
         return [(self.level_at(i) / med) ** tracking for i in range(max(0, len(self.times) - 1))]
+
+
+def _memory_workload() -> Any:
+    """The memory reference's call (:data:`MEMORY_REFERENCE_WEIGHT`): every weight read once."""
+    import torch
+
+    g = torch.Generator().manual_seed(0)
+    ws = [torch.randn(*MEMORY_REFERENCE_WEIGHT, generator=g) for _ in range(MEMORY_REFERENCE_COPIES)]
+    x = torch.randn(1, MEMORY_REFERENCE_WEIGHT[1], generator=g)
+    linear = torch.nn.functional.linear
+
+    def call() -> None:
+        with torch.inference_mode():
+            for w in ws:
+                linear(x, w)
+
+    return call
+
+
+def _compute_workload() -> Any:
+    """The compute reference's call (:data:`COMPUTE_REFERENCE_SHAPE`)."""
+    import torch
+
+    rows, out, inner = COMPUTE_REFERENCE_SHAPE
+    g = torch.Generator().manual_seed(1)
+    w, x = torch.randn(out, inner, generator=g), torch.randn(rows, inner, generator=g)
+    linear = torch.nn.functional.linear
+
+    def call() -> None:
+        with torch.inference_mode():
+            linear(x, w)
+
+    return call
+
+
+def _timed_median(fn: Any, repeats: int, clock: str, *, warm: int = 0) -> float:
+    """The median time of ``repeats`` calls of ``fn`` (after ``warm`` untimed ones) on ``clock``."""
+    clk = time.process_time_ns if clock == "cpu" else time.perf_counter_ns
+    for _ in range(warm):
+        fn()
+    ts = []
+    for _ in range(repeats):
+        t0 = clk()
+        fn()
+        ts.append((clk() - t0) / 1e9)
+    return float(statistics.median(ts))
 
 
 #: how long :func:`at_current_speed` times the reference workload for, at least: on a shared
@@ -749,7 +839,10 @@ def at_current_speed(profile: HardwareProfile, *, ticks: int = 5, min_time_s: fl
     :meth:`~perfsdk.hardware.profile.CalibrationRecord.speed_factors`: a machine that runs slower
     now than while it was calibrated gets predictions that are slower by as much as its
     calibrated work followed the reference, the memory traffic by its own exponent where the
-    calibration told it apart (:func:`term_tracking`). The intervals follow, widened by how far a window of
+    calibration told it apart (:func:`term_tracking`); where the calibration timed the memory
+    reference this version times (``memory_reference``), it is timed again after each timing of
+    the reference and the memory traffic is scaled by its ratio instead, in proportion; the
+    arithmetic likewise by the compute reference's. The intervals follow, widened by how far a window of
     a few seconds strays from the machine's level (:func:`_retimed_levels`): a re-timing is such
     a window, and the run it predicts another. Returns the profile, that
     factor and the sentence that says what was found. ``ValueError`` when it cannot be done: no
@@ -778,7 +871,10 @@ def at_current_speed(profile: HardwareProfile, *, ticks: int = 5, min_time_s: fl
     before = torch.get_num_threads()
     try:
         torch.set_num_threads(cal.threads)
-        timer = timer or ReferenceTimer(clock=cal.clock or "wall")
+        # the side references too where the calibration timed the ones this version times
+        memory = cal.memory_reference_s is not None and cal.memory_reference == MEMORY_REFERENCE_LABEL
+        compute = cal.compute_reference_s is not None and cal.compute_reference == COMPUTE_REFERENCE_LABEL
+        timer = timer or ReferenceTimer(clock=cal.clock or "wall", memory=memory, compute=compute)
         times: list[float] = []
         start = time.perf_counter()
         while len(times) < max(1, ticks) or (time.perf_counter() - start < min_time_s and len(times) < max_ticks):
@@ -787,18 +883,29 @@ def at_current_speed(profile: HardwareProfile, *, ticks: int = 5, min_time_s: fl
     finally:
         torch.set_num_threads(before)
     now = float(statistics.median(times))
-    factor, memory_factor = cal.speed_factors(now)
+    memory_now = getattr(timer, "memory_median", None) if memory else None
+    compute_now = getattr(timer, "compute_median", None) if compute else None
+    factor, memory_factor, compute_factor = cal.speed_factors(now, memory_now, compute_now)
     apart = cal.rest_tracking is not None and cal.memory_tracking is not None
     b = cal.rest_tracking if apart else cal.reference_tracking if cal.reference_tracking is not None else 1.0
     levels, (lo, hi) = _retimed_levels(cal.levels)
-    slowed = profile.slower_by(factor, memory_factor)
+    slowed = profile.slower_by(factor, memory_factor, compute_factor)
     assert slowed.calibration is not None
     slowed = slowed.model_copy(update={"calibration": slowed.calibration.model_copy(update={"levels": levels})})
-    memory = (f", the memory traffic's x {memory_factor:.3f} (to the power {cal.memory_tracking:.2f}, the one the "
-              "calibration's memory-bound phases followed it with)" if apart else "")
+    if memory_now is not None:
+        said_memory = (f", the memory traffic's x {memory_factor:.3f} (the memory reference took {fmt_s(memory_now)} "
+                       f"against {fmt_s(cal.memory_reference_s)})")
+        if compute_now is not None:
+            said_memory += (f", the arithmetic's x {compute_factor:.3f} (the compute reference took "
+                            f"{fmt_s(compute_now)} against {fmt_s(cal.compute_reference_s)})")
+    else:
+        said_memory = (f", the memory traffic's x {memory_factor:.3f} (to the power {cal.memory_tracking:.2f}, the one "
+                       "the calibration's memory-bound phases followed it with)" if apart else "")
     said = (f"at this machine's speed now: the reference workload took {fmt_s(now)} against {fmt_s(cal.reference_s)} "
-            f"when {profile.name} was calibrated; every predicted time x {factor:.3f} (that ratio to "
-            f"the power {b:.2f}){memory}; the median of {len(times)} timings over {spent:.1f} s, from "
+            f"when {profile.name} was calibrated; every predicted time"
+            f"{(' but the memory traffic' + (' and the arithmetic' if compute_now else '')) if memory_now else ''} "
+            f"x {factor:.3f} (that ratio to "
+            f"the power {b:.2f}){said_memory}; the median of {len(times)} timings over {spent:.1f} s, from "
             f"{fmt_s(min(times))} to {fmt_s(max(times))}")
     if cal.levels:
         said += (f"; a window of seconds strays from the machine's level by {100 * (lo - 1):+.1f} / "
@@ -1045,7 +1152,7 @@ def calibrate_here(models: list[str], grid: list[tuple[int, int, int]] | None = 
         estimator = "median" if clock == "wall" else "min"
     built = {spec: build_random_model(spec) for spec in models}
     configs = [(spec, b, i, o) for spec in models for b, i, o in (grid or DEFAULT_CALIBRATION_GRID)]
-    ref = ReferenceTimer(clock=clock, pause_gc=pause_gc) if normalise else None
+    ref = ReferenceTimer(clock=clock, pause_gc=pause_gc, memory=True, compute=True) if normalise else None
     raw: dict[tuple[str, int, int, int], list[tuple[Measurement, int]]] = {key: [] for key in configs}
     # the micro-kernels, timed before the first pass and after every pass (between reference
     # timings when normalising): (observations, index of the reference right before them)
@@ -1131,6 +1238,8 @@ def calibrate_here(models: list[str], grid: list[tuple[int, int, int]] | None = 
         result.levels = ref.levels(tracking if tracking is not None else 1.0)
         result.reference, result.reference_s = ref.label, ref_s
         result.reference_tracking = tracking
+        result.memory_reference, result.memory_reference_s = MEMORY_REFERENCE_LABEL, ref.memory_median
+        result.compute_reference, result.compute_reference_s = COMPUTE_REFERENCE_LABEL, ref.compute_median
         # the memory traffic's exponent apart from the rest's, by each phase's share of it in this fit
         shares = {key: tuple(result.memory_share(ob) for ob in c.observations) for key, c in zip(configs, samples)}
         apart, result.tracking_note = term_fit({k: [(m, ref.level_at(i)) for m, i in v] for k, v in raw.items()},
