@@ -33,7 +33,10 @@ Protocol
    a few seconds), with the share inside the interval so scaled; and the same two with the memory
    traffic scaled apart where a calibration told its exponent apart (``rest_tracking``,
    ``memory_tracking``: in proportion, the memory traffic to the power of their ratio; and with
-   the calibration's own exponents), each against the measurement at its own level. The
+   the calibration's own exponents), each against the measurement at its own level; and with the
+   memory traffic by the memory reference's ratio (``memory_reference``), and besides the
+   arithmetic by the compute reference's (``references``), both timed after every reference
+   timing on both sides, in proportion. The
    measurement passes alternate
    with the ``--calibrations`` calibrations (measure, calibrate, measure, calibrate, then the
    remaining passes), so
@@ -189,6 +192,11 @@ def build_model(spec: str) -> object:
 #: regression on a noisy level). Comparisons between calibrations and the measurement therefore
 #: bring the reference medians together in proportion.
 SHIFT_EXPONENT = 1.0
+#: the ways a calibration's predictions are brought to the measurement's level with the memory
+#: traffic scaled apart (``*_terms`` columns): in proportion to the reference workload (the memory
+#: traffic to the power of its exponent over the rest's), with the calibration's own exponents
+#: (``--at-current-speed``), and by the memory reference's ratio
+TERM_TAGS = ("one_level", "current_speed", "memory_reference", "references")
 BATCHES = [1, 4]
 OUTPUTS = [8, 32]
 INPUT_TOKENS = 32
@@ -234,7 +242,30 @@ def _summary(rows: list[dict], k: int | None = None, own_level: bool = False, cu
             "median_width_pct": statistics.median(widths) if widths else None, "figures": len(errs)}
 
 
-def _term_factors(cal: object, level: float, whole: bool) -> tuple[float, float]:
+def _memory_reference_factors(cal: object, level: float, memory_level: float | None) -> tuple[float, float]:
+    """The factors that bring a calibration's predictions from its reference medians to the
+    measurement's: the rest by the reference workload's ratio, the memory traffic by the memory
+    reference's (both in proportion, ``SHIFT_EXPONENT``); as :func:`_term_factors` in proportion
+    where either side did not time the memory reference."""
+    cal_mem = getattr(cal, "memory_reference_s", None)
+    if not memory_level or not cal_mem or not getattr(cal, "reference_s", None):
+        return _term_factors(cal, level, True)
+    return ((level / cal.reference_s) ** SHIFT_EXPONENT,  # type: ignore[attr-defined]
+            (memory_level / cal_mem) ** SHIFT_EXPONENT)
+
+
+def _references_factors(cal: object, level: float, memory_level: float | None,
+                        compute_level: float | None) -> tuple[float, ...]:
+    """As :func:`_memory_reference_factors`, and the arithmetic (``COMPUTE_COEFFICIENTS``, peak
+    FLOP rate) by the compute reference's ratio, in proportion, where both sides timed it."""
+    rest, memory = _memory_reference_factors(cal, level, memory_level)
+    cal_compute = getattr(cal, "compute_reference_s", None)
+    if not compute_level or not cal_compute:
+        return rest, memory
+    return rest, memory, (compute_level / cal_compute) ** SHIFT_EXPONENT
+
+
+def _term_factors(cal: object, level: float, whole: bool) -> tuple[float, ...]:
     """The factors that bring a calibration's predictions from its reference median to the
     reference at ``level``, the memory traffic apart where the calibration told its exponent
     apart (``CalibrationRecord.speed_factors``). ``whole``: the rest in proportion (a shift lasting
@@ -248,7 +279,7 @@ def _term_factors(cal: object, level: float, whole: bool) -> tuple[float, float]
     ratio = level / ref_s
     rest_b, mem_b = getattr(cal, "rest_tracking", None), getattr(cal, "memory_tracking", None)
     if not whole:
-        return cal.speed_factors(level)  # type: ignore[attr-defined]
+        return cal.speed_factors(level)[:2]  # type: ignore[attr-defined]
     if rest_b is None or mem_b is None or rest_b <= 0:
         return ratio ** SHIFT_EXPONENT, ratio ** SHIFT_EXPONENT
     return ratio ** SHIFT_EXPONENT, ratio ** (SHIFT_EXPONENT * min(1.0, mem_b / rest_b))
@@ -318,7 +349,7 @@ def main(argv: list[str] | None = None) -> int:
     if min(args.outputs) < 2 or min(args.batches) < 1 or args.input_tokens < 1:
         ap.error("--outputs must be at least 2 (a TPOT needs two tokens); --batches and --input-tokens at least 1")
     configs = [(spec, b, o) for spec in specs for b in args.batches for o in args.outputs]
-    ref = None if args.no_normalise else ReferenceTimer()
+    ref = None if args.no_normalise else ReferenceTimer(memory=True, compute=True)
     raw: dict[tuple[str, int, int], list[tuple[tuple[float, float], int]]] = {c: [] for c in configs}
 
     def measure_pass(p: int) -> None:
@@ -403,18 +434,30 @@ def main(argv: list[str] | None = None) -> int:
              for prof in profiles]
     # each calibrated profile brought to the measurement's reference median with the memory traffic
     # scaled apart: in proportion (``whole``) and with the calibration's own exponents
-    term_factors = {whole: [_term_factors(prof.calibration, ref_s, whole) if ref is not None else (1.0, 1.0)
-                            for prof in profiles] for whole in (True, False)}
-    term_profiles = {whole: [prof.slower_by(*fs) for prof, fs in zip(profiles, term_factors[whole])]
-                     for whole in (True, False)}
+    # and with the memory traffic scaled by the memory reference's ratio instead (``memory_reference``)
+    # and the arithmetic by the compute reference's too (``references``)
+    mem_s = ref.memory_median if ref is not None else None
+    cmp_s = ref.compute_median if ref is not None else None
+
+    def factors(cal: object, tag: str) -> tuple[float, ...]:
+        if tag == "memory_reference":
+            return _memory_reference_factors(cal, ref_s, mem_s)
+        if tag == "references":
+            return _references_factors(cal, ref_s, mem_s, cmp_s)
+        return _term_factors(cal, ref_s, tag == "one_level")
+
+    term_factors = {tag: [factors(prof.calibration, tag) if ref is not None else (1.0, 1.0) for prof in profiles]
+                    for tag in TERM_TAGS}
+    term_profiles = {tag: [prof.slower_by(*fs) for prof, fs in zip(profiles, term_factors[tag])]
+                     for tag in TERM_TAGS}
     rows = []
     for spec, b, o in configs:
         cfg = models[spec].config
         preds = [simulate_config(cfg, prof, batch_size=b, input_tokens=args.input_tokens, output_tokens=o,
                                  dtype="float32", name=spec) for prof in profiles]
-        term_preds = {whole: [simulate_config(cfg, prof, batch_size=b, input_tokens=args.input_tokens,
-                                              output_tokens=o, dtype="float32", name=spec) for prof in profs]
-                      for whole, profs in term_profiles.items()}
+        term_preds = {tag: [simulate_config(cfg, prof, batch_size=b, input_tokens=args.input_tokens,
+                                            output_tokens=o, dtype="float32", name=spec) for prof in profs]
+                      for tag, profs in term_profiles.items()}
         # a family the calibrations never measured draws its model error from the families they left
         # out whole; the same prediction's intervals drawn on every held-out configuration, beside
         every_entry = [simulate_config(cfg, _every_entry(prof), batch_size=b, input_tokens=args.input_tokens,
@@ -454,9 +497,10 @@ def main(argv: list[str] | None = None) -> int:
                                                      for lo, hi, fk in zip(lows, highs, speed)]
             row[f"{x}_width_pct_each"] = [None if lo is None else 100 * (hi - lo) / v
                                           for lo, hi, v in zip(lows, highs, vals)]
-            # the memory traffic scaled apart: at one level in proportion, and as --at-current-speed scales
-            for whole, tag in ((True, "one_level"), (False, "current_speed")):
-                tp = term_preds[whole]
+            # the memory traffic scaled apart: at one level in proportion, as --at-current-speed scales,
+            # and by the memory reference's ratio
+            for tag in TERM_TAGS:
+                tp = term_preds[tag]
                 row[f"{x}_{tag}_terms_each"] = [getattr(q, f"{x}_s") or 0.0 for q in tp]
                 row[f"{x}_error_{tag}_terms_pct_each"] = [100 * ((getattr(q, f"{x}_s") or 0.0) - own[j]) / own[j]
                                                           for q in tp]
@@ -474,7 +518,7 @@ def main(argv: list[str] | None = None) -> int:
             100 * (max(v) / min(v) - 1) for v in (row["ttft_one_level_each"], row["tpot_one_level_each"]))
         row["calibration_spread_own_tracking_pct"] = max(
             100 * (max(v) / min(v) - 1) for v in (row["ttft_own_tracking_each"], row["tpot_own_tracking_each"]))
-        for tag in ("one_level", "current_speed"):
+        for tag in TERM_TAGS:
             row[f"calibration_spread_{tag}_terms_pct"] = max(
                 100 * (max(v) / min(v) - 1) for v in (row[f"ttft_{tag}_terms_each"], row[f"tpot_{tag}_terms_each"]))
         rows.append(row)
@@ -498,8 +542,17 @@ def main(argv: list[str] | None = None) -> int:
         "families_one_level_terms": {k: _summary(fam_rows, k, terms="one_level") for k in range(len(profiles))},
         "families_current_speed_terms": {k: _summary(fam_rows, k, terms="current_speed")
                                          for k in range(len(profiles))},
+        "families_memory_reference_terms": {k: _summary(fam_rows, k, terms="memory_reference")
+                                            for k in range(len(profiles))},
+        "llama_memory_reference_terms": {k: _summary([r for r in rows if not r["family"]], k,
+                                                     terms="memory_reference") for k in range(len(profiles))},
         "speed_factors": speed,
-        "term_factors": {"one_level": term_factors[True], "current_speed": term_factors[False]},
+        "term_factors": term_factors,
+        "family_calibration_spread_memory_reference_terms_pct": max(
+            (r["calibration_spread_memory_reference_terms_pct"] for r in fam_rows), default=None),
+        "families_references_terms": {k: _summary(fam_rows, k, terms="references") for k in range(len(profiles))},
+        "family_calibration_spread_references_terms_pct": max(
+            (r["calibration_spread_references_terms_pct"] for r in fam_rows), default=None),
         "family_calibration_spread_one_level_terms_pct": max(
             (r["calibration_spread_one_level_terms_pct"] for r in fam_rows), default=None),
         "family_calibration_spread_current_speed_terms_pct": max(
@@ -521,6 +574,8 @@ def main(argv: list[str] | None = None) -> int:
         "measurement_drift_pct": raw_drift, "measurement_normalised_drift_pct": norm_drift,
         "reference_s": {"measurement": ref_s if ref is not None else None,
                         "calibrations": [f.reference_s for f in fits]},
+        "memory_reference_s": {"measurement": mem_s, "calibrations": [f.memory_reference_s for f in fits]},
+        "compute_reference_s": {"measurement": cmp_s, "calibrations": [f.compute_reference_s for f in fits]},
         "reference_tracking": {"measurement": tracking if ref is not None else None,
                                "calibrations": [f.reference_tracking for f in fits],
                                "calibrations_rest": [f.rest_tracking for f in fits],
@@ -581,15 +636,33 @@ def main(argv: list[str] | None = None) -> int:
         lines.append(f"Unseen families, calibration {k + 1}, at the measurement's speed (x {speed[k]:.3f}, "
                      f"--at-current-speed's scaling at the measurement's reference median): {said(s_)}.")
     for k, (s_, fs) in enumerate(zip(summary["families_one_level_terms"].values() if fam_rows else [],
-                                     term_factors[True])):
+                                     term_factors["one_level"])):
         lines.append(f"Unseen families, calibration {k + 1}, the memory traffic apart, brought to the measurement's "
                      f"reference level in proportion (x {fs[0]:.3f}, the memory traffic x {fs[1]:.3f}), against the "
                      f"measurement there: {said(s_)}.")
     for k, (s_, fs) in enumerate(zip(summary["families_current_speed_terms"].values() if fam_rows else [],
-                                     term_factors[False])):
+                                     term_factors["current_speed"])):
         lines.append(f"Unseen families, calibration {k + 1}, the memory traffic apart, at the measurement's speed "
                      f"with the calibration's own exponents (x {fs[0]:.3f}, the memory traffic x {fs[1]:.3f}): "
                      f"{said(s_)}.")
+    for k, (s_, fs) in enumerate(zip(summary["families_memory_reference_terms"].values() if fam_rows else [],
+                                     term_factors["memory_reference"])):
+        lines.append(f"Unseen families, calibration {k + 1}, the memory traffic by the memory reference, brought to "
+                     f"the measurement's levels (x {fs[0]:.3f}, the memory traffic x {fs[1]:.3f}), against the "
+                     f"measurement there: {said(s_)}.")
+    for k, (s_, fs) in enumerate(zip(summary["families_references_terms"].values() if fam_rows else [],
+                                     term_factors["references"])):
+        lines.append(f"Unseen families, calibration {k + 1}, each part by its own reference, brought to the "
+                     f"measurement's levels (x {fs[0]:.3f}, the memory traffic x {fs[1]:.3f}, the arithmetic x "
+                     f"{fs[-1]:.3f}), against the measurement there: {said(s_)}.")
+    if len(profiles) > 1 and fam_rows:
+        lines.append("With each part by its own reference, the calibrations' predictions of the unseen families "
+                     f"differ by at most {summary['family_calibration_spread_references_terms_pct']:.1f} % brought to "
+                     "one level.")
+    if len(profiles) > 1 and fam_rows:
+        lines.append("With the memory traffic by the memory reference, the calibrations' predictions of the unseen "
+                     "families differ by at most "
+                     f"{summary['family_calibration_spread_memory_reference_terms_pct']:.1f} % brought to one level.")
     if len(profiles) > 1 and fam_rows:
         lines.append("With the memory traffic apart, the calibrations' predictions of the unseen families differ by "
                      f"at most {summary['family_calibration_spread_one_level_terms_pct']:.1f} % brought to one level in "
@@ -604,6 +677,16 @@ def main(argv: list[str] | None = None) -> int:
                      + "; the times follow it to the power " + f"{tracking:.2f} (measurement), "
                      + ", ".join(f"{f.reference_tracking:.2f}" for f in fits if f.reference_tracking is not None)
                      + " (calibrations).")
+        if mem_s is not None:
+            lines.append(f"Memory reference at its median: measurement {mem_s * 1e3:.2f} ms, calibrations "
+                         + ", ".join(f"{(f.memory_reference_s or 0) * 1e3:.2f} ms" for f in fits) + "; the "
+                         "calibrations' cost per byte from memory " + ", ".join(
+                             f"{f.coefficients.get('s_per_byte', 0):.3g} s" for f in fits) + ".")
+        if cmp_s is not None:
+            lines.append(f"Compute reference at its median: measurement {cmp_s * 1e3:.2f} ms, calibrations "
+                         + ", ".join(f"{(f.compute_reference_s or 0) * 1e3:.2f} ms" for f in fits) + "; the "
+                         "calibrations' cost per FLOP " + ", ".join(
+                             f"{f.coefficients.get('s_per_flop', 0):.3g} s" for f in fits) + ".")
     for k, groups in enumerate(summary["calibration_inputs_apart_pct"], start=2):
         lines.append(f"Calibration {k}'s configurations against calibration 1's, at one reference level (their "
                      "TTFT and decode time, over the ratio of the reference medians), by model: " + "; ".join(
