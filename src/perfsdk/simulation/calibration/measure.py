@@ -330,16 +330,8 @@ def micro_observations(repeats: int = 7, clock: str = "wall", estimator: str = "
     rates 23 % apart."""
     import torch
 
-    clk = time.process_time_ns if clock == "cpu" else time.perf_counter_ns
-
     def best(fn: Any) -> float:
-        fn()
-        ts = []
-        for _ in range(repeats):
-            t0 = clk()
-            fn()
-            ts.append((clk() - t0) / 1e9)
-        return min(ts) if estimator == "min" else statistics.median(ts)
+        return _timed(fn, repeats, clock, warm=1, estimator=estimator)
 
     n = 1024
     a, b = torch.randn(n, n), torch.randn(n, n)
@@ -733,9 +725,9 @@ class ReferenceTimer:
         t = m.ttft_s + m.decode_s
         self.times.append(t)
         if self._memory is not None:
-            self.memory_times.append(_timed_median(self._memory, self.repeats, self.clock, warm=warm))
+            self.memory_times.append(_timed(self._memory, self.repeats, self.clock, warm=warm))
         if self._compute is not None:
-            self.compute_times.append(_timed_median(self._compute, self.repeats, self.clock, warm=warm))
+            self.compute_times.append(_timed(self._compute, self.repeats, self.clock, warm=warm))
         return t
 
     def around(self, fn: Any) -> tuple[Any, int]:
@@ -809,8 +801,9 @@ def _compute_workload() -> Any:
     return call
 
 
-def _timed_median(fn: Any, repeats: int, clock: str, *, warm: int = 0) -> float:
-    """The median time of ``repeats`` calls of ``fn`` (after ``warm`` untimed ones) on ``clock``."""
+def _timed(fn: Any, repeats: int, clock: str, *, warm: int = 0, estimator: str = "median") -> float:
+    """The median (``estimator`` ``min``: the fastest) time of ``repeats`` calls of ``fn``, after
+    ``warm`` untimed ones, on ``clock`` (``cpu``: this process's CPU time; else the wall clock)."""
     clk = time.process_time_ns if clock == "cpu" else time.perf_counter_ns
     for _ in range(warm):
         fn()
@@ -819,7 +812,7 @@ def _timed_median(fn: Any, repeats: int, clock: str, *, warm: int = 0) -> float:
         t0 = clk()
         fn()
         ts.append((clk() - t0) / 1e9)
-    return float(statistics.median(ts))
+    return float(min(ts)) if estimator == "min" else float(statistics.median(ts))
 
 
 #: how long :func:`at_current_speed` times the reference workload for, at least: on a shared
