@@ -840,6 +840,16 @@ def test_the_memory_reference_scales_the_memory_traffic_by_its_own_ratio() -> No
         (0.044, 0.044, 0.044), (0.012, 0.013, 0.011)))  # type: ignore[arg-type]
     assert now2.memory_bandwidth_gbs == pytest.approx(prof.memory_bandwidth_gbs / 1.1 ** 0.25)
     assert "memory reference" not in said2
+    # the compute reference alone: the arithmetic by its ratio, the memory traffic by its exponent
+    alone = other.model_copy(update={"calibration": other.calibration.model_copy(  # type: ignore[union-attr]
+        update={"compute_reference": COMPUTE_REFERENCE_LABEL, "compute_reference_s": 0.005})})
+    now4, _, said4 = at_current_speed(alone, ticks=3, min_time_s=0.0, timer=_TimerWithMemory(
+        (0.044, 0.044, 0.044), (0.012, 0.013, 0.011), (0.006, 0.006, 0.006)))  # type: ignore[arg-type]
+    assert now4.peak_tflops.fp32 == pytest.approx(prof.peak_tflops.fp32 / 1.2)  # type: ignore[operator]
+    assert now4.memory_bandwidth_gbs == pytest.approx(prof.memory_bandwidth_gbs / 1.1 ** 0.25)
+    assert ("every predicted time but the arithmetic x 1.090 (that ratio to the power 0.90), the memory traffic's "
+            "x 1.024 (to the power 0.25, the one the calibration's memory-bound phases followed it with), the "
+            "arithmetic's x 1.200 (the compute reference took 6.00 ms against 5.00 ms); the median") in said4
 
 
 def test_the_reference_timer_times_the_memory_reference_after_each_reference_timing() -> None:

@@ -885,20 +885,19 @@ def at_current_speed(profile: HardwareProfile, *, ticks: int = 5, min_time_s: fl
     slowed = profile.slower_by(factor, memory_factor, compute_factor)
     assert slowed.calibration is not None
     slowed = slowed.model_copy(update={"calibration": slowed.calibration.model_copy(update={"levels": levels})})
-    if memory_now is not None:
-        said_memory = (f", the memory traffic's x {memory_factor:.3f} (the memory reference took {fmt_s(memory_now)} "
-                       f"against {fmt_s(cal.memory_reference_s)})")
-        if compute_now is not None:
-            said_memory += (f", the arithmetic's x {compute_factor:.3f} (the compute reference took "
-                            f"{fmt_s(compute_now)} against {fmt_s(cal.compute_reference_s)})")
-    else:
-        said_memory = (f", the memory traffic's x {memory_factor:.3f} (to the power {cal.memory_tracking:.2f}, the one "
-                       "the calibration's memory-bound phases followed it with)" if apart else "")
+    sides = [(name, f"{name}'s x {f:.3f} (the {kind} reference took {fmt_s(t_now)} against {fmt_s(t_cal)})")
+             for name, kind, f, t_now, t_cal in (
+                 ("the memory traffic", "memory", memory_factor, memory_now, cal.memory_reference_s),
+                 ("the arithmetic", "compute", compute_factor, compute_now, cal.compute_reference_s))
+             if t_now is not None and t_cal is not None]
+    but = f" but {' and '.join(name for name, _ in sides)}" if sides else ""
+    said_sides = "".join(f", {text}" for _, text in sides)
+    if memory_now is None and apart:
+        said_sides = (f", the memory traffic's x {memory_factor:.3f} (to the power {cal.memory_tracking:.2f}, the one "
+                      "the calibration's memory-bound phases followed it with)") + said_sides
     said = (f"at this machine's speed now: the reference workload took {fmt_s(now)} against {fmt_s(cal.reference_s)} "
-            f"when {profile.name} was calibrated; every predicted time"
-            f"{(' but the memory traffic' + (' and the arithmetic' if compute_now else '')) if memory_now else ''} "
-            f"x {factor:.3f} (that ratio to "
-            f"the power {b:.2f}){said_memory}; the median of {len(times)} timings over {spent:.1f} s, from "
+            f"when {profile.name} was calibrated; every predicted time{but} x {factor:.3f} (that ratio to "
+            f"the power {b:.2f}){said_sides}; the median of {len(times)} timings over {spent:.1f} s, from "
             f"{fmt_s(min(times))} to {fmt_s(max(times))}")
     if cal.levels:
         said += (f"; a window of seconds strays from the machine's level by {100 * (lo - 1):+.1f} / "
