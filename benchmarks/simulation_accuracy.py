@@ -242,27 +242,21 @@ def _summary(rows: list[dict], k: int | None = None, own_level: bool = False, cu
             "median_width_pct": statistics.median(widths) if widths else None, "figures": len(errs)}
 
 
-def _memory_reference_factors(cal: object, level: float, memory_level: float | None) -> tuple[float, float]:
+def _side_factors(cal: object, level: float, memory_level: float | None,
+                  compute_level: float | None = None) -> tuple[float, ...]:
     """The factors that bring a calibration's predictions from its reference medians to the
     measurement's: the rest by the reference workload's ratio, the memory traffic by the memory
-    reference's (both in proportion, ``SHIFT_EXPONENT``); as :func:`_term_factors` in proportion
-    where either side did not time the memory reference."""
-    cal_mem = getattr(cal, "memory_reference_s", None)
+    reference's and, with ``compute_level``, the arithmetic by the compute reference's (each in
+    proportion, ``SHIFT_EXPONENT``); as :func:`_term_factors` in proportion where either side did
+    not time the memory reference."""
+    cal_mem, cal_compute = getattr(cal, "memory_reference_s", None), getattr(cal, "compute_reference_s", None)
     if not memory_level or not cal_mem or not getattr(cal, "reference_s", None):
         return _term_factors(cal, level, True)
-    return ((level / cal.reference_s) ** SHIFT_EXPONENT,  # type: ignore[attr-defined]
-            (memory_level / cal_mem) ** SHIFT_EXPONENT)
-
-
-def _references_factors(cal: object, level: float, memory_level: float | None,
-                        compute_level: float | None) -> tuple[float, ...]:
-    """As :func:`_memory_reference_factors`, and the arithmetic (``COMPUTE_COEFFICIENTS``, peak
-    FLOP rate) by the compute reference's ratio, in proportion, where both sides timed it."""
-    rest, memory = _memory_reference_factors(cal, level, memory_level)
-    cal_compute = getattr(cal, "compute_reference_s", None)
+    factors = ((level / cal.reference_s) ** SHIFT_EXPONENT,  # type: ignore[attr-defined]
+               (memory_level / cal_mem) ** SHIFT_EXPONENT)
     if not compute_level or not cal_compute:
-        return rest, memory
-    return rest, memory, (compute_level / cal_compute) ** SHIFT_EXPONENT
+        return factors
+    return (*factors, (compute_level / cal_compute) ** SHIFT_EXPONENT)
 
 
 def _term_factors(cal: object, level: float, whole: bool) -> tuple[float, ...]:
@@ -440,10 +434,8 @@ def main(argv: list[str] | None = None) -> int:
     cmp_s = ref.compute_median if ref is not None else None
 
     def factors(cal: object, tag: str) -> tuple[float, ...]:
-        if tag == "memory_reference":
-            return _memory_reference_factors(cal, ref_s, mem_s)
-        if tag == "references":
-            return _references_factors(cal, ref_s, mem_s, cmp_s)
+        if tag in ("memory_reference", "references"):
+            return _side_factors(cal, ref_s, mem_s, cmp_s if tag == "references" else None)
         return _term_factors(cal, ref_s, tag == "one_level")
 
     term_factors = {tag: [factors(prof.calibration, tag) if ref is not None else (1.0, 1.0) for prof in profiles]
@@ -635,34 +627,23 @@ def main(argv: list[str] | None = None) -> int:
     for k, s_ in (summary["families_current_speed"] if fam_rows else {}).items():
         lines.append(f"Unseen families, calibration {k + 1}, at the measurement's speed (x {speed[k]:.3f}, "
                      f"--at-current-speed's scaling at the measurement's reference median): {said(s_)}.")
-    for k, (s_, fs) in enumerate(zip(summary["families_one_level_terms"].values() if fam_rows else [],
-                                     term_factors["one_level"])):
-        lines.append(f"Unseen families, calibration {k + 1}, the memory traffic apart, brought to the measurement's "
-                     f"reference level in proportion (x {fs[0]:.3f}, the memory traffic x {fs[1]:.3f}), against the "
-                     f"measurement there: {said(s_)}.")
-    for k, (s_, fs) in enumerate(zip(summary["families_current_speed_terms"].values() if fam_rows else [],
-                                     term_factors["current_speed"])):
-        lines.append(f"Unseen families, calibration {k + 1}, the memory traffic apart, at the measurement's speed "
-                     f"with the calibration's own exponents (x {fs[0]:.3f}, the memory traffic x {fs[1]:.3f}): "
-                     f"{said(s_)}.")
-    for k, (s_, fs) in enumerate(zip(summary["families_memory_reference_terms"].values() if fam_rows else [],
-                                     term_factors["memory_reference"])):
-        lines.append(f"Unseen families, calibration {k + 1}, the memory traffic by the memory reference, brought to "
-                     f"the measurement's levels (x {fs[0]:.3f}, the memory traffic x {fs[1]:.3f}), against the "
-                     f"measurement there: {said(s_)}.")
-    for k, (s_, fs) in enumerate(zip(summary["families_references_terms"].values() if fam_rows else [],
-                                     term_factors["references"])):
-        lines.append(f"Unseen families, calibration {k + 1}, each part by its own reference, brought to the "
-                     f"measurement's levels (x {fs[0]:.3f}, the memory traffic x {fs[1]:.3f}, the arithmetic x "
-                     f"{fs[-1]:.3f}), against the measurement there: {said(s_)}.")
+    # the predictions brought to the measurement's level with the parts scaled apart (``TERM_TAGS``)
+    how = {"one_level": "the memory traffic apart, brought to the measurement's reference level in proportion",
+           "current_speed": "the memory traffic apart, at the measurement's speed with the calibration's own exponents",
+           "memory_reference": "the memory traffic by the memory reference, brought to the measurement's levels",
+           "references": "each part by its own reference, brought to the measurement's levels"}
+    for tag in TERM_TAGS:
+        for k, (s_, fs) in enumerate(zip(summary[f"families_{tag}_terms"].values() if fam_rows else [],
+                                         term_factors[tag])):
+            arithmetic = f", the arithmetic x {fs[2]:.3f}" if len(fs) > 2 else ""
+            there = "" if tag == "current_speed" else ", against the measurement there"
+            lines.append(f"Unseen families, calibration {k + 1}, {how[tag]} (x {fs[0]:.3f}, the memory traffic x "
+                         f"{fs[1]:.3f}{arithmetic}){there}: {said(s_)}.")
     if len(profiles) > 1 and fam_rows:
-        lines.append("With each part by its own reference, the calibrations' predictions of the unseen families "
-                     f"differ by at most {summary['family_calibration_spread_references_terms_pct']:.1f} % brought to "
-                     "one level.")
-    if len(profiles) > 1 and fam_rows:
-        lines.append("With the memory traffic by the memory reference, the calibrations' predictions of the unseen "
-                     "families differ by at most "
-                     f"{summary['family_calibration_spread_memory_reference_terms_pct']:.1f} % brought to one level.")
+        for tag, what in (("references", "each part by its own reference"),
+                          ("memory_reference", "the memory traffic by the memory reference")):
+            lines.append(f"With {what}, the calibrations' predictions of the unseen families differ by at most "
+                         f"{summary[f'family_calibration_spread_{tag}_terms_pct']:.1f} % brought to one level.")
     if len(profiles) > 1 and fam_rows:
         lines.append("With the memory traffic apart, the calibrations' predictions of the unseen families differ by "
                      f"at most {summary['family_calibration_spread_one_level_terms_pct']:.1f} % brought to one level in "
