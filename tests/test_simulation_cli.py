@@ -211,6 +211,11 @@ def test_calibrate_command_writes_profile(tmp_path: Path, monkeypatch: pytest.Mo
                         r"cache\): its median (\d+\.\d\d) ms while calibrating", r.stderr)
     assert compute is not None, r.stderr
     assert compute.group(1) == f"{cal['compute_reference_s'] * 1e3:.2f}"
+    # the repacking size the staircase gave, said with the staircase itself, and kept in the profile
+    pack = re.search(r"^repacking: (?:none|from (\d+) rows) \(the staircase: (?:[+-]\d+\.\d\d, ){3}[+-]\d+\.\d\d "
+                     r"one-row products' time more at 2, 3, 4, 8 rows; residual \d\.\d{3}", r.stderr, re.M)
+    assert pack is not None, r.stderr
+    assert float(pack.group(1) or 0) == float(d.get("matmul_pack_rows") or 0)
 
 
 def test_calibrate_runs_six_passes_by_default_up_to_nine() -> None:

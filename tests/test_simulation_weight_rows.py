@@ -190,8 +190,35 @@ def test_the_staircase_micro_kernels_choose_the_repacking_size_and_the_fit_holds
     obs, _ = _observations(np.random.default_rng(2))
     res, kept = fit_with_micro(one, obs, cache_bytes=(0.0,))
     assert res.pack_rows == 1.0 and kept == []
+    assert res.pack_note == ("from 1 rows (the staircase: +0.92, +1.37, +0.37, +0.54 one-row products' time more "
+                             "at 2, 3, 4, 8 rows; residual 0.005)")
     res2, _ = fit_with_micro(two, obs, cache_bytes=(0.0,))
     assert res2.pack_rows == 2.0
+
+
+def test_a_staircase_that_cannot_tell_two_sizes_apart_keeps_the_larger() -> None:
+    from perfsdk.simulation.calibration.fit import PACK_ROWS_GRID
+    from perfsdk.simulation.calibration.measure import PACK_ROWS_TIE, STAIRCASE_ROWS, repacking_choice
+
+    # two calibrations of one 2-core host, two threads, minutes apart (µs): P = 1 fits the first
+    # staircase 4 % better than P = 2, P = 2 the second 25 % better; both keep P = 2
+    first = [_step(r, t * 1e-6) for r, t in zip(STAIRCASE_ROWS, (639.9, 1225.2, 1514.2, 1215.2, 1068.1))]
+    second = [_step(r, t * 1e-6) for r, t in zip(STAIRCASE_ROWS, (631.5, 1229.8, 1589.7, 1274.9, 1074.9))]
+    p1, said1 = repacking_choice(first, PACK_ROWS_GRID)
+    p2, said2 = repacking_choice(second, PACK_ROWS_GRID)
+    assert (p1, p2) == (2.0, 2.0) and PACK_ROWS_TIE == 1.25
+    assert said1 == ("from 2 rows (the staircase: +0.91, +1.37, +0.90, +0.67 one-row products' time more at 2, 3, 4, "
+                     "8 rows; residual 0.056, and 0.054 at P = 1: within 1.25 times of each other, a tie the "
+                     "staircase cannot settle, the larger kept)")
+    assert said2 == ("from 2 rows (the staircase: +0.95, +1.52, +1.02, +0.70 one-row products' time more at 2, 3, 4, "
+                     "8 rows; residual 0.045)")
+    # without the tie, the least residual: the first staircase alone would have given P = 1
+    staircase_only = {p: repacking_choice(first, (0.0, p))[0] for p in (1.0, 2.0)}
+    assert staircase_only == {1.0: 1.0, 2.0: 2.0}
+    # a staircase none of whose sizes explains it: none
+    flat = [_step(r, 500e-6) for r in STAIRCASE_ROWS]
+    assert repacking_choice(flat, PACK_ROWS_GRID) == (0.0, "none (the staircase: +0.00, +0.00, +0.00, +0.00 one-row "
+                                                          "products' time more at 2, 3, 4, 8 rows; residual 0.000)")
 
 
 def _grouped_op(rows: int, groups: int, group_rows: list[int] | None, reached: float) -> OpRecord:

@@ -471,6 +471,8 @@ def calibrate_command(models: tuple[str, ...], repeats: int, passes: int, max_pa
                        "the fit prices the steady step, predictions add it back by the decode's length)", err=True)
         if result.cache_note:
             click.echo(f"cache: {result.cache_note}", err=True)
+        if result.pack_note:
+            click.echo(f"repacking: {result.pack_note}", err=True)
         profile = profile_from_fit(result, name=name, note=note)
         if result.small_m_gaps is not None:
             click.echo(f"layouts: {small_m_text(result.small_m_gaps, profile)}", err=True)
@@ -488,6 +490,7 @@ def calibrate_command(models: tuple[str, ...], repeats: int, passes: int, max_pa
                                "matmul_small_m_gaps": (profile.matmul_small_m_gaps.model_dump()
                                                        if profile.matmul_small_m_gaps else None),
                                "cache_bytes": result.cache_bytes, "cache_note": result.cache_note,
+                               "pack_note": result.pack_note,
                                "decode_warmup_steps": result.decode_warmup_steps,
                                "drift_pct": result.drift_pct,
                                "normalised_drift_pct": result.normalised_drift_pct, "passes": result.passes,

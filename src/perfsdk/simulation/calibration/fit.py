@@ -358,6 +358,9 @@ class FitResult:
     decode_warmup_steps: float = 0.0
     #: what the check of a fitted cache against the left-out models found (:func:`keep_cache`)
     cache_note: str | None = None
+    #: how the repacking size was chosen from the micro-kernels' staircase
+    #: (:func:`~perfsdk.simulation.calibration.measure.repacking_choice`)
+    pack_note: str | None = None
     #: the machine the measurements come from, when it is not this one (stored runs):
     #: :class:`~perfsdk.simulation.calibration.from_store.MeasuredMachine`
     machine: Any = None

@@ -589,12 +589,26 @@ def measured_cache_note(measured: float | None, result: FitResult) -> str:
             f"{1e-9 / k['s_per_cached_byte']:.1f} GB/s against {1e-9 / k['s_per_byte']:.1f} GB/s from memory")
 
 
-def repacking_rows(micro: list[Observation], grid: tuple[float, ...]) -> float | None:
+#: Repacking sizes whose staircase residuals lie within this factor of the least one are a tie,
+#: and the largest of them is kept (:func:`repacking_choice`). On a 2-core AMD host (two threads)
+#: a [4096, 512] fp32 weight streamed took 0.88-0.95, 1.36-1.52, 0.90-1.07 and 0.67-1.16 one-row
+#: products' time more at 2, 3, 4 and 8 rows (five staircases): neither shape (P = 1: 2, 3, 1, 1
+#: passes; P = 2: 1, 2, 2, 1) describes it, their residuals lay within 4 % of each other in one
+#: calibration, and two calibrations minutes apart chose P = 1 and P = 2 from nearly the same
+#: staircase, then predicted the batch-4 decode of nine other families 8-16 % apart (the same
+#: measurements fitted with the same P, either, at most 4.0-5.2 % apart).
+PACK_ROWS_TIE = 1.25
+
+
+def repacking_choice(micro: list[Observation], grid: tuple[float, ...]) -> tuple[float, str] | None:
     """The repacking size P of :func:`~perfsdk.simulation.costmodel.pack_passes` that the
-    staircase among ``micro`` follows best (None when it is missing): products of 1, 2, 3, 4 and 8
-    rows over the same streamed weights, whose extra time over the one-row product is, for each P
-    of ``grid``, fitted as (extra passes at P) x one rate; the P with the least relative squared
-    residual wins (P = 0, no repacking, leaves every extra time unexplained)."""
+    staircase among ``micro`` follows best, and a sentence saying how it was chosen (None when
+    the staircase is missing): products of 1, 2, 3, 4 and 8 rows over the same streamed weights,
+    whose extra time over the one-row product is, for each P of ``grid``, fitted as (extra passes
+    at P) x one rate; the P with the least relative squared residual wins (P = 0, no repacking,
+    leaves every extra time unexplained), except that sizes within :data:`PACK_ROWS_TIE` of it are
+    a tie the staircase cannot settle, and the largest of them is kept, so that the same machine
+    gives the same size from one calibration to the next."""
     from perfsdk.simulation.costmodel import pack_passes
 
     steps = sorted((ob for ob in micro if ob.label.startswith(_STAIRCASE)),
@@ -604,14 +618,30 @@ def repacking_rows(micro: list[Observation], grid: tuple[float, ...]) -> float |
     rows = np.array([float(ob.rows[0]) for ob in steps[1:]])  # type: ignore[index]
     extra = np.array([ob.measured_s - steps[0].measured_s for ob in steps[1:]])
     scale = float(np.sum(extra * extra)) or 1.0
-    best_p, best_res = None, float("inf")
+    residuals: dict[float, float] = {0.0: float(np.sum(extra * extra)) / scale}
     for p in grid:
         n = np.asarray(pack_passes(rows, p), dtype=float)
         rate = float(np.sum(n * extra) / np.sum(n * n)) if np.any(n) else 0.0
-        res = float(np.sum((extra - max(rate, 0.0) * n) ** 2)) / scale
-        if res < best_res - 1e-12:
-            best_p, best_res = p, res
-    return best_p
+        if rate > 0:  # a size whose passes take no time is no repacking (P = 0)
+            residuals.setdefault(float(p), float(np.sum((extra - rate * n) ** 2)) / scale)
+    least = min(residuals.values())
+    best = min(p for p, r in residuals.items() if r <= least + 1e-12)
+    tied = sorted(p for p, r in residuals.items() if r <= PACK_ROWS_TIE * least + 1e-12)
+    chosen = tied[-1]
+    shape = ", ".join(f"{e / steps[0].measured_s:+.2f}" for e in extra)
+    counts = ", ".join(f"{r:g}" for r in rows)
+    said = (f"{'none' if not chosen else f'from {chosen:g} rows'} (the staircase: {shape} one-row products' time "
+            f"more at {counts} rows; residual {residuals[chosen]:.3f}")
+    if chosen != best:
+        said += (f", and {residuals[best]:.3f} at P = {best:g}: within {PACK_ROWS_TIE:g} times of each other, a tie "
+                 "the staircase cannot settle, the larger kept")
+    return chosen, said + ")"
+
+
+def repacking_rows(micro: list[Observation], grid: tuple[float, ...]) -> float | None:
+    """The repacking size :func:`repacking_choice` keeps (None when the staircase is missing)."""
+    choice = repacking_choice(micro, grid)
+    return None if choice is None else choice[0]
 
 
 def weight_row_cost(micro: list[Observation]) -> float | None:
@@ -1275,11 +1305,11 @@ def fit_with_micro(micro: list[Observation], measured: list[Observation],
     became of the cache size the working sets measured, where it held that size."""
     from perfsdk.simulation.calibration.fit import PACK_ROWS_GRID
 
-    pack = repacking_rows(micro, tuple(fit_kw.get("pack_rows") or PACK_ROWS_GRID))
+    pack = repacking_choice(micro, tuple(fit_kw.get("pack_rows") or PACK_ROWS_GRID))
     if pack is not None:
         # measured by the staircase and held: chosen on the grid by the models' fit, it flipped
         # between 1 and 2 from one calibration to the next
-        fit_kw["pack_rows"] = (pack,)
+        fit_kw["pack_rows"] = (pack[0],)
     micro = [ob for ob in micro if not ob.label.startswith(_STAIRCASE)]
     cache = measured_cache(micro)
     if cache is not None:
@@ -1308,6 +1338,7 @@ def fit_with_micro(micro: list[Observation], measured: list[Observation],
     if held_cache:
         result.cache_note = measured_cache_note(cache, result)
     result.small_m_gaps = layout_gaps
+    result.pack_note = pack[1] if pack is not None else None
     return result, fixed
 
 
