@@ -32,8 +32,9 @@ Protocol
    here at the measurement's reference median over all its passes (minutes; the command re-times
    a few seconds), with the share inside the interval so scaled; and the same two with the memory
    traffic scaled apart where a calibration told its exponent apart (``rest_tracking``,
-   ``memory_tracking``: in proportion, the memory traffic to the power of their ratio; and with
-   the calibration's own exponents), each against the measurement at its own level; and with the
+   ``memory_tracking``: in proportion, the memory traffic to the power of their ratio; and as
+   ``--at-current-speed`` scales: the calibration's own exponents, the memory traffic and the
+   arithmetic by the side references' ratios), each against the measurement at its own level; and with the
    memory traffic by the memory reference's ratio (``memory_reference``), and besides the
    arithmetic by the compute reference's (``references``), both timed after every reference
    timing on both sides, in proportion. The
@@ -222,8 +223,8 @@ def _summary(rows: list[dict], k: int | None = None, own_level: bool = False, cu
     --at-current-speed``'s scaling (at the measurement's reference median), against the
     measurement at its own level; ``every_entry``: the intervals drawn on every held-out
     configuration's error, whatever the predicted model's family (families rows only); ``terms``
-    (``one_level`` or ``current_speed``): the prediction brought to the measurement's level with
-    the memory traffic scaled apart (:func:`_term_factors`), against the measurement at its own level."""
+    (a tag of :data:`TERM_TAGS`): the prediction brought to the measurement's level with the parts
+    scaled apart (:func:`_term_factors`, :func:`_side_factors`), against the measurement at its own level."""
     k = k or 0
     errs, inside, widths = [], [], []
     tag = (f"_{terms}_terms" if terms else "_current_speed" if current_speed else "_own_level" if own_level
@@ -259,21 +260,24 @@ def _side_factors(cal: object, level: float, memory_level: float | None,
     return (*factors, (compute_level / cal_compute) ** SHIFT_EXPONENT)
 
 
-def _term_factors(cal: object, level: float, whole: bool) -> tuple[float, ...]:
+def _term_factors(cal: object, level: float, whole: bool, memory_level: float | None = None,
+                  compute_level: float | None = None) -> tuple[float, ...]:
     """The factors that bring a calibration's predictions from its reference median to the
     reference at ``level``, the memory traffic apart where the calibration told its exponent
     apart (``CalibrationRecord.speed_factors``). ``whole``: the rest in proportion (a shift lasting
     minutes carries through whole, ``SHIFT_EXPONENT``) and the memory traffic to the power
     ``memory_tracking / rest_tracking`` (assumed: the noise of the reference's timings lowers
-    both exponents alike, and their ratio is what a long shift carries); otherwise the calibration's
-    own exponents, as ``perfsdk simulate --at-current-speed`` scales."""
+    both exponents alike, and their ratio is what a long shift carries); otherwise as ``perfsdk
+    simulate --at-current-speed`` scales: the calibration's own exponents, and the memory traffic
+    and the arithmetic by the side references' ratios where both sides timed them
+    (``memory_level``, ``compute_level``: the measurement's medians)."""
     ref_s = getattr(cal, "reference_s", None)
     if not ref_s:
         return 1.0, 1.0
     ratio = level / ref_s
     rest_b, mem_b = getattr(cal, "rest_tracking", None), getattr(cal, "memory_tracking", None)
     if not whole:
-        return cal.speed_factors(level)[:2]  # type: ignore[attr-defined]
+        return cal.speed_factors(level, memory_level, compute_level)  # type: ignore[attr-defined]
     if rest_b is None or mem_b is None or rest_b <= 0:
         return ratio ** SHIFT_EXPONENT, ratio ** SHIFT_EXPONENT
     return ratio ** SHIFT_EXPONENT, ratio ** (SHIFT_EXPONENT * min(1.0, mem_b / rest_b))
@@ -436,7 +440,9 @@ def main(argv: list[str] | None = None) -> int:
     def factors(cal: object, tag: str) -> tuple[float, ...]:
         if tag in ("memory_reference", "references"):
             return _side_factors(cal, ref_s, mem_s, cmp_s if tag == "references" else None)
-        return _term_factors(cal, ref_s, tag == "one_level")
+        if tag == "current_speed":
+            return _term_factors(cal, ref_s, False, mem_s, cmp_s)
+        return _term_factors(cal, ref_s, True)
 
     term_factors = {tag: [factors(prof.calibration, tag) if ref is not None else (1.0, 1.0) for prof in profiles]
                     for tag in TERM_TAGS}
@@ -629,7 +635,8 @@ def main(argv: list[str] | None = None) -> int:
                      f"--at-current-speed's scaling at the measurement's reference median): {said(s_)}.")
     # the predictions brought to the measurement's level with the parts scaled apart (``TERM_TAGS``)
     how = {"one_level": "the memory traffic apart, brought to the measurement's reference level in proportion",
-           "current_speed": "the memory traffic apart, at the measurement's speed with the calibration's own exponents",
+           "current_speed": "at the measurement's speed as --at-current-speed scales (the calibration's own exponents, "
+                            "each part by its own reference where both timed them)",
            "memory_reference": "the memory traffic by the memory reference, brought to the measurement's levels",
            "references": "each part by its own reference, brought to the measurement's levels"}
     for tag in TERM_TAGS:
@@ -647,8 +654,8 @@ def main(argv: list[str] | None = None) -> int:
     if len(profiles) > 1 and fam_rows:
         lines.append("With the memory traffic apart, the calibrations' predictions of the unseen families differ by "
                      f"at most {summary['family_calibration_spread_one_level_terms_pct']:.1f} % brought to one level in "
-                     f"proportion, {summary['family_calibration_spread_current_speed_terms_pct']:.1f} % with their own "
-                     "exponents.")
+                     f"proportion, {summary['family_calibration_spread_current_speed_terms_pct']:.1f} % as --at-current-speed "
+                     "scales.")
     for k, f in enumerate(fits):
         lines.append(f"Calibration {k + 1}, the exponents of the memory traffic and the rest: "
                      f"{f.tracking_note or 'not estimated'} (one for all: {f.reference_tracking or 1.0:.2f}).")
