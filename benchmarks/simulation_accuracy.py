@@ -377,7 +377,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"calibration {k + 1} in {time.time() - tc:.0f} s: {json.dumps(fit.coefficients)}, "
               f"matmul_half_rows {fit.matmul_half_rows:.2f}, small-M gaps "
               f"{fit.small_m_gaps.model_dump() if fit.small_m_gaps else None}, "
-              f"pack_rows {fit.pack_rows}, "
+              f"pack_rows {fit.pack_rows} ({fit.pack_note or 'no staircase'}), "
               f"cache {fit.cache_bytes / 1e6:g} MB, decode warm-up {fit.decode_warmup_steps:.2f} steps, "
               f"{fit.passes} passes {fit.drift_pct or 0:.1f} % apart "
               f"({fit.normalised_drift_pct or 0:.1f} % normalised, tracking {fit.reference_tracking}); "
