@@ -219,6 +219,8 @@ def test_a_staircase_that_cannot_tell_two_sizes_apart_keeps_the_larger() -> None
     flat = [_step(r, 500e-6) for r in STAIRCASE_ROWS]
     assert repacking_choice(flat, PACK_ROWS_GRID) == (0.0, "none (the staircase: +0.00, +0.00, +0.00, +0.00 one-row "
                                                           "products' time more at 2, 3, 4, 8 rows; residual 0.000)")
+    # a grid without P = 0 (a size asked for) keeps its size whatever the staircase
+    assert repacking_choice(flat, (2.0,))[0] == 2.0 and repacking_choice(first, (4.0,))[0] == 4.0
 
 
 def _grouped_op(rows: int, groups: int, group_rows: list[int] | None, reached: float) -> OpRecord:

@@ -618,16 +618,19 @@ def repacking_choice(micro: list[Observation], grid: tuple[float, ...]) -> tuple
     rows = np.array([float(ob.rows[0]) for ob in steps[1:]])  # type: ignore[index]
     extra = np.array([ob.measured_s - steps[0].measured_s for ob in steps[1:]])
     scale = float(np.sum(extra * extra)) or 1.0
-    residuals: dict[float, float] = {0.0: float(np.sum(extra * extra)) / scale}
+    residuals: dict[float, float] = {}
+    timed: set[float] = set()  # the sizes whose extra passes take time (P = 0 takes none)
     for p in grid:
         n = np.asarray(pack_passes(rows, p), dtype=float)
         rate = float(np.sum(n * extra) / np.sum(n * n)) if np.any(n) else 0.0
-        if rate > 0:  # a size whose passes take no time is no repacking (P = 0)
-            residuals.setdefault(float(p), float(np.sum((extra - rate * n) ** 2)) / scale)
+        residuals.setdefault(float(p), float(np.sum((extra - max(rate, 0.0) * n) ** 2)) / scale)
+        if rate > 0 or not p:
+            timed.add(float(p))
     least = min(residuals.values())
-    best = min(p for p, r in residuals.items() if r <= least + 1e-12)
-    tied = sorted(p for p, r in residuals.items() if r <= PACK_ROWS_TIE * least + 1e-12)
-    chosen = tied[-1]
+    best = next(p for p, r in residuals.items() if r <= least + 1e-12)
+    # a size whose passes take no time explains nothing and takes no part in a tie
+    tied = [p for p, r in residuals.items() if r <= PACK_ROWS_TIE * least + 1e-12 and p in timed]
+    chosen = max(tied) if tied else best
     shape = ", ".join(f"{e / steps[0].measured_s:+.2f}" for e in extra)
     counts = ", ".join(f"{r:g}" for r in rows)
     said = (f"{'none' if not chosen else f'from {chosen:g} rows'} (the staircase: {shape} one-row products' time "
