@@ -19,6 +19,10 @@ Printed, for the unseen families (and, with ``--llama``, the Llama sizes):
   every calibration's bounds give the first calibration's only);
 - each calibration against the median of all calibrations' predictions (its own scatter: what
   two calibrations differ by, without the level of the machine between them);
+- every pair of calibrations over the runs, within one run and across runs, compared at one
+  level (each prediction in units of its own calibration's reference median): the largest and the
+  median |difference|, and how many pairs stand within 5 % (the reproducibility target, over
+  calibrations minutes or hours apart); ``--pairs`` prints only this, from one run or more;
 - how much of its 90 % interval each measurement used, as its run judged it (the run's own
   measurement at the calibration's reference level, not the pooled one): ``log(measured /
   predicted)`` over the log of the bound on the same side, 0 at the prediction and 1 at the bound.
@@ -100,6 +104,36 @@ def _use(pred: float, measured: float, low: float, high: float) -> float | None:
     return use if use >= 0 else None
 
 
+def _predictions(run: dict[str, Any], k: int, family: bool) -> dict[tuple[Any, ...], tuple[float, dict, str]]:
+    """Calibration ``k``'s predictions of ``run`` in units of its reference median (what its
+    seconds mean), with the row and phase each came from."""
+    cal_ref = run["summary"]["reference_s"]["calibrations"][k]
+    return {_key(row, x): (row[f"{x}_predicted_ms_each"][k] / 1e3 / cal_ref, row, x)
+            for row in run["rows"] if bool(row["family"]) == family for x in PHASES}
+
+
+def calibration_pairs(runs: list[dict[str, Any]], family: bool) -> dict[str, Any]:
+    """Every pair of calibrations over ``runs`` (within one run and across runs) compared at one
+    level: each prediction in units of its calibration's reference median, the largest and the
+    median |difference| over the figures both predicted. Needs no measurement: it is the
+    reproducibility of two calibrations, whenever they ran."""
+    cals = [(run["path"], k + 1, _predictions(run, k, family))
+            for run in runs for k in range(len(run["summary"]["reference_s"]["calibrations"]))]
+    pairs = []
+    for i, (path_a, ka, pa) in enumerate(cals):
+        for path_b, kb, pb in cals[i + 1:]:
+            common = [key for key in pa if key in pb]
+            if not common:
+                continue
+            diffs = [(100 * (max(pa[key][0], pb[key][0]) / min(pa[key][0], pb[key][0]) - 1), key) for key in common]
+            far = max(diffs)
+            pairs.append({"a": f"{path_a} cal. {ka}", "b": f"{path_b} cal. {kb}", "same_run": path_a == path_b,
+                          "figures": len(common), "max_pct": far[0],
+                          "median_pct": statistics.median(d for d, _ in diffs),
+                          "largest": _name(pa[far[1]][1], pa[far[1]][2])})
+    return {"pairs": pairs}
+
+
 def interval_use(runs: list[dict[str, Any]], family: bool) -> dict[str, Any]:
     """Per calibration and over all, how much of its interval each of its run's own measurements
     (the ones the run judged inside or outside) used; see the module docstring."""
@@ -163,21 +197,16 @@ def pooled(runs: list[dict[str, Any]], family: bool, pool_only: tuple[str, ...] 
         for k, cal_ref in enumerate(refs):
             errors, names, inside, by_class = [], [], [], defaultdict(list)
             own: dict[tuple[Any, ...], float] = {}
-            for row in run["rows"]:
-                if bool(row["family"]) != family:
-                    continue
-                for x in PHASES:
-                    key = _key(row, x)
-                    p = row[f"{x}_predicted_ms_each"][k] / 1e3 / cal_ref
-                    own[key] = p
-                    preds[key].append(p)
-                    e = 100 * (p / truth[key] - 1)
-                    errors.append(e)
-                    names.append(_name(row, x))
-                    by_class[f"batch {row['batch']} {x.upper()}"].append(e)
-                    bounds = _bounds(row, x, k)
-                    if bounds is not None:
-                        inside.append(bounds[0] / 1e3 / cal_ref <= truth[key] <= bounds[1] / 1e3 / cal_ref)
+            for key, (p, row, x) in _predictions(run, k, family).items():
+                own[key] = p
+                preds[key].append(p)
+                e = 100 * (p / truth[key] - 1)
+                errors.append(e)
+                names.append(_name(row, x))
+                by_class[f"batch {row['batch']} {x.upper()}"].append(e)
+                bounds = _bounds(row, x, k)
+                if bounds is not None:
+                    inside.append(bounds[0] / 1e3 / cal_ref <= truth[key] <= bounds[1] / 1e3 / cal_ref)
             if not errors:
                 continue
             calibrations.append({
@@ -193,6 +222,19 @@ def pooled(runs: list[dict[str, Any]], family: bool, pool_only: tuple[str, ...] 
         cal["against_all_calibrations_median_pct"] = statistics.median(abs(a) for a in apart)
         cal["against_all_calibrations_max_pct"] = max(abs(a) for a in apart)
     return {"figures": len(truth), "runs": len(runs), "measurement_noise": noise, "calibrations": calibrations}
+
+
+def pairs_report(name: str, res: dict[str, Any], within: float = 5.0) -> list[str]:
+    pairs = res["pairs"]
+    if not pairs:
+        return [f"{name}: no two calibrations predicted the same figures."]
+    lines = [f"{name}: every pair of calibrations at one level (each prediction over its calibration's reference "
+             f"median): {len(pairs)} pairs, {sum(p['max_pct'] <= within for p in pairs)} within {within:g} % "
+             f"at their largest difference."]
+    for p in pairs:
+        lines.append(f"    {p['a']} / {p['b']}{' (same run)' if p['same_run'] else ''}: largest {p['max_pct']:.1f} % "
+                     f"({p['largest']}), median {p['median_pct']:.1f} % over {p['figures']} figures")
+    return lines
 
 
 def report(name: str, res: dict[str, Any]) -> list[str]:
@@ -230,24 +272,40 @@ def report(name: str, res: dict[str, Any]) -> list[str]:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("runs", nargs="+", help="simulation_accuracy.py --json files, at least three")
+    ap.add_argument("runs", nargs="+", help="simulation_accuracy.py --json files, at least three (one with --pairs)")
     ap.add_argument("--pool-only", nargs="+", default=[], metavar="RUN",
                     help="more runs whose measurement joins the pooled one, their calibrations not judged "
                          "(runs of other code)")
     ap.add_argument("--llama", action="store_true", help="also the Llama sizes")
     ap.add_argument("--json", help="write the comparisons here")
+    ap.add_argument("--pairs", action="store_true",
+                    help="only every pair of calibrations compared at one level (reproducibility; one run or more)")
     args = ap.parse_args(argv)
+    if args.pairs:
+        runs = _runs(args.runs)
+        pairs = {"families": calibration_pairs(runs, True)}
+        if args.llama:
+            pairs["llama"] = calibration_pairs(runs, False)
+        for name, res in pairs.items():
+            print("\n".join(pairs_report("Unseen families" if name == "families" else "Llama sizes", res)))
+        if args.json:
+            with open(args.json, "w") as fh:
+                json.dump(pairs, fh, indent=1)
+        return 0
     if len(args.runs) + len(args.pool_only) < 3:
         ap.error("give at least three runs: the pooled measurement is their median")
     runs = _runs(args.runs + args.pool_only)
     judged = [r for r in runs if r["path"] not in args.pool_only]
     out = {"families": pooled(runs, True, tuple(args.pool_only))}
     out["families"]["interval_use"] = interval_use(judged, True)
+    out["families"].update(calibration_pairs(judged, True))
     if args.llama:
         out["llama"] = pooled(runs, False, tuple(args.pool_only))
         out["llama"]["interval_use"] = interval_use(judged, False)
+        out["llama"].update(calibration_pairs(judged, False))
     for name, res in out.items():
-        print("\n".join(report("Unseen families" if name == "families" else "Llama sizes", res)))
+        label = "Unseen families" if name == "families" else "Llama sizes"
+        print("\n".join(report(label, res) + pairs_report(label, res)))
     if args.json:
         with open(args.json, "w") as fh:
             json.dump(out, fh, indent=1)
