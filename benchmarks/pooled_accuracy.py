@@ -282,6 +282,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="only every pair of calibrations compared at one level (reproducibility; one run or more)")
     args = ap.parse_args(argv)
     if args.pairs:
+        if args.pool_only:
+            ap.error("--pool-only adds measurements to the pooled one; --pairs compares calibrations only")
         runs = _runs(args.runs)
         pairs = {"families": calibration_pairs(runs, True)}
         if args.llama:
