@@ -145,6 +145,12 @@ def test_calibrate_command_writes_profile(tmp_path: Path, monkeypatch: pytest.Mo
     assert (d["matmul_ns_per_weight_row"] or 0.0) == pytest.approx(float(row.group(1)), abs=0.051)
     cal = d["calibration"]
     assert len(cal["replicates"]) == 40 and len(cal["held_out"]) == 4
+    # the fixed cost of a forward pass: the decode steps' time outside the model's forward, said and held
+    step = re.search(r"measured, not fitted: (\d+\.\d{3}) ms per forward pass outside the model's forward", r.stderr)
+    assert step is not None, r.stderr
+    assert d["step_overhead_s"] * 1e3 == pytest.approx(float(step.group(1)), abs=0.0006)
+    at_step = cal["params"].index("step_overhead_s")
+    assert {r[at_step] for r in cal["replicates"]} == {cal["coefficients"][at_step]}
     # the layout ladder: said, kept in the record, and each product's h made of it
     lay = re.search(r"layouts: small-M slowdown \(rows \+ h\) / rows by inner size K = 256, 384, 512, 768, 1024 \(the "
                     r"layout ladder, products of 16-48 rows\): h ((?:\d+\.\d ?){5}) over a weight stored \[out, in\] "

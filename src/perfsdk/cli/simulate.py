@@ -346,6 +346,10 @@ def _say_held(result: Any) -> None:
     if row is not None:
         click.echo(f"measured, not fitted: {row * 1e9:.1f} ns per stored weight row (two one-row products over "
                    "weights of the same bytes, streamed from memory)", err=True)
+    step = result.held.get("step_overhead_s")
+    if step is not None:
+        click.echo(f"measured, not fitted: {step * 1e3:.3f} ms per forward pass outside the model's forward (the "
+                   "generate loop and the session between two forwards, the median decode step)", err=True)
 
 
 def _say_uncertainty(result: Any) -> None:

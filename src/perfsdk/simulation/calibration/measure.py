@@ -36,6 +36,9 @@ class Measurement:
     decode_s: float
     repeats: int
     decode_steps_s: list[float] | None = None
+    #: the time a decode step spends outside the model's forward (the generate loop's own work
+    #: and the session's), per step, the median over the calls; None where it was not timed
+    outside_step_s: float | None = None
 
     @property
     def tpot_s(self) -> float | None:
@@ -47,10 +50,12 @@ class Measurement:
         steps = None
         if self.decode_steps_s is not None and other.decode_steps_s is not None:
             steps = [min(a, b) for a, b in zip(self.decode_steps_s, other.decode_steps_s)]
+        outside = [x for x in (self.outside_step_s, other.outside_step_s) if x is not None]
         return Measurement(model=self.model, batch_size=self.batch_size, input_tokens=self.input_tokens,
                            output_tokens=self.output_tokens, ttft_s=min(self.ttft_s, other.ttft_s),
                            decode_s=sum(steps) if steps is not None else min(self.decode_s, other.decode_s),
-                           repeats=self.repeats + other.repeats, decode_steps_s=steps)
+                           repeats=self.repeats + other.repeats, decode_steps_s=steps,
+                           outside_step_s=min(outside) if outside else None)
 
 
 class _Stamps:
@@ -140,7 +145,12 @@ def measure_in_session(model: Any, batch_size: int, input_tokens: int, output_to
     """TTFT and decode time of ``model.generate`` as a perfsdk session measures them: inside a
     session with the default collectors (no store), on the session clock, after one warm-up call;
     the median over ``calls`` calls (more while they add up to less than ``min_time_s``, up to
-    ``max_calls``). What a user's run reads as its p50, so a profile fitted to these predicts it."""
+    ``max_calls``). What a user's run reads as its p50, so a profile fitted to these predicts it.
+
+    The model's forward is timed too (a hook before and after it), so that the measurement also
+    says how long each decode step spends outside it (``outside_step_s``): the generate loop's
+    own work between two forwards and the session's, what the cost model's fixed cost per step
+    stands for."""
     import torch
 
     import perfsdk
@@ -155,24 +165,38 @@ def measure_in_session(model: Any, batch_size: int, input_tokens: int, output_to
     ttft: list[float] = []
     decode: list[float] = []
     steps: list[list[float]] = []
-    with perfsdk.session(cfg) as s:
-        s.load(model=model)
-        with s.warmup():
-            s.generate(model, **kw)
-        spent = 0.0
-        while len(ttft) < calls or (spent < min_time_s and len(ttft) < max_calls):
-            s.generate(model, **kw)
-            step = s.steps[-1]
-            t = step.token_times_ns
-            ttft.append((t[0] - step.start_ns) / 1e9)
-            decode.append((t[-1] - t[0]) / 1e9)
-            steps.append([(b - a) / 1e9 for a, b in zip(t, t[1:])])
-            spent += ((step.end_ns or t[-1]) - step.start_ns) / 1e9
+    outside: list[float] = []
+    spans: list[list[int]] = []  # [start, end] of each forward of the current call, on the session clock
+    hooks = [model.register_forward_pre_hook(lambda *_: spans.append([time.perf_counter_ns()])),
+             model.register_forward_hook(lambda *_: spans[-1].append(time.perf_counter_ns()))]
+    try:
+        with perfsdk.session(cfg) as s:
+            s.load(model=model)
+            with s.warmup():
+                s.generate(model, **kw)
+            spent = 0.0
+            while len(ttft) < calls or (spent < min_time_s and len(ttft) < max_calls):
+                spans.clear()
+                s.generate(model, **kw)
+                step = s.steps[-1]
+                t = step.token_times_ns
+                ttft.append((t[0] - step.start_ns) / 1e9)
+                decode.append((t[-1] - t[0]) / 1e9)
+                steps.append([(b - a) / 1e9 for a, b in zip(t, t[1:])])
+                spent += ((step.end_ns or t[-1]) - step.start_ns) / 1e9
+                if len(t) > 1:
+                    # the decode's forwards lie between the first and the last position's stamps
+                    inside = sum(sp[1] - sp[0] for sp in spans if len(sp) == 2 and sp[0] >= t[0] and sp[1] <= t[-1])
+                    outside.append((t[-1] - t[0] - inside) / 1e9 / (len(t) - 1))
+    finally:
+        for h in hooks:
+            h.remove()
     # each decode step's median over the calls (what :func:`decode_warmup_steps` reads)
     per_step = [float(statistics.median(x)) for x in zip(*steps)] if steps and steps[0] else None
     return Measurement(model=label, batch_size=batch_size, input_tokens=input_tokens, output_tokens=output_tokens,
                        ttft_s=float(statistics.median(ttft)), decode_s=float(statistics.median(decode)),
-                       repeats=len(ttft), decode_steps_s=per_step)
+                       repeats=len(ttft), decode_steps_s=per_step,
+                       outside_step_s=float(statistics.median(outside)) if outside else None)
 
 
 #: decode steps a measurement needs for :func:`decode_warmup_steps` (the later half is its steady step)
@@ -966,16 +990,19 @@ def scaled(m: Measurement, factor: float) -> Measurement:
     steps = [t * factor for t in m.decode_steps_s] if m.decode_steps_s is not None else None
     return Measurement(model=m.model, batch_size=m.batch_size, input_tokens=m.input_tokens,
                        output_tokens=m.output_tokens, ttft_s=m.ttft_s * factor, decode_s=m.decode_s * factor,
-                       repeats=m.repeats, decode_steps_s=steps)
+                       repeats=m.repeats, decode_steps_s=steps,
+                       outside_step_s=m.outside_step_s * factor if m.outside_step_s is not None else None)
 
 
 def median_of(runs: list[Measurement]) -> Measurement:
     """One measurement of a configuration from its passes: the median TTFT and decode time."""
     first = runs[0]
+    outside = [m.outside_step_s for m in runs if m.outside_step_s is not None]
     return Measurement(model=first.model, batch_size=first.batch_size, input_tokens=first.input_tokens,
                        output_tokens=first.output_tokens, ttft_s=float(statistics.median(m.ttft_s for m in runs)),
                        decode_s=float(statistics.median(m.decode_s for m in runs)),
-                       repeats=sum(m.repeats for m in runs))
+                       repeats=sum(m.repeats for m in runs),
+                       outside_step_s=float(statistics.median(outside)) if outside else None)
 
 
 def _centred(raw: dict[Any, list[tuple[Any, float]]]) -> list[tuple[Any, int, list[float], list[float]]]:
@@ -1126,7 +1153,7 @@ def calibrate_here(models: list[str], grid: list[tuple[int, int, int]] | None = 
                    min_time_s: float = 0.2, normalise: bool = True, estimator: str | None = None,
                    pause_gc: bool = False, replicates: int = 40, max_passes: int | None = None,
                    settle_pct: float = PASS_SETTLE_PCT, cache: bool = False,
-                   seed: int = 0) -> tuple[FitResult, list[Measurement]]:
+                   seed: int = 0, measured_step: bool = True) -> tuple[FitResult, list[Measurement]]:
     """Measure ``models`` (random weights) on a grid of (batch, input tokens, output tokens),
     plus the micro-kernels (``micro``), and fit.
 
@@ -1159,6 +1186,13 @@ def calibrate_here(models: list[str], grid: list[tuple[int, int, int]] | None = 
     percent (:func:`passes_settled`, on the normalised passes): a stretch in which the machine
     ran slower than the reference shows is then outvoted instead of moving the median. Each pass
     measures the configurations in its own shuffled order (:func:`pass_order`).
+
+    With ``measured_step`` (and ``fit_step_overhead``), the fixed cost of a forward pass is the
+    time the measured decode steps spent outside the model's forward (:func:`measure_in_session`;
+    the median over every pass of every configuration, normalised like them), held in the fit
+    rather than fitted (:func:`measured_step_cost`): fitted, it traded with the per-call cost and
+    moved 0.22-0.94 ms from one calibration to the next on a 2-core host, and the batch-1 decode of
+    small models with it, while the time outside the forward read 0.23-0.41 ms.
 
     The fit then keeps what it needs to state its own uncertainty: ``replicates`` bootstrap
     refits over configurations and passes, every configuration's errors when its model is left
@@ -1245,15 +1279,20 @@ def calibrate_here(models: list[str], grid: list[tuple[int, int, int]] | None = 
                                             width=getattr(built[key[0]].config, "hidden_size", None),
                                             family=getattr(built[key[0]].config, "model_type", None)))
     observed = [ob for c in samples for ob in c.observations]
+    step_s = measured_step_cost([m for key in configs for m in runs[key]], warmup) if measured_step else None
+    held_kw: dict[str, Any] = ({"held": {"step_overhead_s": step_s}}
+                               if step_s is not None and fit_step_overhead else {})
     if cache:
-        result, fixed = fit_with_micro(timed, observed, cache_bytes=CACHE_GRID, fit_step_overhead=fit_step_overhead)
+        result, fixed = fit_with_micro(timed, observed, cache_bytes=CACHE_GRID, fit_step_overhead=fit_step_overhead,
+                                       **held_kw)
         # a cache is kept only where it also predicts the models left out of the fit better
         result, fixed = checked_cache(result, fixed, lambda: fit_with_micro(timed, observed, cache_bytes=(0.0,),
-                                                                            fit_step_overhead=fit_step_overhead),
+                                                                            fit_step_overhead=fit_step_overhead,
+                                                                            **held_kw),
                                       samples, fit_step_overhead=fit_step_overhead)
     else:
         # the cache size the working sets measured, held; its rate fitted with the others
-        result, fixed = fit_with_micro(timed, observed, fit_step_overhead=fit_step_overhead)
+        result, fixed = fit_with_micro(timed, observed, fit_step_overhead=fit_step_overhead, **held_kw)
     result.decode_warmup_steps = warmup
     result.drift_pct = pass_drift_pct([[m for m, _ in raw[key]] for key in configs])
     result.passes, result.threads = done, torch.get_num_threads()
@@ -1275,6 +1314,17 @@ def calibrate_here(models: list[str], grid: list[tuple[int, int, int]] | None = 
                                                fit_step_overhead=fit_step_overhead)
     keep_held_out(result, samples, fixed, fit_step_overhead=fit_step_overhead)
     return result, meas
+
+
+def measured_step_cost(runs: list[Measurement], warmup_steps: float = 0.0) -> float | None:
+    """The fixed cost of a forward pass as measured: the median, over ``runs``, of the time a
+    decode step spent outside the model's forward (:attr:`Measurement.outside_step_s`), each
+    brought to the steady step like its decode (:func:`steady_decode`). None where no run timed it."""
+    from perfsdk.simulation.costmodel import warmup_factor
+
+    per_step = [m.outside_step_s / warmup_factor(warmup_steps, m.output_tokens - 1) for m in runs
+                if m.outside_step_s is not None and m.output_tokens > 1]
+    return max(0.0, float(statistics.median(per_step))) if per_step else None
 
 
 def median_micro(runs: list[tuple[list[Observation], int]], ref: ReferenceTimer | None,
@@ -1329,7 +1379,7 @@ def fit_with_micro(micro: list[Observation], measured: list[Observation],
     if row_s is not None:
         # measured by the pair, held in every fit; the pair itself stays out (its weights stream
         # at the rate of one long cycle, which a model's matrices do not reach)
-        fit_kw.setdefault("held", {"s_per_weight_row": row_s})
+        fit_kw["held"] = {"s_per_weight_row": row_s, **(fit_kw.get("held") or {})}
         micro = [ob for ob in micro if not ob.label.startswith(_PAIR)]
     for ob in measured:  # each product takes the gap of its layout and inner size off h
         ob.small_m_gaps = layout_gaps
