@@ -22,7 +22,9 @@ Printed, for the unseen families (and, with ``--llama``, the Llama sizes):
 - every pair of calibrations over the runs, within one run and across runs, compared at one
   level (each prediction in units of its own calibration's reference median): the largest and the
   median |difference|, and how many pairs stand within 5 % (the reproducibility target, over
-  calibrations minutes or hours apart); ``--pairs`` prints only this, from one run or more;
+  calibrations minutes or hours apart), counted apart for the pairs whose reference medians (the
+  machine's speed while each calibrated) stood within ``--near`` % of each other (default 10) and
+  for the others; ``--pairs`` prints only this, from one run or more;
 - how much of its 90 % interval each measurement used, as its run judged it (the run's own
   measurement at the calibration's reference level, not the pooled one): ``log(measured /
   predicted)`` over the log of the bound on the same side, 0 at the prediction and 1 at the bound.
@@ -34,8 +36,8 @@ The exponent the work follows the reference with (``reference_tracking``) is tak
 runs at reference levels a few percent apart differ by that exponent's effect, well under 1 %.
 
 Usage: ``python benchmarks/pooled_accuracy.py run1.json run2.json run3.json ... [--pool-only
-older.json ...] [--llama] [--json OUT]``: ``--pool-only`` runs (of other code, say) add their
-measurement to the pooled one without their calibrations being judged.
+older.json ...] [--llama] [--near PCT] [--json OUT]``: ``--pool-only`` runs (of other code, say)
+add their measurement to the pooled one without their calibrations being judged.
 """
 
 from __future__ import annotations
@@ -117,11 +119,11 @@ def calibration_pairs(runs: list[dict[str, Any]], family: bool) -> dict[str, Any
     level: each prediction in units of its calibration's reference median, the largest and the
     median |difference| over the figures both predicted. Needs no measurement: it is the
     reproducibility of two calibrations, whenever they ran."""
-    cals = [(run["path"], k + 1, _predictions(run, k, family))
-            for run in runs for k in range(len(run["summary"]["reference_s"]["calibrations"]))]
+    cals = [(run["path"], k + 1, _predictions(run, k, family), ref)
+            for run in runs for k, ref in enumerate(run["summary"]["reference_s"]["calibrations"])]
     pairs = []
-    for i, (path_a, ka, pa) in enumerate(cals):
-        for path_b, kb, pb in cals[i + 1:]:
+    for i, (path_a, ka, pa, ref_a) in enumerate(cals):
+        for path_b, kb, pb, ref_b in cals[i + 1:]:
             common = [key for key in pa if key in pb]
             if not common:
                 continue
@@ -130,7 +132,9 @@ def calibration_pairs(runs: list[dict[str, Any]], family: bool) -> dict[str, Any
             pairs.append({"a": f"{path_a} cal. {ka}", "b": f"{path_b} cal. {kb}", "same_run": path_a == path_b,
                           "figures": len(common), "max_pct": far[0],
                           "median_pct": statistics.median(d for d, _ in diffs),
-                          "largest": _name(pa[far[1]][1], pa[far[1]][2])})
+                          "largest": _name(pa[far[1]][1], pa[far[1]][2]),
+                          # how far apart the machine's speed stood while they calibrated
+                          "reference_apart_pct": 100 * (max(ref_a, ref_b) / min(ref_a, ref_b) - 1)})
     return {"pairs": pairs}
 
 
@@ -224,16 +228,28 @@ def pooled(runs: list[dict[str, Any]], family: bool, pool_only: tuple[str, ...] 
     return {"figures": len(truth), "runs": len(runs), "measurement_noise": noise, "calibrations": calibrations}
 
 
-def pairs_report(name: str, res: dict[str, Any], within: float = 5.0) -> list[str]:
+def pairs_report(name: str, res: dict[str, Any], within: float = 5.0, near: float = 10.0) -> list[str]:
+    """The pairs of :func:`calibration_pairs`, and how many stand within ``within`` % among those
+    calibrated at reference medians within ``near`` % of each other and among the others: one
+    level is one ratio of the reference's times, which describes a machine whose parts slow
+    unevenly only so far."""
     pairs = res["pairs"]
     if not pairs:
         return [f"{name}: no two calibrations predicted the same figures."]
     lines = [f"{name}: every pair of calibrations at one level (each prediction over its calibration's reference "
              f"median): {len(pairs)} pairs, {sum(p['max_pct'] <= within for p in pairs)} within {within:g} % "
              f"at their largest difference."]
+    close = [p for p in pairs if p["reference_apart_pct"] <= near]
+    far = [p for p in pairs if p["reference_apart_pct"] > near]
+    for label, group in ((f"within {near:g} %", close), (f"more than {near:g} % apart", far)):
+        if group:
+            lines.append(f"  calibrated with the reference medians {label}: {sum(p['max_pct'] <= within for p in group)} "
+                         f"of {len(group)} pairs within {within:g} % (largest differences "
+                         f"{min(p['max_pct'] for p in group):.1f}-{max(p['max_pct'] for p in group):.1f} %)")
     for p in pairs:
         lines.append(f"    {p['a']} / {p['b']}{' (same run)' if p['same_run'] else ''}: largest {p['max_pct']:.1f} % "
-                     f"({p['largest']}), median {p['median_pct']:.1f} % over {p['figures']} figures")
+                     f"({p['largest']}), median {p['median_pct']:.1f} % over {p['figures']} figures; reference "
+                     f"medians {p['reference_apart_pct']:.1f} % apart")
     return lines
 
 
@@ -280,6 +296,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", help="write the comparisons here")
     ap.add_argument("--pairs", action="store_true",
                     help="only every pair of calibrations compared at one level (reproducibility; one run or more)")
+    ap.add_argument("--near", type=float, default=10.0, metavar="PCT",
+                    help="count the pairs within 5 %% apart for those calibrated at reference medians within PCT %% "
+                         "of each other and for the others")
     args = ap.parse_args(argv)
     if args.pairs:
         if args.pool_only:
@@ -289,7 +308,8 @@ def main(argv: list[str] | None = None) -> int:
         if args.llama:
             pairs["llama"] = calibration_pairs(runs, False)
         for name, res in pairs.items():
-            print("\n".join(pairs_report("Unseen families" if name == "families" else "Llama sizes", res)))
+            print("\n".join(pairs_report("Unseen families" if name == "families" else "Llama sizes", res,
+                                          near=args.near)))
         if args.json:
             with open(args.json, "w") as fh:
                 json.dump(pairs, fh, indent=1)
@@ -307,7 +327,7 @@ def main(argv: list[str] | None = None) -> int:
         out["llama"].update(calibration_pairs(judged, False))
     for name, res in out.items():
         label = "Unseen families" if name == "families" else "Llama sizes"
-        print("\n".join(report(label, res) + pairs_report(label, res)))
+        print("\n".join(report(label, res) + pairs_report(label, res, near=args.near)))
     if args.json:
         with open(args.json, "w") as fh:
             json.dump(out, fh, indent=1)
