@@ -297,8 +297,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--pairs", action="store_true",
                     help="only every pair of calibrations compared at one level (reproducibility; one run or more)")
     ap.add_argument("--near", type=float, default=10.0, metavar="PCT",
-                    help="count the pairs within 5 %% apart for those calibrated at reference medians within PCT %% "
-                         "of each other and for the others")
+                    help="count the pairs within 5 %% separately for those calibrated at reference medians within "
+                         "PCT %% of each other and for the others")
     args = ap.parse_args(argv)
     if args.pairs:
         if args.pool_only:
