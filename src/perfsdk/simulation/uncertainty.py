@@ -200,7 +200,7 @@ def bagged_factors(ratios: dict[str, np.ndarray]) -> dict[str, float]:
     refits does not jump with one labelling: in ten pairs of calibrations of a 2-core x86 host,
     the pairs' predictions of nine unseen families stood at most 3.1-7.8 % apart (8 of 10 pairs
     within 5 %) against 2.5-9.0 % (3 of 10) from the central fits, with the same accuracy against
-    their measurement (docs/simulation.md, "The median of the bootstrap refits")."""
+    their measurement (docs/simulation-accuracy-log.md, "The median of the bootstrap refits")."""
     return {phase: float(np.median(r)) if len(r) else 1.0 for phase, r in ratios.items()}
 
 
