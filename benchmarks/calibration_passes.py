@@ -2,7 +2,8 @@
 
 Runs ``--calibrations`` calibrations one after another, each as ``perfsdk calibrate`` and
 ``benchmarks/simulation_accuracy.py`` run them (``calibrate_here``: the default models and grid,
-one thread, three calls of at least 0.2 s, drift-normalised, shuffled passes) but with
+``--threads`` torch threads (default one), three calls of at least 0.2 s, drift-normalised,
+shuffled passes) but with
 ``--passes`` round-robin passes, and keeps every pass's measurement, every reference timing and
 every micro-kernel timing. Nothing is measured after that: each calibration is refitted from its
 first ``k`` passes (``k`` = 3 .. ``--passes``) by replaying those timings through
@@ -18,10 +19,16 @@ and, for the most passes, that difference by batch and phase with the coefficien
 It also prints how the passes scatter: each configuration's normalised time in each pass against
 its median over the passes (rms), and, per pass, each model's mean over its configurations against
 the part of it the configurations' own scatter accounts for (a slow stretch the reference missed
-that fell on one model's configurations shows as the excess).
+that fell on one model's configurations shows as the excess), and, for every pair of calibrations,
+whether their inputs differ by more than that scatter explains: each configuration's median over
+its passes compared at one reference level against the difference two such medians would show by
+the passes' noise alone (a bootstrap over each calibration's passes). Near 1, more passes would
+bring two calibrations together; well above 1, the machine was in a different state for each, one
+that lasted longer than a calibration and that the reference workload did not follow.
 
 Usage: ``PYTHONPATH=src python benchmarks/calibration_passes.py [--passes 6] [--calibrations 2]
-[--json OUT]``; about eight minutes a calibration at six passes (the default grid) on two cores. Run it with nothing
+[--threads N] [--refits 3,6] [--save REC] [--json OUT]``, and later ``--load REC`` to refit and
+compare the kept timings again without measuring; about eight minutes a calibration at six passes (the default grid) on two cores. Run it with nothing
 else busy. ``--models`` and ``--families`` (comma-separated) narrow it for a quick check;
 ``--grid 1:16:16,4:32:16,...`` (batch:prompt:new-token triples) tries another calibration grid.
 """
@@ -33,6 +40,7 @@ import contextlib
 import json
 import math
 import os
+import pickle
 import statistics
 import sys
 import time
@@ -69,7 +77,8 @@ def _grid(text: str) -> list[tuple[int, int, int]]:
     return out  # type: ignore[return-value]
 
 
-def record(models: list[str], passes: int, seed: int, grid: list[tuple[int, int, int]] | None = None) -> dict[str, Any]:
+def record(models: list[str], passes: int, seed: int, grid: list[tuple[int, int, int]] | None = None,
+           threads: int = 1) -> dict[str, Any]:
     """One calibration at ``passes`` passes, every timing it made kept in order."""
     import perfsdk.simulation.calibration.measure as m
 
@@ -99,8 +108,9 @@ def record(models: list[str], passes: int, seed: int, grid: list[tuple[int, int,
 
     with _patched(m, measure_in_session=measured, micro_observations=timed_micro), \
             _patched(m.ReferenceTimer, tick=ticked):
-        fit, _ = m.calibrate_here(models, threads=1, passes=passes, max_passes=passes, seed=seed, grid=grid)
-    return {"runs": runs, "ticks": ticks, "micro": micro, "order": order, "seed": seed, "fit": fit, "grid": grid}
+        fit, _ = m.calibrate_here(models, threads=threads, passes=passes, max_passes=passes, seed=seed, grid=grid)
+    return {"runs": runs, "ticks": ticks, "micro": micro, "order": order, "seed": seed, "fit": fit, "grid": grid,
+            "threads": threads}
 
 
 def replay(rec: dict[str, Any], models: list[str], passes: int, built: dict[str, Any]) -> Any:
@@ -123,15 +133,16 @@ def replay(rec: dict[str, Any], models: list[str], passes: int, built: dict[str,
     with _patched(m, measure_in_session=lambda model, b, i, o, **kw: rec["runs"][((kw["label"], b, i, o), kw["seed"])],
                   micro_observations=lambda **kw: next(micro), build_random_model=model_of), \
             _patched(m.ReferenceTimer, tick=ticked):
-        fit, _ = m.calibrate_here(models, threads=1, passes=passes, max_passes=passes, seed=rec["seed"],
+        fit, _ = m.calibrate_here(models, threads=rec["threads"], passes=passes, max_passes=passes, seed=rec["seed"],
                                   grid=rec["grid"])
     return fit
 
 
-def scatter(rec: dict[str, Any]) -> dict[str, float]:
-    """How the passes of one calibration scatter once normalised (see the module docstring), in %."""
+def normalised_logs(rec: dict[str, Any]) -> dict[tuple[Any, ...], tuple[list[float], list[float]]]:
+    """Each configuration's log TTFT and log decode time in every pass, as the fit takes them:
+    divided by the reference level around it and brought to the calibration's reference median,
+    both to the power of its tracking exponent."""
     from perfsdk.simulation.calibration import ReferenceTimer
-    from perfsdk.stats import rms
 
     fit = rec["fit"]
     timer = ReferenceTimer(model=object())  # nothing timed: the recorded reference times, for level_at
@@ -144,15 +155,26 @@ def scatter(rec: dict[str, Any]) -> dict[str, float]:
         else:
             level_of[what].append(timer.level_at(last))
     tracking = fit.reference_tracking if fit.reference_tracking is not None else 1.0
+    out: dict[tuple[Any, ...], tuple[list[float], list[float]]] = {}
+    for key, levels in level_of.items():
+        times = [rec["runs"][(key, p)] for p in range(len(levels))]
+        scale = [(fit.reference_s / lv) ** tracking for lv in levels]
+        out[key] = ([math.log(t.ttft_s * s) for t, s in zip(times, scale)],
+                    [math.log(t.decode_s * s) for t, s in zip(times, scale)])
+    return out
+
+
+def scatter(rec: dict[str, Any]) -> dict[str, float]:
+    """How the passes of one calibration scatter once normalised (see the module docstring), in %."""
+    from perfsdk.stats import rms
+
+    logs_of = normalised_logs(rec)
     out: dict[str, float] = {}
     for j, phase in enumerate(("ttft", "decode")):
         dev: dict[tuple[Any, ...], list[float]] = {}
-        for key, levels in level_of.items():
-            times = [rec["runs"][(key, p)] for p in range(len(levels))]
-            logs = [math.log((t.ttft_s, t.decode_s)[j] * (fit.reference_s / lv) ** tracking)
-                    for t, lv in zip(times, levels)]
-            mid = statistics.median(logs)
-            dev[key] = [x - mid for x in logs]
+        for key, both in logs_of.items():
+            mid = statistics.median(both[j])
+            dev[key] = [x - mid for x in both[j]]
         passes = min(len(v) for v in dev.values())
         blocks, within, sizes = [], [], []
         for model in sorted({k[0] for k in dev}):
@@ -169,6 +191,46 @@ def scatter(rec: dict[str, Any]) -> dict[str, float]:
         out[f"{phase}_model_mean_rms_pct"] = 100 * rms(blocks)
         out[f"{phase}_model_mean_from_configs_pct"] = 100 * w / math.sqrt(n)
     return out
+
+
+def between_within(a: dict[str, Any], b: dict[str, Any], draws: int = 2000) -> dict[str, float]:
+    """Do two calibrations' inputs differ by more than their passes' scatter explains?
+
+    Each configuration's input is the median of its normalised passes; compared at one level
+    (each in units of its own calibration's reference median), two calibrations' inputs differ by
+    ``between``. Had the machine's state been the same in both, that difference would be the
+    noise of two medians of so many passes, whose size a bootstrap over each calibration's passes
+    gives (``expected``). A ratio near 1 is noise that more passes average out; well above 1, a
+    state of the machine that lasts longer than a calibration and that the reference does not
+    capture, which more passes inside one calibration cannot remove. In %, rms over the
+    configurations and both phases (log ratios)."""
+    import numpy as np
+
+    from perfsdk.stats import rms
+
+    la, lb = normalised_logs(a), normalised_logs(b)
+    unit_a, unit_b = math.log(a["fit"].reference_s), math.log(b["fit"].reference_s)
+    rng = np.random.default_rng(0)
+
+    def boot_sd(xs: list[float]) -> float:
+        x = np.asarray(xs)
+        picks = rng.integers(0, len(x), size=(draws, len(x)))
+        return float(np.std(np.median(x[picks], axis=1)))
+
+    between, expected, z = [], [], []
+    for key in sorted(set(la) & set(lb), key=str):
+        for j in (0, 1):
+            d = (statistics.median(la[key][j]) - unit_a) - (statistics.median(lb[key][j]) - unit_b)
+            se = math.hypot(boot_sd(la[key][j]), boot_sd(lb[key][j]))
+            between.append(d)
+            expected.append(se)
+            z.append(abs(d) / se if se > 0 else float("inf"))
+    shift = statistics.median(between)
+    return {"between_rms_pct": 100 * rms(between), "shift_pct": 100 * shift,
+            "between_centred_rms_pct": 100 * rms(d - shift for d in between), "expected_rms_pct": 100 * rms(expected),
+            "ratio": rms(between) / rms(expected) if rms(expected) > 0 else float("inf"),
+            "ratio_centred": rms(d - shift for d in between) / rms(expected) if rms(expected) > 0 else float("inf"),
+            "beyond_2se_share": sum(v > 2 for v in z) / len(z), "figures": len(z)}
 
 
 def predictions(fits: list[Any], families: list[str], configs: dict[str, Any]) -> dict[tuple[str, int, int], list[tuple[float, float]]]:
@@ -205,6 +267,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--families", help="families to predict, comma-separated (default: the accuracy benchmark's unseen ones)")
     ap.add_argument("--grid", type=_grid, help="calibration grid, batch:input:output triples, comma-separated "
                                                 "(default: perfsdk calibrate's, DEFAULT_CALIBRATION_GRID)")
+    ap.add_argument("--threads", type=int, default=1, help="torch threads of the calibrations (default 1)")
+    ap.add_argument("--refits", type=lambda s: [int(x) for x in s.split(",") if x],
+                    help="the numbers of passes to refit and compare, comma-separated (default: 3 up to --passes)")
+    ap.add_argument("--save", help="keep every timing of the calibrations in this file (pickle)")
+    ap.add_argument("--load", help="measure nothing: refit the calibrations kept by --save in this file")
     ap.add_argument("--json", help="write the figures as JSON here")
     args = ap.parse_args(argv)
     if args.passes < 3 or args.calibrations < 2:
@@ -214,18 +281,25 @@ def main(argv: list[str] | None = None) -> int:
 
     from perfsdk.simulation.calibration import DEFAULT_CALIBRATION_MODELS
 
-    torch.set_num_threads(1)
+    torch.set_num_threads(args.threads)
     models = args.models.split(",") if args.models else list(DEFAULT_CALIBRATION_MODELS)
     families = args.families.split(",") if args.families else FAMILY_MODELS + ANY_FAMILY_MODELS
     t0 = time.time()
     recs = []
-    for k in range(args.calibrations):
+    if args.load:
+        with open(args.load, "rb") as fh:
+            recs = pickle.load(fh)
+        args.calibrations, args.passes = len(recs), min(r["fit"].passes for r in recs)
+    for k in range(len(recs), args.calibrations):
         tc = time.time()
-        recs.append(record(models, args.passes, seed=k, grid=args.grid))
+        recs.append(record(models, args.passes, seed=k, grid=args.grid, threads=args.threads))
         fit = recs[-1]["fit"]
         print(f"calibration {k + 1}: {time.time() - tc:.0f} s, {fit.passes} passes, drift {fit.drift_pct or 0:.1f} % raw / "
               f"{fit.normalised_drift_pct or 0:.1f} % normalised, tracking {fit.reference_tracking:.2f}, reference median "
               f"{fit.reference_s * 1e3:.2f} ms", flush=True)
+    if args.save:
+        with open(args.save, "wb") as fh:
+            pickle.dump(recs, fh)
     summary: dict[str, Any] = {"passes": args.passes, "calibrations": args.calibrations, "models": models, "grid": args.grid,
                                "families": families, "scatter": [scatter(r) for r in recs], "by_passes": {}}
     for k, s in enumerate(summary["scatter"], start=1):
@@ -233,11 +307,24 @@ def main(argv: list[str] | None = None) -> int:
               f"model's mean {s['ttft_model_mean_rms_pct']:.1f} % (its configurations' own scatter accounts for "
               f"{s['ttft_model_mean_from_configs_pct']:.1f} %); decode {s['decode_pass_rms_pct']:.1f} %, "
               f"{s['decode_model_mean_rms_pct']:.1f} % ({s['decode_model_mean_from_configs_pct']:.1f} %)")
+    summary["between_within"] = []
+    for k in range(len(recs)):
+        for j in range(k + 1, len(recs)):
+            bw = between_within(recs[k], recs[j])
+            summary["between_within"].append({"calibrations": [k + 1, j + 1]} | bw)
+            print(f"calibrations {k + 1} and {j + 1}, inputs at one level: {bw['between_rms_pct']:.1f} % apart (rms over "
+                  f"{bw['figures']} configurations and phases; {bw['between_centred_rms_pct']:.1f} % about their median "
+                  f"shift of {bw['shift_pct']:+.1f} %) where two medians of their passes would stand "
+                  f"{bw['expected_rms_pct']:.1f} % apart by the passes' scatter alone (x {bw['ratio']:.1f}; about the shift x {bw['ratio_centred']:.1f}); "
+                  f"{100 * bw['beyond_2se_share']:.0f} % of them beyond twice that", flush=True)
     configs = {spec: build_model(spec).config for spec in families}
     built: dict[str, Any] = {}
     preds: dict[tuple[str, int, int], list[tuple[float, float]]] = {}
     fits: list[Any] = []
-    for p in range(3, args.passes + 1):
+    refits = [p for p in args.refits or range(3, args.passes + 1) if 1 <= p <= args.passes]
+    if not refits:
+        ap.error(f"--refits: no number of passes between 1 and {args.passes}")
+    for p in refits:
         fits = [r["fit"] if p == args.passes else replay(r, models, p, built) for r in recs]
         preds = predictions(fits, families, configs)
         figures = []
@@ -255,7 +342,7 @@ def main(argv: list[str] | None = None) -> int:
             if row[0][j] > 0:
                 where[f"batch {b} {phase}"].append(100 * (row[1][j] / row[0][j] - 1))
     summary["second_against_first_by_batch_phase"] = {k: [min(v), statistics.median(v), max(v)] for k, v in where.items()}
-    print(f"at {args.passes} passes, calibration 2 against 1 by batch and phase (smallest / median / largest, %):")
+    print(f"at {refits[-1]} passes, calibration 2 against 1 by batch and phase (smallest / median / largest, %):")
     for k, v in where.items():
         print(f"  {k}: {min(v):+.1f} / {statistics.median(v):+.1f} / {max(v):+.1f}")
     names = list(fits[0].coefficients)
