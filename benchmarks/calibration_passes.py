@@ -22,9 +22,10 @@ the part of it the configurations' own scatter accounts for (a slow stretch the 
 that fell on one model's configurations shows as the excess), and, for every pair of calibrations,
 whether their inputs differ by more than that scatter explains: each configuration's median over
 its passes compared at one reference level against the difference two such medians would show by
-the passes' noise alone (a bootstrap over each calibration's passes). Near 1, more passes would
-bring two calibrations together; well above 1, the machine was in a different state for each, one
-that lasted longer than a calibration and that the reference workload did not follow.
+the passes' noise alone (a bootstrap over each calibration's passes). Near 1, the inputs differ by
+that noise, which more passes narrow in the inputs (not necessarily in the predictions: the fit
+carries what is left into its coefficients); well above 1, the machine was in a different state
+for each, one that lasted longer than a calibration and that the reference workload did not follow.
 
 Usage: ``PYTHONPATH=src python benchmarks/calibration_passes.py [--passes 6] [--calibrations 2]
 [--threads N] [--refits 3,6] [--save REC] [--json OUT]``, and later ``--load REC`` to refit and
@@ -200,7 +201,7 @@ def between_within(a: dict[str, Any], b: dict[str, Any], draws: int = 2000) -> d
     (each in units of its own calibration's reference median), two calibrations' inputs differ by
     ``between``. Had the machine's state been the same in both, that difference would be the
     noise of two medians of so many passes, whose size a bootstrap over each calibration's passes
-    gives (``expected``). A ratio near 1 is noise that more passes average out; well above 1, a
+    gives (``expected``). A ratio near 1 is that noise, which more passes narrow; well above 1, a
     state of the machine that lasts longer than a calibration and that the reference does not
     capture, which more passes inside one calibration cannot remove. In %, rms over the
     configurations and both phases (log ratios)."""
