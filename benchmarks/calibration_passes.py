@@ -227,10 +227,11 @@ def between_within(a: dict[str, Any], b: dict[str, Any], draws: int = 2000) -> d
             expected.append(se)
             z.append(abs(d) / se if se > 0 else float("inf"))
     shift = statistics.median(between)
-    return {"between_rms_pct": 100 * rms(between), "shift_pct": 100 * shift,
-            "between_centred_rms_pct": 100 * rms(d - shift for d in between), "expected_rms_pct": 100 * rms(expected),
-            "ratio": rms(between) / rms(expected) if rms(expected) > 0 else float("inf"),
-            "ratio_centred": rms(d - shift for d in between) / rms(expected) if rms(expected) > 0 else float("inf"),
+    apart, centred, noise = rms(between), rms(d - shift for d in between), rms(expected)
+    return {"between_rms_pct": 100 * apart, "shift_pct": 100 * shift, "between_centred_rms_pct": 100 * centred,
+            "expected_rms_pct": 100 * noise,
+            "ratio": apart / noise if noise > 0 else float("inf"),
+            "ratio_centred": centred / noise if noise > 0 else float("inf"),
             "beyond_2se_share": sum(v > 2 for v in z) / len(z), "figures": len(z)}
 
 
