@@ -21,6 +21,18 @@ FAMILIES: dict[str, dict] = {
     "gptj": dict(model_type="gptj", n_embd=64, n_layer=3, n_head=4, vocab_size=256, rotary_dim=8, n_positions=128),
     "stablelm": dict(model_type="stablelm", hidden_size=64, num_hidden_layers=3, num_attention_heads=4,
                      num_key_value_heads=2, intermediate_size=128, vocab_size=256, max_position_embeddings=128),
+    # experts routed through transformers' grouped GEMM (whose meta kernel takes bfloat16 only)
+    "olmoe": dict(model_type="olmoe", hidden_size=64, num_hidden_layers=3, num_attention_heads=4,
+                  num_key_value_heads=4, intermediate_size=32, num_experts=4, num_experts_per_tok=2, vocab_size=256,
+                  max_position_embeddings=128),
+    # a state-space model whose layer_types the config derives from the layer count
+    "mamba": dict(model_type="mamba", hidden_size=64, num_hidden_layers=3, state_size=8, expand=2, conv_kernel=4,
+                  vocab_size=256),
+    # a cache of its own (generate hands the model none)
+    "minimax": dict(model_type="minimax", hidden_size=64, num_hidden_layers=4, num_attention_heads=4,
+                    num_key_value_heads=2, head_dim=16, intermediate_size=128, num_local_experts=4,
+                    num_experts_per_tok=2, vocab_size=256, max_position_embeddings=128,
+                    layer_types=["linear_attention", "full_attention", "linear_attention", "full_attention"]),
     "bart": dict(model_type="bart", d_model=64, encoder_layers=2, decoder_layers=2, encoder_attention_heads=4,
                  decoder_attention_heads=4, encoder_ffn_dim=128, decoder_ffn_dim=128, vocab_size=256,
                  max_position_embeddings=128),
@@ -169,6 +181,67 @@ def test_simulate_an_undescribed_family(perfsdk_cli, tmp_path):
     assert any("layer 1's operations repeated over all 3 layers" in n for n in two.notes)
     layers = {op.module_path.split(".")[3] for op in two.ops if op.module_path.startswith("model.decoder.layers.")}
     assert layers == {"0", "1", "2"}
+
+
+# the state each family's own cache holds for 16 + 7 positions at batch 1, in bfloat16 (2 bytes)
+OWN_STATE_BYTES = {
+    # 3 layers x (K + V) x 4 heads x 16
+    "olmoe": 3 * 2 * 4 * 16 * 2 * (16 + 7),
+    # 2 full-attention layers x (K + V) x 2 KV heads x 16, and 2 linear-attention layers' state of
+    # 4 heads x 16 x 16 (whatever the length)
+    "minimax": 2 * 2 * 2 * 16 * 2 * (16 + 7) + 2 * 4 * 16 * 16 * 2,
+    # 3 layers x 128 channels x (a 4-wide convolution window + an 8-wide state)
+    "mamba": 3 * 128 * (4 + 8) * 2,
+}
+
+
+@pytest.mark.parametrize("name", sorted(OWN_STATE_BYTES))
+def test_simulate_experts_own_caches_and_state_space_families(perfsdk_cli, tmp_path, name):
+    """Experts captured in bfloat16 (the grouped GEMM's meta kernel), a cache the family builds
+    itself, a state-space model: each simulated with its own weights and state, at the dtype asked."""
+    from transformers import AutoModelForCausalLM
+
+    folder = write_config(tmp_path, name)
+    params = sum(p.numel() for p in AutoModelForCausalLM.from_config(config_from_dict(FAMILIES[name])).parameters())
+    for dtype, size in (("bfloat16", 2), ("float32", 4)):
+        r = perfsdk_cli(["simulate", "--model", folder, "--hardware", "h100-sxm", "--input-tokens", "16",
+                         "--output-tokens", "8", "--dtype", dtype, "--json"])
+        assert r.exit_code == 0, r.output
+        res = json.loads(r.output[r.output.index("{"):])
+        assert res["ttft_s"] > 0 and res["tpot_s"] > 0
+        assert f"analytic cross-check: not available for model type {name}" in res["notes"]
+        assert res["devices"][0]["weight_bytes"] == params * size
+        assert res["devices"][0]["kv_cache_bytes"] == OWN_STATE_BYTES[name] * size // 2
+
+
+def test_a_family_whose_code_cannot_run_on_the_meta_device_is_a_clear_error(perfsdk_cli, tmp_path, monkeypatch):
+    from perfsdk.flops import meta
+
+    def fails(*args, **kwargs):
+        raise RuntimeError("Tensor.item() cannot be called on meta tensors")
+
+    monkeypatch.setattr(meta._Replay, "forward", fails)
+    folder = write_config(tmp_path, "opt")
+    for args in (["simulate", "--model", folder], ["flops", folder]):
+        r = perfsdk_cli(args)
+        assert r.exit_code == 2, r.output
+        assert ("model type opt: its code could not run on the meta device (RuntimeError: Tensor.item() cannot be "
+                "called on meta tensors), and no analytic description covers it") in r.output
+        assert "Traceback" not in r.output
+
+
+def test_a_family_that_does_not_generate_text_from_tokens_is_a_clear_error(perfsdk_cli, tmp_path):
+    folder = tmp_path / "whisper"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps(dict(
+        model_type="whisper", d_model=64, encoder_layers=2, decoder_layers=2, encoder_attention_heads=4,
+        decoder_attention_heads=4, encoder_ffn_dim=128, decoder_ffn_dim=128, vocab_size=256, num_mel_bins=16)))
+    for args in (["simulate", "--model", str(folder)], ["flops", str(folder)]):
+        r = perfsdk_cli(args)
+        assert r.exit_code == 2, r.output
+        assert ("model type whisper: transformers has no AutoModelForSeq2SeqLM for it; perfsdk counts and simulates "
+                "models that generate text from token ids") in r.output
+        assert "Model type should be one of" not in r.output
 
 
 PALIGEMMA = {"model_type": "paligemma", "image_token_index": 299, "vocab_size": 300, "projection_dim": 64,

@@ -33,7 +33,7 @@ from perfsdk.capture import OperationCapture
 from perfsdk.flops.analytic import generate_shape
 from perfsdk.flops.counter import FlopsCount, count_analytic, count_from_records
 from perfsdk.models.arch import Architecture, GenerateShape, UnsupportedArchitecture, architecture_from_config
-from perfsdk.models.internals import cache_kwargs
+from perfsdk.models.internals import cache_kwargs, output_cache
 from perfsdk.models.resolve import UnknownModel, bundled_config, bundled_names, resolve_config
 
 log = structlog.get_logger("perfsdk.flops.meta")
@@ -53,27 +53,59 @@ def meta_model(config: Any, attn_implementation: str = "auto", dtype: torch.dtyp
     through ``AutoModelForSeq2SeqLM``; vision-language models (a ``vision_config``) through
     ``AutoModelForImageTextToText``. ``attn_implementation="auto"`` takes the one
     ``transformers`` picks for the family (sdpa where supported, else eager). Mixture-of-experts
-    models are built in bfloat16 by default: PyTorch's meta kernel of the grouped GEMM their
-    experts run accepts only bfloat16 (FLOPs do not depend on the dtype).
+    models (described as such, or built with fused expert weights that ``transformers`` routes
+    through its grouped GEMM) are built in bfloat16 by default: PyTorch's meta kernel of that GEMM
+    accepts only bfloat16 (FLOPs do not depend on the dtype; byte counts are rescaled to the
+    simulated dtype from :attr:`CapturedGeneration.element_bytes`).
     """
     from transformers import AutoModelForCausalLM, AutoModelForImageTextToText, AutoModelForSeq2SeqLM
 
     arch = _architecture_or_none(config)
-    if dtype is None and arch is not None and arch.is_moe:
-        dtype = torch.bfloat16
+    moe = dtype is None and arch is not None and arch.is_moe
     kwargs: dict[str, Any] = {}
     if attn_implementation != "auto":
         kwargs["attn_implementation"] = attn_implementation
-    if dtype is not None:
-        kwargs["dtype"] = dtype
+    if dtype is not None or moe:
+        kwargs["dtype"] = dtype or torch.bfloat16
     auto: Any = AutoModelForCausalLM
     if getattr(config, "is_encoder_decoder", False):
         auto = AutoModelForSeq2SeqLM
     elif getattr(config, "vision_config", None) is not None:
         auto = AutoModelForImageTextToText
-    with _quiet(), torch.device("meta"):
-        model = auto.from_config(config, **kwargs)
+    try:
+        with _quiet(), torch.device("meta"):
+            model = auto.from_config(config, **kwargs)
+            if dtype is None and not moe and _routes_experts(model):
+                model = auto.from_config(config, **{**kwargs, "dtype": torch.bfloat16})
+    except ValueError as exc:
+        if "Unrecognized configuration class" not in str(exc):
+            raise
+        model_type = getattr(config, "model_type", None) or type(config).__name__
+        raise ValueError(f"model type {model_type}: transformers has no {auto.__name__} for it; perfsdk counts and "
+                         f"simulates models that generate text from token ids (causal LMs, encoder-decoders, "
+                         f"vision-language models), not from audio or other inputs") from None
     return model.eval()
+
+
+def _routes_experts(model: torch.nn.Module) -> bool:
+    """Whether ``model`` has fused mixture-of-experts layers that ``transformers`` dispatches to an
+    experts implementation (a 3-D expert weight and the ``config`` the dispatch reads)."""
+    for m in model.modules():
+        if hasattr(m, "_is_expert_parallel") or (
+                hasattr(type(m), "_apply_gate") and any(p.dim() == 3 for p in m.parameters(recurse=False))):
+            return True
+    return False
+
+
+def meta_failure(config: Any, exc: BaseException) -> ValueError:
+    """The error a user sees when a family's code cannot run on the meta device and no analytic
+    description covers it (what it was, and why it failed)."""
+    model_type = getattr(config, "model_type", None) or type(config).__name__
+    if isinstance(exc, ValueError) and str(exc).startswith(f"model type {model_type}:"):
+        return exc
+    tail = ", and no analytic description covers it" if _architecture_or_none(config) is None else ""
+    return ValueError(f"model type {model_type}: its code could not run on the meta device "
+                      f"({type(exc).__name__}: {exc}){tail}")
 
 
 def _quiet() -> Any:
@@ -154,7 +186,9 @@ class _Replay:
         size = size[0] if isinstance(size, (list, tuple)) else size
         channels = int(getattr(vision, "num_channels", 3) or 3)
         if not isinstance(size, int):
-            raise ValueError(f"images: the vision config of {getattr(self.cfg, 'model_type', '?')} states no image_size")
+            raise ValueError(f"images: the vision config of {getattr(self.cfg, 'model_type', '?')} states no "
+                             f"image_size (its vision tower takes images of any size, which a config alone does "
+                             f"not fix); images 0 counts the text model alone")
         dtype = next(self.model.parameters()).dtype
         px = torch.zeros((1, channels, size, size), device=self.dev, dtype=dtype)
         with torch.inference_mode():
@@ -199,23 +233,43 @@ class _Replay:
                 logits_to_keep: int = 1) -> None:
         if cap is not None:
             cap.set_phase(phase, step=step, context_len=context_len)  # type: ignore[arg-type]
+        own = isinstance(cache, _OwnCache)
+        given = cache.value if own else cache
+        kw = dict(use_cache=cache is not None, **cache_kwargs(self.model, given))
         if self._encoder_decoder:
-            self.model(encoder_outputs=self.encoder_out, decoder_input_ids=self._ids(new), use_cache=True,
-                       **cache_kwargs(self.model, cache))
+            out = self.model(encoder_outputs=self.encoder_out, decoder_input_ids=self._ids(new), **kw)
         elif self.shape is not None and self.shape.images and phase != "decode":
             # the text model's prompt: text and image tokens, entering as embeddings
             embeds = torch.zeros((self.batch_size, new, self._hidden_size()), device=self.dev,
                                  dtype=next(self.model.parameters()).dtype)
-            self.model(inputs_embeds=embeds, use_cache=cache is not None, logits_to_keep=logits_to_keep,
-                       **cache_kwargs(self.model, cache))
+            out = self.model(inputs_embeds=embeds, logits_to_keep=logits_to_keep, **kw)
         else:
-            self.model(input_ids=self._ids(new), use_cache=cache is not None, logits_to_keep=logits_to_keep,
-                       **cache_kwargs(self.model, cache))
+            out = self.model(input_ids=self._ids(new), logits_to_keep=logits_to_keep, **kw)
+        if own:
+            cache.value = output_cache(out) or given
 
     def new_cache(self) -> Any:
+        """An empty cache: a dynamic KV cache, or, for a family that builds a cache of its own
+        (``generate`` hands it none), a holder of the one its first forward returns."""
         from perfsdk.models.internals import new_cache
 
+        supports = getattr(self.model, "_supports_default_dynamic_cache", None)
+        if callable(supports) and not supports():
+            return _OwnCache()
         return new_cache(self.cfg, self._encoder_decoder)
+
+
+class _OwnCache:
+    """The cache a family builds itself, as its forward returns it (None before the first)."""
+
+    def __init__(self) -> None:
+        self.value: Any = None
+
+
+def _cache_bytes(cache: Any) -> int | None:
+    from perfsdk.models.internals import cache_bytes
+
+    return cache_bytes(cache.value if isinstance(cache, _OwnCache) else cache)
 
 
 def replay_shape(config: Any, batch_size: int, input_tokens: int, output_tokens: int,
@@ -346,7 +400,12 @@ def _shallow_config(config: Any, layers: int) -> Any | None:
     cfg = copy.deepcopy(config)
     setattr(cfg, attr, layers)
     if types:
-        cfg.layer_types = list(types[:layers])
+        try:
+            cfg.layer_types = list(types[:layers])
+        except AttributeError:  # a read-only property some families derive from the layer count
+            pass
+        if len(getattr(cfg, "layer_types", None) or ()) != layers:
+            return None
     if hasattr(cfg, "max_window_layers") and isinstance(cfg.max_window_layers, int):
         cfg.max_window_layers = min(cfg.max_window_layers, layers)
     return cfg
@@ -426,9 +485,7 @@ def count_config(config: Any, batch_size: int, input_tokens: int, output_tokens:
             return c
     except Exception as exc:  # an architecture whose forward needs real values
         if arch is None:
-            model_type = getattr(config, "model_type", None) or type(config).__name__
-            raise ValueError(f"model type {model_type}: its code could not run on the meta device "
-                             f"({type(exc).__name__}: {exc}), and no analytic description covers it") from exc
+            raise meta_failure(config, exc) from exc
         log.warning("meta-device count failed; using the analytic model", error=repr(exc))
         c = count_analytic(arch, batch_size, input_tokens, output_tokens, images=images)
         c.backend = "torch"
@@ -497,10 +554,18 @@ def capture_generation_ops(config: Any, batch_size: int, input_tokens: int, outp
     A model whose decoder layers are structurally identical (the same operations on the same
     shapes, read from the capture of a two-layer copy) is captured at two layers and layer 1's
     operations are repeated for the rest; otherwise every layer runs. The KV cache size is the
-    bytes of the cache the model built for the last position.
+    bytes of the cache the model built for the last position. A family whose code cannot run
+    there raises ``ValueError`` saying so (:func:`meta_failure`).
     """
-    from perfsdk.models.internals import cache_bytes
+    try:
+        return _capture_generation_ops(config, batch_size, input_tokens, output_tokens, decode_steps, images,
+                                       attn_implementation)
+    except Exception as exc:
+        raise meta_failure(config, exc) from exc
 
+
+def _capture_generation_ops(config: Any, batch_size: int, input_tokens: int, output_tokens: int,
+                            decode_steps: list[int], images: int | None, attn_implementation: str) -> CapturedGeneration:
     notes: list[str] = []
     full_model = meta_model(config, attn_implementation=attn_implementation)
     param_count = sum(int(p.numel()) for p in full_model.parameters())
@@ -518,7 +583,7 @@ def capture_generation_ops(config: Any, batch_size: int, input_tokens: int, outp
             cache = rep.new_cache()
             rep.forward(cap, p, cache, "prefill", 0, p)
         ops = list(cap.records)
-        kv = cache_bytes(cache)
+        kv = _cache_bytes(cache)
         for k in decode_steps:
             cache = rep.new_cache()
             with torch.inference_mode():
@@ -526,7 +591,7 @@ def capture_generation_ops(config: Any, batch_size: int, input_tokens: int, outp
             with torch.inference_mode(), OperationCapture(model) as cap:
                 rep.forward(cap, 1, cache, "decode", k, p + k)
             ops.extend(cap.records)
-            kv = cache_bytes(cache)
+            kv = _cache_bytes(cache)
         assert rep.shape is not None
         return ops, kv, rep.shape
 

@@ -81,12 +81,25 @@ def cache_length(cache: Any) -> int | None:
     fn = getattr(cache, "get_seq_length", None)
     if callable(fn):
         try:
-            return int(fn())
+            n = int(fn())
         except Exception:
             return None
+        if n == 0 and isinstance(getattr(cache, "layers", None), (list, tuple)):
+            # a hybrid cache whose first layer holds no positions (linear attention, filled by
+            # index): the longest of its layers
+            n = max([0, *(_layer_length(layer) for layer in cache.layers)])
+        return n
     if _is_legacy_cache(cache):
         return int(cache[0][0].shape[-2])
     return None
+
+
+def _layer_length(layer: Any) -> int:
+    fn = getattr(layer, "get_seq_length", None)
+    try:
+        return int(fn()) if callable(fn) else 0
+    except Exception:
+        return 0
 
 
 def new_positions(args: tuple[Any, ...], kwargs: dict[str, Any]) -> int | None:
