@@ -99,6 +99,27 @@ def test_comparison_takes_the_median_of_the_steps_of_the_captured_shape(tiny_mod
     assert "measured: median of the run's 3 steps of this shape" in " ".join(con.export_text().split())
 
 
+def test_comparison_leaves_out_the_instrumented_copies_of_a_step(tiny_model) -> None:  # type: ignore[no-untyped-def]
+    """The FLOPs collector replays a timed step under capture (far slower): the measured side of
+    the comparison is the timed steps alone, as the latency figures are."""
+    import statistics
+
+    ids = torch.randint(4, 256, (1, 10))
+    kw = dict(max_new_tokens=4, min_new_tokens=4, pad_token_id=0)
+    with perfsdk.session({"collectors": {"simulation": {}, "flops": {}}}, store=None) as s:
+        s.load(model=tiny_model)
+        for _ in range(2):
+            s.generate(tiny_model, input_ids=ids, attention_mask=torch.ones_like(ids), **kw)
+    res = s.result.collectors["simulation"]
+    assert res["status"] == "ok", res
+    copies = [st for st in s.steps if st.instrumented_by]
+    timed = [st for st in s.steps if not st.instrumented_by and not st.warmup]
+    assert len(copies) >= 1 and len(timed) == 2
+    assert res["compared_steps"] == 2
+    ttft = statistics.median((st.token_times_ns[0] - st.start_ns) / 1e9 for st in timed)
+    assert res["comparison"]["prefill"]["measured_s"] == pytest.approx(ttft)
+
+
 def test_a_prediction_far_from_the_measurement_says_how_to_calibrate(tiny_model, tmp_path) -> None:  # type: ignore[no-untyped-def]
     # a user file describing an impossibly fast CPU: every phase is predicted near 0 s
     fast = tmp_path / "fast.yaml"

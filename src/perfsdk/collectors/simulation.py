@@ -381,7 +381,8 @@ class SimulationCollector(Collector):
         if step.kind == "generate" and len(step.token_times_ns) >= 1:
             if self._step is None:
                 self._step = step
-            if step.served is None and self._shape(step) == self._shape(self._step):
+            # the timed steps alone: an instrumented copy (FLOPs capture, hooks) runs far slower
+            if step.served is None and not step.instrumented_by and self._shape(step) == self._shape(self._step):
                 n = len(step.token_times_ns)
                 self._same.append(((step.token_times_ns[0] - step.start_ns) / 1e9,
                                    (step.token_times_ns[-1] - step.token_times_ns[0]) / 1e9 if n > 1 else None))
