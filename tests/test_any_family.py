@@ -244,6 +244,15 @@ def test_a_family_that_does_not_generate_text_from_tokens_is_a_clear_error(perfs
         assert "Model type should be one of" not in r.output
 
 
+def test_inputs_the_replay_cannot_make_are_said_as_they_are(perfsdk_cli, tmp_path):
+    folder = write_config(tmp_path, "opt")
+    for args in (["simulate", "--model", folder, "--images", "1"], ["flops", folder, "--images", "1"]):
+        r = perfsdk_cli(args)
+        assert r.exit_code == 2, r.output
+        assert "perfsdk: error: images: the model has no vision tower" in r.output
+        assert "meta device" not in r.output
+
+
 PALIGEMMA = {"model_type": "paligemma", "image_token_index": 299, "vocab_size": 300, "projection_dim": 64,
              "text_config": {"model_type": "gemma", "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
                              "num_key_value_heads": 1, "head_dim": 16, "intermediate_size": 128, "vocab_size": 300},

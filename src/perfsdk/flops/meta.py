@@ -39,6 +39,11 @@ from perfsdk.models.resolve import UnknownModel, bundled_config, bundled_names, 
 log = structlog.get_logger("perfsdk.flops.meta")
 
 
+class ReplayUnavailable(ValueError):
+    """The meta-device replay cannot run a config, for a reason it states itself (no
+    text-generation class, images it cannot make): passed to the user as it is."""
+
+
 def _architecture_or_none(config: Any) -> Architecture | None:
     try:
         return architecture_from_config(config)
@@ -81,7 +86,7 @@ def meta_model(config: Any, attn_implementation: str = "auto", dtype: torch.dtyp
         if "Unrecognized configuration class" not in str(exc):
             raise
         model_type = getattr(config, "model_type", None) or type(config).__name__
-        raise ValueError(f"model type {model_type}: transformers has no {auto.__name__} for it; perfsdk counts and "
+        raise ReplayUnavailable(f"model type {model_type}: transformers has no {auto.__name__} for it; perfsdk counts and "
                          f"simulates models that generate text from token ids (causal LMs, encoder-decoders, "
                          f"vision-language models), not from audio or other inputs") from None
     return model.eval()
@@ -100,9 +105,9 @@ def _routes_experts(model: torch.nn.Module) -> bool:
 def meta_failure(config: Any, exc: BaseException) -> ValueError:
     """The error a user sees when a family's code cannot run on the meta device and no analytic
     description covers it (what it was, and why it failed)."""
-    model_type = getattr(config, "model_type", None) or type(config).__name__
-    if isinstance(exc, ValueError) and str(exc).startswith(f"model type {model_type}:"):
+    if isinstance(exc, ReplayUnavailable):
         return exc
+    model_type = getattr(config, "model_type", None) or type(config).__name__
     tail = ", and no analytic description covers it" if _architecture_or_none(config) is None else ""
     return ValueError(f"model type {model_type}: its code could not run on the meta device "
                       f"({type(exc).__name__}: {exc}){tail}")
@@ -171,13 +176,13 @@ class _Replay:
         image-feature code returns for one blank image of the configured size."""
         if self._encoder_decoder:
             if images:
-                raise ValueError("images: the model has no vision tower")
+                raise ReplayUnavailable("images: the model has no vision tower")
             return GenerateShape(batch_size, input_tokens, 0, 0, 0, input_tokens, 1)
         vision = getattr(self.cfg, "vision_config", None)
         features = getattr(self.model, "get_image_features", None)
         if vision is None or not callable(features):
             if images:
-                raise ValueError("images: the model has no vision tower")
+                raise ReplayUnavailable("images: the model has no vision tower")
             return GenerateShape(batch_size, input_tokens, 0, 0, 0, 0, input_tokens)
         n = 1 if images is None else images
         if n == 0:
@@ -186,16 +191,16 @@ class _Replay:
         size = size[0] if isinstance(size, (list, tuple)) else size
         channels = int(getattr(vision, "num_channels", 3) or 3)
         if not isinstance(size, int):
-            raise ValueError(f"images: the vision config of {getattr(self.cfg, 'model_type', '?')} states no "
+            raise ReplayUnavailable(f"images: the vision config of {getattr(self.cfg, 'model_type', '?')} states no "
                              f"image_size (its vision tower takes images of any size, which a config alone does "
-                             f"not fix); images 0 counts the text model alone")
+                             f"not fix); --images 0 counts the text model alone")
         dtype = next(self.model.parameters()).dtype
         px = torch.zeros((1, channels, size, size), device=self.dev, dtype=dtype)
         with torch.inference_mode():
             out = features(pixel_values=px)
         feats = [t for t in _flat_tensors(out) if t.dim() >= 2]
         if not feats:
-            raise ValueError("images: the model's image features could not be read")
+            raise ReplayUnavailable("images: the model's image features could not be read")
         per_image = int(feats[0].shape[-2]) if feats[0].dim() >= 3 else int(feats[0].shape[0])
         self._pixels = px
         return GenerateShape(batch_size, input_tokens, 0, n, n * per_image, 0, input_tokens + n * per_image)

@@ -207,10 +207,13 @@ def forward_parameters(model: Any) -> set[str]:
 
 def cache_kwargs(model: Any, cache: Any) -> dict[str, Any]:
     """Keyword arguments that hand ``cache`` to ``model``'s forward, under the name this
-    ``transformers`` release uses (``cache`` from 5.24, ``past_key_values`` before)."""
+    ``transformers`` release uses (``cache`` from 5.24, ``past_key_values`` before;
+    ``cache_params`` for the state-space families of earlier releases)."""
     params = forward_parameters(model)
     if "cache" in params:
         return {"cache": cache}
+    if "cache_params" in params and "past_key_values" not in params:
+        return {"cache_params": cache}
     return {"past_key_values": cache}
 
 
