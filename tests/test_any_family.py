@@ -214,6 +214,28 @@ def test_simulate_experts_own_caches_and_state_space_families(perfsdk_cli, tmp_p
         assert res["devices"][0]["kv_cache_bytes"] == OWN_STATE_BYTES[name] * size // 2
 
 
+SLIDING = dict(model_type="mistral", hidden_size=64, num_hidden_layers=3, num_attention_heads=4,
+               num_key_value_heads=2, intermediate_size=128, vocab_size=256, sliding_window=12,
+               max_position_embeddings=256)
+
+
+@pytest.mark.parametrize("name", ["opt", "mamba", "minimax", "bart", "sliding"])
+def test_decode_steps_are_captured_alike_from_a_fresh_cache_or_the_one_held(monkeypatch, name):
+    """Each sampled decode step's context is reached by one forward into a fresh cache or by
+    stepping the cache held: the captured operations and the cache are the same either way."""
+    from perfsdk.flops import meta
+
+    cfg = config_from_dict(SLIDING if name == "sliding" else FAMILIES[name])
+    got = {}
+    for refill in (True, False):
+        monkeypatch.setattr(meta, "_refill", lambda gap, step_s, refill_s, r=refill: gap < 0 or (gap > 0 and r))
+        cap = meta.capture_generation_ops(cfg, 2, 10, 30, [1, 2, 5, 17, 29])
+        got[refill] = ([(o.phase, o.step, o.module_path, o.op, o.flops, o.bytes_read, o.bytes_written)
+                        for o in cap.ops], cap.kv_cache_bytes)
+    assert got[True][0] and got[True] == got[False]
+    assert {s for p, s, *_ in got[True][0] if p == "decode"} == {1, 2, 5, 17, 29}
+
+
 def test_a_family_whose_code_cannot_run_on_the_meta_device_is_a_clear_error(perfsdk_cli, tmp_path, monkeypatch):
     from perfsdk.flops import meta
 

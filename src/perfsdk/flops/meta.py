@@ -23,7 +23,9 @@ window that fills during decode — every step is counted.
 
 from __future__ import annotations
 
+import math
 import re
+import time
 from typing import Any
 
 import structlog
@@ -554,8 +556,10 @@ def capture_generation_ops(config: Any, batch_size: int, input_tokens: int, outp
                            attn_implementation: str = "auto") -> CapturedGeneration:
     """Capture prefill and the given decode steps of ``generate`` on the meta device.
 
-    Decode step ``k`` attends ``prompt + k`` positions: for each step a fresh cache is filled
-    (uncaptured) to ``prompt + k - 1`` positions and one forward of one position is captured.
+    Decode step ``k`` attends ``prompt + k`` positions: for each step a cache is brought
+    (uncaptured) to ``prompt + k - 1`` positions, by one forward over them into a fresh cache or
+    by decode steps from the cache of the step before, whichever the forwards timed so far say is
+    cheaper (the cache is the same either way), and one forward of one position is captured.
     A model whose decoder layers are structurally identical (the same operations on the same
     shapes, read from the capture of a two-layer copy) is captured at two layers and layer 1's
     operations are repeated for the rest; otherwise every layer runs. The KV cache size is the
@@ -583,18 +587,35 @@ def _capture_generation_ops(config: Any, batch_size: int, input_tokens: int, out
     def run(model: torch.nn.Module) -> tuple[list[Any], int | None, GenerateShape]:
         rep = _Replay(model, batch_size, input_tokens, images)
         p = rep.prompt
+        t0 = time.perf_counter()
         with torch.inference_mode(), OperationCapture(model) as cap:
             rep.encode(cap)
             cache = rep.new_cache()
             rep.forward(cap, p, cache, "prefill", 0, p)
+        # what a refill of n positions and one more decode step cost here, to reach each sampled
+        # step's context the cheaper way (the same cache either way): one forward over the
+        # context (a transformer's, whatever its length, on the meta device) or the steps from
+        # the cache already held (a state-space model's prefill scans position by position)
+        fill_s, fill_n, step_s = time.perf_counter() - t0, p, math.inf
         ops = list(cap.records)
         kv = _cache_bytes(cache)
+        at = p  # positions the held cache holds
         for k in decode_steps:
-            cache = rep.new_cache()
+            target = p + k - 1
+            if _refill(target - at, step_s, fill_s * max(1.0, target / fill_n)):
+                cache, t0 = rep.new_cache(), time.perf_counter()
+                with torch.inference_mode():
+                    rep.forward(None, target, cache, "prefill", 0, target)
+                fill_s, fill_n, at = time.perf_counter() - t0, target, target
             with torch.inference_mode():
-                rep.forward(None, p + k - 1, cache, "prefill", 0, p + k - 1)
+                while at < target:
+                    t0 = time.perf_counter()
+                    rep.forward(None, 1, cache, "decode", 0, at + 1)
+                    step_s, at = min(step_s, time.perf_counter() - t0), at + 1
+            t0 = time.perf_counter()
             with torch.inference_mode(), OperationCapture(model) as cap:
                 rep.forward(cap, 1, cache, "decode", k, p + k)
+            step_s, at = min(step_s, time.perf_counter() - t0), at + 1
             ops.extend(cap.records)
             kv = _cache_bytes(cache)
         assert rep.shape is not None
@@ -624,6 +645,12 @@ def _capture_generation_ops(config: Any, batch_size: int, input_tokens: int, out
     from dataclasses import replace
 
     return CapturedGeneration(ops, replace(shape, output_tokens=output_tokens), kv, param_count, notes, element_bytes)
+
+
+def _refill(gap: int, step_s: float, refill_s: float) -> bool:
+    """Whether to fill a fresh cache rather than step the held one ``gap`` positions on (a
+    negative gap: it is past the context wanted), at the seconds one step and one refill take."""
+    return gap < 0 or (gap > 0 and gap * step_s > refill_s)
 
 
 def _repeat_layer_ops(ops: list[Any], full: int) -> list[Any] | None:
