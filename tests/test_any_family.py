@@ -25,6 +25,11 @@ FAMILIES: dict[str, dict] = {
     "olmoe": dict(model_type="olmoe", hidden_size=64, num_hidden_layers=3, num_attention_heads=4,
                   num_key_value_heads=4, intermediate_size=32, num_experts=4, num_experts_per_tok=2, vocab_size=256,
                   max_position_embeddings=128),
+    # dense MLPs in the first two layers, experts in the rest: no shallow copy shows the difference
+    "glm4_moe": dict(model_type="glm4_moe", hidden_size=64, num_hidden_layers=4, num_attention_heads=4,
+                     num_key_value_heads=2, head_dim=16, intermediate_size=128, moe_intermediate_size=32,
+                     n_routed_experts=4, num_experts_per_tok=2, n_shared_experts=1, first_k_dense_replace=2,
+                     n_group=1, topk_group=1, vocab_size=256, max_position_embeddings=128),
     # a state-space model whose layer_types the config derives from the layer count
     "mamba": dict(model_type="mamba", hidden_size=64, num_hidden_layers=3, state_size=8, expand=2, conv_kernel=4,
                   vocab_size=256),
@@ -217,6 +222,20 @@ def test_simulate_experts_own_caches_and_state_space_families(perfsdk_cli, tmp_p
 SLIDING = dict(model_type="mistral", hidden_size=64, num_hidden_layers=3, num_attention_heads=4,
                num_key_value_heads=2, intermediate_size=128, vocab_size=256, sliding_window=12,
                max_position_embeddings=256)
+
+
+def test_layers_that_differ_by_more_than_layer_types_are_captured_at_full_depth():
+    """GLM-4-MoE's first two layers run a dense MLP, the others experts: a two-layer copy would
+    show dense layers only, so the capture runs every layer, as the full model does."""
+    from perfsdk.flops import meta
+
+    cfg = config_from_dict(FAMILIES["glm4_moe"])
+    cap = meta.capture_generation_ops(cfg, 2, 10, 6, [1, 3, 5])
+    assert not any("repeated over all" in n for n in cap.notes)
+    experts = {o.module_path.split(".")[2] for o in cap.ops if ".mlp.experts" in o.module_path}
+    assert experts == {"2", "3"}
+    assert meta.uniform_layers(meta.meta_model(cfg), 4) is False
+    assert meta.uniform_layers(meta.meta_model(config_from_dict(FAMILIES["olmoe"])), 3) is True
 
 
 @pytest.mark.parametrize("name", ["opt", "mamba", "minimax", "bart", "sliding"])

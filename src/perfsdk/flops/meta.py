@@ -404,6 +404,10 @@ def _shallow_config(config: Any, layers: int) -> Any | None:
     types = getattr(config, "layer_types", None)
     if types and len(set(types)) > 1:
         return None  # heterogeneous layers (e.g. interleaved sliding windows): count every one
+    depth = int(getattr(config, attr))
+    if depth > layers and any(isinstance(v, list) and len(v) == depth and len({repr(x) for x in v}) > 1
+                              for v in config.to_dict().values()):
+        return None  # another per-layer setting that differs between layers
     cfg = copy.deepcopy(config)
     setattr(cfg, attr, layers)
     if types:
@@ -416,6 +420,18 @@ def _shallow_config(config: Any, layers: int) -> Any | None:
     if hasattr(cfg, "max_window_layers") and isinstance(cfg.max_window_layers, int):
         cfg.max_window_layers = min(cfg.max_window_layers, layers)
     return cfg
+
+
+def uniform_layers(model: torch.nn.Module, layers: int) -> bool:
+    """Whether every decoder layer of ``model`` (built, on the meta device say) has the same
+    modules and parameter shapes: a config can make the first ``k`` layers dense and the rest
+    mixture-of-experts, or give some layers no MLP, which a shallow copy would not show."""
+    for mod in model.modules():
+        if isinstance(mod, torch.nn.ModuleList) and len(mod) == layers:
+            signatures = {tuple((name, type(m).__name__, tuple(tuple(p.shape) for p in m.parameters(recurse=False)))
+                                for name, m in layer.named_modules()) for layer in mod}
+            return len(signatures) == 1
+    return False
 
 
 def _replicate_layers(one: FlopsCount, two: FlopsCount, full: int) -> FlopsCount | None:
@@ -507,7 +523,8 @@ def _count_config(config: Any, batch_size: int, input_tokens: int, output_tokens
     full = int(getattr(config, attr)) if attr else 0
     if not full_depth and full > 2:
         c1, c2 = _shallow_config(config, 1), _shallow_config(config, 2)
-        if c1 is not None and c2 is not None:
+        if c1 is not None and c2 is not None \
+                and uniform_layers(meta_model(config, attn_implementation=attn_implementation), full):
             one = count_meta_generate(meta_model(c1, attn_implementation=attn_implementation), batch_size,
                                       input_tokens, output_tokens, exact=exact)
             two = count_meta_generate(meta_model(c2, attn_implementation=attn_implementation), batch_size,
@@ -582,7 +599,7 @@ def _capture_generation_ops(config: Any, batch_size: int, input_tokens: int, out
     attr = _layers_attr(config)
     full = int(getattr(config, attr)) if attr else 0
     two = _shallow_config(config, 2) if full > 2 and not getattr(config, "is_encoder_decoder", False) \
-        and getattr(config, "vision_config", None) is None else None
+        and getattr(config, "vision_config", None) is None and uniform_layers(full_model, full) else None
 
     def run(model: torch.nn.Module) -> tuple[list[Any], int | None, GenerateShape]:
         rep = _Replay(model, batch_size, input_tokens, images)
