@@ -255,6 +255,14 @@ def test_decode_steps_are_captured_alike_from_a_fresh_cache_or_the_one_held(monk
     assert {s for p, s, *_ in got[True][0] if p == "decode"} == {1, 2, 5, 17, 29}
 
 
+def both_commands_stop_with(perfsdk_cli, folder: str, said: str, not_said: str, *extra: str) -> None:
+    """``perfsdk simulate`` and ``perfsdk flops`` on ``folder`` exit 2 saying ``said``, not ``not_said``."""
+    for args in (["simulate", "--model", folder, *extra], ["flops", folder, *extra]):
+        r = perfsdk_cli(args)
+        assert r.exit_code == 2, r.output
+        assert said in r.output and not_said not in r.output, r.output
+
+
 def test_a_family_whose_code_cannot_run_on_the_meta_device_is_a_clear_error(perfsdk_cli, tmp_path, monkeypatch):
     from perfsdk.flops import meta
 
@@ -262,13 +270,9 @@ def test_a_family_whose_code_cannot_run_on_the_meta_device_is_a_clear_error(perf
         raise RuntimeError("Tensor.item() cannot be called on meta tensors")
 
     monkeypatch.setattr(meta._Replay, "forward", fails)
-    folder = write_config(tmp_path, "opt")
-    for args in (["simulate", "--model", folder], ["flops", folder]):
-        r = perfsdk_cli(args)
-        assert r.exit_code == 2, r.output
-        assert ("model type opt: its code could not run on the meta device (RuntimeError: Tensor.item() cannot be "
-                "called on meta tensors), and no analytic description covers it") in r.output
-        assert "Traceback" not in r.output
+    both_commands_stop_with(perfsdk_cli, write_config(tmp_path, "opt"),
+                            "model type opt: its code could not run on the meta device (RuntimeError: Tensor.item() "
+                            "cannot be called on meta tensors), and no analytic description covers it", "Traceback")
 
 
 def test_a_family_that_does_not_generate_text_from_tokens_is_a_clear_error(perfsdk_cli, tmp_path):
@@ -277,21 +281,14 @@ def test_a_family_that_does_not_generate_text_from_tokens_is_a_clear_error(perfs
     (folder / "config.json").write_text(json.dumps(dict(
         model_type="whisper", d_model=64, encoder_layers=2, decoder_layers=2, encoder_attention_heads=4,
         decoder_attention_heads=4, encoder_ffn_dim=128, decoder_ffn_dim=128, vocab_size=256, num_mel_bins=16)))
-    for args in (["simulate", "--model", str(folder)], ["flops", str(folder)]):
-        r = perfsdk_cli(args)
-        assert r.exit_code == 2, r.output
-        assert ("model type whisper: transformers has no AutoModelForSeq2SeqLM for it; perfsdk counts and simulates "
-                "models that generate text from token ids") in r.output
-        assert "Model type should be one of" not in r.output
+    both_commands_stop_with(perfsdk_cli, str(folder),
+                            "model type whisper: transformers has no AutoModelForSeq2SeqLM for it; perfsdk counts and "
+                            "simulates models that generate text from token ids", "Model type should be one of")
 
 
 def test_inputs_the_replay_cannot_make_are_said_as_they_are(perfsdk_cli, tmp_path):
-    folder = write_config(tmp_path, "opt")
-    for args in (["simulate", "--model", folder, "--images", "1"], ["flops", folder, "--images", "1"]):
-        r = perfsdk_cli(args)
-        assert r.exit_code == 2, r.output
-        assert "perfsdk: error: images: the model has no vision tower" in r.output
-        assert "meta device" not in r.output
+    both_commands_stop_with(perfsdk_cli, write_config(tmp_path, "opt"),
+                            "perfsdk: error: images: the model has no vision tower", "meta device", "--images", "1")
 
 
 PALIGEMMA = {"model_type": "paligemma", "image_token_index": 299, "vocab_size": 300, "projection_dim": 64,
