@@ -88,9 +88,9 @@ def meta_model(config: Any, attn_implementation: str = "auto", dtype: torch.dtyp
         if "Unrecognized configuration class" not in str(exc):
             raise
         model_type = getattr(config, "model_type", None) or type(config).__name__
-        raise ReplayUnavailable(f"model type {model_type}: transformers has no {auto.__name__} for it; perfsdk counts and "
-                         f"simulates models that generate text from token ids (causal LMs, encoder-decoders, "
-                         f"vision-language models), not from audio or other inputs") from None
+        raise ReplayUnavailable(f"model type {model_type}: transformers has no {auto.__name__} for it; perfsdk "
+                                f"counts and simulates models that generate text from token ids (causal LMs, "
+                                f"encoder-decoders, vision-language models), not from audio or other inputs") from None
     return model.eval()
 
 
@@ -193,9 +193,9 @@ class _Replay:
         size = size[0] if isinstance(size, (list, tuple)) else size
         channels = int(getattr(vision, "num_channels", 3) or 3)
         if not isinstance(size, int):
-            raise ReplayUnavailable(f"images: the vision config of {getattr(self.cfg, 'model_type', '?')} states no "
-                             f"image_size (its vision tower takes images of any size, which a config alone does "
-                             f"not fix); --images 0 counts the text model alone")
+            raise ReplayUnavailable(f"images: the vision config of {getattr(self.cfg, 'model_type', '?')} states "
+                                    f"no image_size (its vision tower takes images of any size, which a config "
+                                    f"alone does not fix); --images 0 counts the text model alone")
         dtype = next(self.model.parameters()).dtype
         px = torch.zeros((1, channels, size, size), device=self.dev, dtype=dtype)
         with torch.inference_mode():
