@@ -96,12 +96,8 @@ def meta_model(config: Any, attn_implementation: str = "auto", dtype: torch.dtyp
 
 def _routes_experts(model: torch.nn.Module) -> bool:
     """Whether ``model`` has fused mixture-of-experts layers that ``transformers`` dispatches to an
-    experts implementation (a 3-D expert weight and the ``config`` the dispatch reads)."""
-    for m in model.modules():
-        if hasattr(m, "_is_expert_parallel") or (
-                hasattr(type(m), "_apply_gate") and any(p.dim() == 3 for p in m.parameters(recurse=False))):
-            return True
-    return False
+    experts implementation (the dispatching wrapper marks each such module at construction)."""
+    return any(hasattr(m, "_is_expert_parallel") for m in model.modules())
 
 
 def meta_failure(config: Any, exc: BaseException) -> ValueError:
