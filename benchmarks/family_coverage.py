@@ -18,8 +18,16 @@ The shrinking is generic, so some ``error`` outcomes are of the small config and
 kept, a field left ``None`` in the defaults that real checkpoints set); ``--show`` prints each
 message to tell them apart. Nothing is timed.
 
+``--against-full-depth`` checks, besides, the depth rule on every family whose layers repeat
+(all alike, or kinds in a pattern: see docs/flops.md, "Depth"): the count from two shallow copies
+against the count of every layer (``full_depth=True``), and the simulator's capture from the
+second copy against the capture of every layer (operations in order, FLOPs, bytes, KV cache),
+printing ``period P: same`` or what differs. ``--mixed-layers N`` keeps up to N layers of a
+config whose layers differ (default 8), so that patterns of longer periods repeat.
+
 Usage: ``PYTHONPATH=src python benchmarks/family_coverage.py [--families llama,olmoe] [--show]
-[--json OUT]``; about two minutes for every family on two cores.
+[--against-full-depth] [--mixed-layers N] [--json OUT]``; about two minutes for every family on
+two cores (about four times that with ``--against-full-depth``).
 """
 
 from __future__ import annotations
@@ -50,12 +58,12 @@ TOKEN_IDS = ("pad_token_id", "bos_token_id", "eos_token_id", "decoder_start_toke
              "sep_token_id", "cls_token_id", "mask_token_id", "unk_token_id")
 
 
-def shrink(d: dict[str, Any]) -> None:
+def shrink(d: dict[str, Any], mixed_layers: int = 8) -> None:
     """Shrink a config dict (and its sub-configs) in place."""
     depth = next((d[k] for k in DEPTH if isinstance(d.get(k), int)), None)
     kinds = d.get("layer_types") or d.get("layers_block_type")
     mixed = isinstance(kinds, list) and len(set(map(str, kinds))) > 1
-    keep = min(depth, 8) if mixed and depth else 2
+    keep = min(depth, mixed_layers) if mixed and depth else 2
     for k, v in d.items():
         if isinstance(v, int) and not isinstance(v, bool):
             if k in DEPTH:
@@ -68,14 +76,14 @@ def shrink(d: dict[str, Any]) -> None:
         if isinstance(v, list) and depth and len(v) == depth and depth != keep:
             d[k] = v[:keep]
         elif isinstance(v, dict) and any(x in v for x in ("hidden_size", *DEPTH)):
-            shrink(v)
+            shrink(v, mixed_layers)
 
 
-def small_config(model_type: str, root: str) -> str:
+def small_config(model_type: str, root: str, mixed_layers: int = 8) -> str:
     from transformers import AutoConfig
 
     d = AutoConfig.for_model(model_type).to_dict()
-    shrink(d)
+    shrink(d, mixed_layers)
     folder = tempfile.mkdtemp(prefix=f"{model_type}-", dir=root)
     with open(os.path.join(folder, "config.json"), "w") as f:
         json.dump(d, f, default=str)
@@ -114,12 +122,48 @@ def outcome(args: list[str], timeout_s: int) -> tuple[str, str]:
     return ("error", lines[-1]) if lines else ("crash", (r.output.strip().splitlines() or ["(no output)"])[-1])
 
 
+def against_full_depth(folder: str) -> str:
+    """The depth rule on ``folder``'s config against every layer: count and capture."""
+    from perfsdk.flops import meta
+    from perfsdk.models.resolve import resolve_config
+
+    cfg = resolve_config(folder)[0]
+    plan = meta.layer_plan(cfg, meta.meta_model(cfg))
+    if plan is None:
+        return "no repeat (every layer counted)"
+    fast, full = meta.count_config(cfg, 2, 8, 4), meta.count_config(cfg, 2, 8, 4, full_depth=True)
+    counted = any("replicated over all" in n for n in fast.notes)
+    count_same = (fast.flops_prefill, fast.flops_decode, fast.macs_total, fast.modules, fast.forwards) == (
+        full.flops_prefill, full.flops_decode, full.macs_total, full.modules, full.forwards)
+
+    def ops(c: Any) -> list[Any]:
+        return [(o.phase, o.step, o.module_path, o.op, o.flops, o.bytes_read, o.bytes_written) for o in c.ops]
+
+    grown = meta.capture_generation_ops(cfg, 2, 8, 4, [1, 2, 3])
+    captured = any("repeated over all" in n for n in grown.notes)
+    rule = meta.layer_plan
+    meta.layer_plan = lambda config, model: None  # type: ignore[assignment]
+    try:
+        every = meta.capture_generation_ops(cfg, 2, 8, 4, [1, 2, 3])
+    finally:
+        meta.layer_plan = rule  # type: ignore[assignment]
+    capture_same = ops(grown) == ops(every) and grown.kv_cache_bytes == every.kv_cache_bytes
+    used = ", ".join(x for x, y in (("count", counted), ("capture", captured)) if y) or "neither"
+    if count_same and capture_same:
+        return f"period {plan.period} of {plan.full}: same (copies used by {used})"
+    return (f"period {plan.period} of {plan.full}: DIFFERS (count {'same' if count_same else 'differs'}, "
+            f"capture {'same' if capture_same else 'differs'}; copies used by {used})")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--families", help="comma-separated model types (default: every causal-LM and seq2seq one)")
     ap.add_argument("--timeout", type=int, default=240, help="seconds per command and family")
     ap.add_argument("--show", action="store_true", help="print each error's message")
     ap.add_argument("--json", dest="json_out", help="write every outcome here")
+    ap.add_argument("--against-full-depth", action="store_true",
+                    help="check the depth rule against every layer, count and capture")
+    ap.add_argument("--mixed-layers", type=int, default=8, help="layers kept of a config whose layers differ")
     a = ap.parse_args()
 
     import transformers
@@ -137,7 +181,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as root:
         for t in families:
             try:
-                folder = small_config(t, root)
+                folder = small_config(t, root, a.mixed_layers)
             except Exception as exc:  # transformers' own defaults, shrunk, rejected
                 results[t] = {"config": f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}"}
                 print(f"{t:28s} config not made: {results[t]['config']}", flush=True)
@@ -145,13 +189,27 @@ def main() -> None:
             res = {"flops": outcome(["flops", folder, *shape, "--json"], a.timeout),
                    "simulate": outcome(["simulate", "--model", folder, "--hardware", "h100-sxm", *sim_shape,
                                         "--json"], a.timeout)}
+            if a.against_full_depth and res["flops"][0] == res["simulate"][0] == "ok":
+                try:
+                    res["depth"] = ("checked", against_full_depth(folder))
+                except Exception as exc:
+                    res["depth"] = ("crash", f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}")
             results[t] = res
             line = f"{t:28s} flops {res['flops'][0]:8s} simulate {res['simulate'][0]:8s}"
-            shown = {m for _, m in res.values() if m}
+            if "depth" in res:
+                line += f" depth: {res['depth'][1]}"
+            shown = {m for k, (_, m) in res.items() if m and k != "depth"}
             if a.show or any(k in ("crash", "timeout") for k, _ in res.values()):
                 line += "  " + " | ".join(sorted(shown))[:400]
             print(line, flush=True)
     made = {t: r for t, r in results.items() if "config" not in r}
+    if a.against_full_depth:
+        depth = [r["depth"] for r in made.values() if "depth" in r]
+        same = [m for k, m in depth if k == "checked" and ": same" in m]
+        print(f"depth rule: {len(same)} families counted and captured as at full depth "
+              f"({sum(not m.startswith('period 1 ') for m in same)} of them of layer kinds in a pattern), "
+              f"{sum('DIFFERS' in m for _, m in depth)} differing, {sum(k == 'crash' for k, _ in depth)} crashed, "
+              f"{sum('no repeat' in m for _, m in depth)} with no repeat")
     for cmd in ("flops", "simulate"):
         c = Counter(r[cmd][0] for r in made.values())
         print(f"{cmd}: " + ", ".join(f"{c[k]} {k}" for k in ("ok", "error", "crash", "timeout") if c[k])

@@ -42,13 +42,37 @@ FAMILIES: dict[str, dict] = {
                  decoder_attention_heads=4, encoder_ffn_dim=128, decoder_ffn_dim=128, vocab_size=256,
                  max_position_embeddings=128),
 }
+
+# layers of several kinds repeating with a period (counted from two shallow copies): sliding
+# and full attention, two to one, over 11 layers (a period and a remainder of 2), with a window
+# the context outgrows; alternating sliding and full attention with experts; alternating linear
+# (gated delta rule) and full attention with experts
+PERIODIC: dict[str, dict] = {
+    "gemma3_text": dict(model_type="gemma3_text", hidden_size=64, num_hidden_layers=11, num_attention_heads=4,
+                        num_key_value_heads=2, head_dim=16, intermediate_size=128, vocab_size=256,
+                        max_position_embeddings=256, sliding_window=4,
+                        layer_types=["sliding_attention", "sliding_attention", "full_attention"] * 3
+                        + ["sliding_attention"] * 2),
+    "gpt_oss": dict(model_type="gpt_oss", hidden_size=64, num_hidden_layers=7, num_attention_heads=4,
+                    num_key_value_heads=2, head_dim=16, intermediate_size=32, num_local_experts=4,
+                    num_experts_per_tok=2, vocab_size=256, sliding_window=4,
+                    layer_types=["sliding_attention", "full_attention"] * 3 + ["sliding_attention"]),
+    "qwen3_next": dict(model_type="qwen3_next", hidden_size=64, num_hidden_layers=7, num_attention_heads=4,
+                       num_key_value_heads=2, head_dim=16, intermediate_size=128, moe_intermediate_size=32,
+                       shared_expert_intermediate_size=32, num_experts=4, num_experts_per_tok=2,
+                       linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=16,
+                       linear_value_head_dim=16, linear_conv_kernel_dim=4, vocab_size=256,
+                       max_position_embeddings=256,
+                       layer_types=["linear_attention", "full_attention"] * 3 + ["linear_attention"]),
+}
+
 BATCH, INPUT, OUTPUT = 2, 8, 6
 
 
 def write_config(tmp_path, name: str) -> str:
     folder = tmp_path / name
     folder.mkdir()
-    (folder / "config.json").write_text(json.dumps(FAMILIES[name]))
+    (folder / "config.json").write_text(json.dumps({**FAMILIES, **PERIODIC}[name]))
     return str(folder)
 
 
@@ -56,7 +80,7 @@ def real_generate_count(name: str):
     """Capture a real generate on random weights: every forward's phase from the call order."""
     from transformers import AutoModelForCausalLM, AutoModelForSeq2SeqLM
 
-    cfg = config_from_dict(FAMILIES[name])
+    cfg = config_from_dict({**FAMILIES, **PERIODIC}[name])
     torch.manual_seed(0)
     auto = AutoModelForSeq2SeqLM if cfg.is_encoder_decoder else AutoModelForCausalLM
     model = auto.from_config(cfg).eval()
@@ -236,6 +260,78 @@ def test_layers_that_differ_by_more_than_layer_types_are_captured_at_full_depth(
     assert experts == {"2", "3"}
     assert meta.uniform_layers(meta.meta_model(cfg), 4) is False
     assert meta.uniform_layers(meta.meta_model(config_from_dict(FAMILIES["olmoe"])), 3) is True
+
+
+PERIODS = {"gemma3_text": 3, "gpt_oss": 2, "qwen3_next": 2}
+
+
+@pytest.mark.parametrize("name", sorted(PERIODIC))
+def test_flops_cli_of_repeating_layer_kinds_equals_capture_of_real_generate(perfsdk_cli, tmp_path, name):
+    folder = write_config(tmp_path, name)
+    res = perfsdk_cli(["flops", folder, "-b", str(BATCH), "-t", str(INPUT), "-g", str(OUTPUT), "--json"])
+    assert res.exit_code == 0, res.output
+    got = json.loads(res.output[res.output.index("{"):])
+    real = real_generate_count(name)
+    assert got["flops_decode"] > 0 and got["decode_forwards"] == OUTPUT - 1 == real.decode_forwards
+    assert (got["flops_prefill"], got["flops_decode"]) == (real.flops_prefill, real.flops_decode)
+    assert any(f"decoder layers repeat every {PERIODS[name]} layers" in n for n in got["notes"]), got["notes"]
+
+
+def test_a_layer_plan_maps_every_layer_to_one_of_the_second_copy():
+    """26 layers of period 6 (Gemma 3's five sliding to one full): copies of 8 and 14 layers, and
+    each further layer is alike the layer of the second copy a whole number of periods before it."""
+    from perfsdk.flops.meta import LayerPlan
+
+    plan = LayerPlan(26, 6)
+    assert (plan.first, plan.second, plan.repeats) == (8, 14, 3)
+    assert [plan.source(i) for i in (0, 13, 14, 19, 20, 25)] == [0, 13, 8, 13, 8, 13]
+    assert all((plan.source(i) - i) % 6 == 0 for i in range(26))
+    assert (LayerPlan(36, 1).first, LayerPlan(36, 1).second, LayerPlan(36, 1).repeats) == (1, 2, 35)
+
+
+@pytest.mark.parametrize("name", sorted(PERIODS))
+def test_layers_of_several_kinds_repeating_count_from_two_copies_as_at_full_depth(name):
+    from perfsdk.flops import meta
+
+    cfg = config_from_dict(PERIODIC[name])
+    plan = meta.layer_plan(cfg, meta.meta_model(cfg))
+    assert plan is not None and plan.period == PERIODS[name]
+    fast = meta.count_config(cfg, 2, 10, 12)
+    full = meta.count_config(cfg, 2, 10, 12, full_depth=True)
+    assert any(f"decoder layers repeat every {PERIODS[name]} layers" in n for n in fast.notes), fast.notes
+    assert not any("repeat every" in n for n in full.notes)
+    assert (fast.flops_prefill, fast.flops_decode, fast.macs_total, fast.decode_forwards) == (
+        full.flops_prefill, full.flops_decode, full.macs_total, full.decode_forwards)
+    assert fast.modules == full.modules and fast.categories == full.categories and fast.forwards == full.forwards
+    layers = {m.split(".")[2] for m in fast.modules if m.startswith("model.layers.")}
+    assert layers == {str(i) for i in range(cfg.num_hidden_layers)}
+
+
+@pytest.mark.parametrize("name", sorted(PERIODS))
+def test_layers_of_several_kinds_repeating_are_captured_as_at_full_depth(monkeypatch, name):
+    """The simulator's capture: the second copy's operations, the further layers' taken from the
+    layer each is alike, are those every layer runs, in the same order, and so is the cache."""
+    from perfsdk.flops import meta
+
+    cfg = config_from_dict(PERIODIC[name])
+    depth = cfg.num_hidden_layers
+
+    def ops(cap):
+        return [(o.phase, o.step, o.module_path, o.op, o.flops, o.bytes_read, o.bytes_written) for o in cap.ops]
+
+    fast = meta.capture_generation_ops(cfg, 2, 10, 12, [1, 5, 11])
+    assert any(f"repeat every {PERIODS[name]} layers" in n and f"repeated over all {depth} layers" in n
+               for n in fast.notes), fast.notes
+    monkeypatch.setattr(meta, "layer_plan", lambda config, model: None)
+    full = meta.capture_generation_ops(cfg, 2, 10, 12, [1, 5, 11])
+    assert not any("repeated over all" in n for n in full.notes)
+    assert ops(fast) == ops(full) and len(ops(fast)) > 0
+    assert fast.kv_cache_bytes == full.kv_cache_bytes
+    if name == "gemma3_text":
+        # 3 full-attention layers hold keys and values of all 10 + 11 positions; 8 sliding ones
+        # the window's last 3 (the fourth is the position the step adds); 2 KV heads x 16,
+        # float32, batch 2
+        assert fast.kv_cache_bytes == (3 * 21 + 8 * 3) * 2 * 2 * 16 * 4 * 2
 
 
 @pytest.mark.parametrize("name", ["opt", "mamba", "minimax", "bart", "sliding"])

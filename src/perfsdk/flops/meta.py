@@ -26,6 +26,7 @@ from __future__ import annotations
 import math
 import re
 import time
+from dataclasses import dataclass
 from typing import Any
 
 import structlog
@@ -289,6 +290,11 @@ def replay_shape(config: Any, batch_size: int, input_tokens: int, output_tokens:
 
 
 def _one_layer(config: Any) -> Any:
+    """A one-layer copy of ``config`` when its layers are alike by their settings, else ``config``."""
+    attr = _layers_attr(config)
+    settings = _per_layer_settings(config, int(getattr(config, attr))) if attr else {}
+    if any(len({repr(x) for x in v}) > 1 for v in settings.values()):
+        return config
     shallow = _shallow_config(config, 1)
     return shallow if shallow is not None else config
 
@@ -390,20 +396,25 @@ def _layers_attr(config: Any) -> str | None:
     return None
 
 
+def _per_layer_settings(config: Any, depth: int) -> dict[str, list[Any]]:
+    """The config's settings given layer by layer: ``layer_types`` and every other top-level list
+    of ``depth`` entries (which layers skip RoPE, which use experts, …)."""
+    out = {k: v for k, v in config.to_dict().items() if isinstance(v, list) and len(v) == depth}
+    types = getattr(config, "layer_types", None)  # a property in some families, not in to_dict
+    if types is not None and len(types) == depth:
+        out["layer_types"] = list(types)
+    return out
+
+
 def _shallow_config(config: Any, layers: int) -> Any | None:
-    """A copy of ``config`` with ``layers`` decoder layers, or None if its layers differ."""
+    """A copy of ``config`` with its first ``layers`` decoder layers (None if it cannot be made:
+    no layer count, or ``layer_types`` the copy cannot be given)."""
     import copy
 
     attr = _layers_attr(config)
     if attr is None:
         return None
     types = getattr(config, "layer_types", None)
-    if types and len(set(types)) > 1:
-        return None  # heterogeneous layers (e.g. interleaved sliding windows): count every one
-    depth = int(getattr(config, attr))
-    if depth > layers and any(isinstance(v, list) and len(v) == depth and len({repr(x) for x in v}) > 1
-                              for v in config.to_dict().values()):
-        return None  # another per-layer setting that differs between layers
     cfg = copy.deepcopy(config)
     setattr(cfg, attr, layers)
     if types:
@@ -411,27 +422,98 @@ def _shallow_config(config: Any, layers: int) -> Any | None:
             cfg.layer_types = list(types[:layers])
         except AttributeError:  # a read-only property some families derive from the layer count
             pass
-        if len(getattr(cfg, "layer_types", None) or ()) != layers:
+        if list(getattr(cfg, "layer_types", None) or ()) != list(types[:layers]):
             return None
     if hasattr(cfg, "max_window_layers") and isinstance(cfg.max_window_layers, int):
         cfg.max_window_layers = min(cfg.max_window_layers, layers)
     return cfg
 
 
+def _layer_signatures(model: torch.nn.Module, layers: int) -> list[Any] | None:
+    """Per decoder layer of ``model`` (built, on the meta device say), its modules and parameter
+    shapes; None when no module list of ``layers`` entries is found."""
+    for mod in model.modules():
+        if isinstance(mod, torch.nn.ModuleList) and len(mod) == layers:
+            return [tuple((name, type(m).__name__, tuple(tuple(p.shape) for p in m.parameters(recurse=False)))
+                          for name, m in layer.named_modules()) for layer in mod]
+    return None
+
+
 def uniform_layers(model: torch.nn.Module, layers: int) -> bool:
     """Whether every decoder layer of ``model`` (built, on the meta device say) has the same
     modules and parameter shapes: a config can make the first ``k`` layers dense and the rest
     mixture-of-experts, or give some layers no MLP, which a shallow copy would not show."""
-    for mod in model.modules():
-        if isinstance(mod, torch.nn.ModuleList) and len(mod) == layers:
-            signatures = {tuple((name, type(m).__name__, tuple(tuple(p.shape) for p in m.parameters(recurse=False)))
-                                for name, m in layer.named_modules()) for layer in mod}
-            return len(signatures) == 1
-    return False
+    sigs = _layer_signatures(model, layers)
+    return sigs is not None and len(set(sigs)) == 1
 
 
-def _replicate_layers(one: FlopsCount, two: FlopsCount, full: int) -> FlopsCount | None:
-    """Extend a count of a 2-layer model to ``full`` identical layers (None if layers differ)."""
+def _period(keys: list[Any]) -> int:
+    """The smallest ``p`` with ``keys[i] == keys[i % p]`` for every ``i``."""
+    return next(p for p in range(1, len(keys) + 1) if all(keys[i] == keys[i % p] for i in range(len(keys))))
+
+
+@dataclass(frozen=True)
+class LayerPlan:
+    """How a deep model is counted from two shallow copies: its layers repeat with ``period``
+    (1: all alike; 2: sliding and full attention alternating; …), and copies of ``first`` and
+    ``first + period`` layers differ by one period, which is repeated up to ``full`` layers.
+    ``first`` is one period plus the layers the full depth leaves over, so that both copies
+    hold every kind of layer and the full depth is ``first`` plus a whole number of periods."""
+
+    full: int
+    period: int
+
+    @property
+    def first(self) -> int:
+        return self.period + self.full % self.period
+
+    @property
+    def second(self) -> int:
+        return self.first + self.period
+
+    @property
+    def repeats(self) -> int:
+        """Periods the full depth holds beyond the first copy."""
+        return (self.full - self.first) // self.period
+
+    def source(self, layer: int) -> int:
+        """The layer of the second copy that layer ``layer`` of the full model is alike."""
+        return layer if layer < self.second else self.first + (layer - self.first) % self.period
+
+    def describe(self, *, captured: bool = False) -> str:
+        """The note a count (or, ``captured``, a capture of operations) made by this plan carries."""
+        kinds = "decoder layers are identical" if self.period == 1 else \
+            f"decoder layers repeat every {self.period} layers (their layer types and modules)"
+        if captured:
+            last = "layer 1's" if self.period == 1 else f"the last {self.period} layers'"
+            return (f"{kinds}: a {self.second}-layer copy captured on the meta device and {last} operations "
+                    f"repeated over all {self.full} layers")
+        return (f"{kinds}: {self.first}- and {self.second}-layer copies counted on the meta device and the "
+                f"difference replicated over all {self.full} layers (full_depth counts every layer)")
+
+
+def layer_plan(config: Any, model: torch.nn.Module) -> LayerPlan | None:
+    """The plan that counts ``model`` (``config`` built on the meta device) from shallow copies,
+    or None when its layers do not repeat within half its depth (then every layer runs).
+
+    A layer's kind is its entry in every per-layer setting of the config and its modules and
+    parameter shapes; the period is the shortest after which the kinds repeat."""
+    attr = _layers_attr(config)
+    full = int(getattr(config, attr)) if attr else 0
+    if full <= 2 or getattr(config, "is_encoder_decoder", False) or getattr(config, "vision_config", None) is not None:
+        return None
+    sigs = _layer_signatures(model, full)
+    if sigs is None:
+        return None
+    settings = _per_layer_settings(config, full)
+    kinds = [(tuple(repr(v[i]) for v in settings.values()), sigs[i]) for i in range(full)]
+    plan = LayerPlan(full, _period(kinds))
+    return plan if plan.second < full else None
+
+
+def _replicate_layers(one: FlopsCount, two: FlopsCount, plan: LayerPlan) -> FlopsCount | None:
+    """Extend the counts of the plan's two shallow copies to its full depth (None if the second
+    copy's layers do not repeat with the plan's period, module by module)."""
     by_suffix: dict[tuple[str, str], dict[int, int]] = {}
     rest: dict[str, int] = {}
     for path, v in two.modules.items():
@@ -441,12 +523,17 @@ def _replicate_layers(one: FlopsCount, two: FlopsCount, full: int) -> FlopsCount
             continue
         by_suffix.setdefault((m["pre"], m["post"] or ""), {})[int(m["idx"])] = v
     modules = dict(rest)
+    p, second = plan.period, plan.second
     for (pre, post), per_idx in by_suffix.items():
-        if set(per_idx) != {0, 1} or per_idx[0] != per_idx[1]:
+        if any(i >= second for i in per_idx):
             return None
-        for i in range(full):
-            modules[f"{pre}.{i}{post}"] = per_idx[0]
-    n = full - 1
+        if any((i in per_idx) != (i + p in per_idx) or per_idx.get(i) != per_idx.get(i + p)
+               for i in range(second - p)):
+            return None
+        for i in range(plan.full):
+            if (src := plan.source(i)) in per_idx:
+                modules[f"{pre}.{i}{post}"] = per_idx[src]
+    n = plan.repeats
 
     def ext(a: int, b: int) -> int:
         return a + n * (b - a)
@@ -465,9 +552,10 @@ def _replicate_layers(one: FlopsCount, two: FlopsCount, full: int) -> FlopsCount
     out.modules = modules
     if sum(modules.values()) != out.flops_total:
         return None
-    out.notes = list(two.notes) + [
-        f"decoder layers are identical: 1- and 2-layer copies counted on the meta device and the per-layer "
-        f"difference replicated over all {full} layers (full_depth counts every layer)"]
+    firsts = {(f["phase"], f["step"]): f for f in one.forwards}
+    out.forwards = [dict(f, flops=ext(firsts[fk]["flops"], f["flops"]), macs=ext(firsts[fk]["macs"], f["macs"]))
+                    for f in two.forwards if (fk := (f["phase"], f["step"])) in firsts]
+    out.notes = list(two.notes) + [plan.describe()]
     return out
 
 
@@ -517,23 +605,19 @@ def _count_config(config: Any, batch_size: int, input_tokens: int, output_tokens
                   exact: bool, full_depth: bool, images: int | None) -> FlopsCount:
     attr = _layers_attr(config)
     full = int(getattr(config, attr)) if attr else 0
-    if not full_depth and full > 2:
-        c1, c2 = _shallow_config(config, 1), _shallow_config(config, 2)
-        if c1 is not None and c2 is not None \
-                and uniform_layers(meta_model(config, attn_implementation=attn_implementation), full):
-            one = count_meta_generate(meta_model(c1, attn_implementation=attn_implementation), batch_size,
-                                      input_tokens, output_tokens, exact=exact)
-            two = count_meta_generate(meta_model(c2, attn_implementation=attn_implementation), batch_size,
-                                      input_tokens, output_tokens, exact=exact)
-            rep = _replicate_layers(one, two, full)
-            if rep is not None:
-                firsts = {(f["phase"], f["step"]): f for f in one.forwards}
-                rep.forwards = [
-                    dict(f, flops=firsts[k]["flops"] + (full - 1) * (f["flops"] - firsts[k]["flops"]),
-                         macs=firsts[k]["macs"] + (full - 1) * (f["macs"] - firsts[k]["macs"]))
-                    for f in two.forwards if (k := (f["phase"], f["step"])) in firsts]
-                return rep
-            log.info("layers differ; counting the full-depth model")
+    plan = layer_plan(config, meta_model(config, attn_implementation=attn_implementation)) \
+        if not full_depth and full > 2 else None
+    c1 = _shallow_config(config, plan.first) if plan else None
+    c2 = _shallow_config(config, plan.second) if plan else None
+    if plan is not None and c1 is not None and c2 is not None:
+        one = count_meta_generate(meta_model(c1, attn_implementation=attn_implementation), batch_size,
+                                  input_tokens, output_tokens, exact=exact)
+        two = count_meta_generate(meta_model(c2, attn_implementation=attn_implementation), batch_size,
+                                  input_tokens, output_tokens, exact=exact)
+        rep = _replicate_layers(one, two, plan)
+        if rep is not None:
+            return rep
+        log.info("layers differ; counting the full-depth model")
     model = meta_model(config, attn_implementation=attn_implementation)
     return count_meta_generate(model, batch_size, input_tokens, output_tokens, exact=exact, images=images)
 
@@ -592,12 +676,10 @@ def _capture_generation_ops(config: Any, batch_size: int, input_tokens: int, out
     full_model = meta_model(config, attn_implementation=attn_implementation)
     param_count = sum(int(p.numel()) for p in full_model.parameters())
     element_bytes = next((int(p.element_size()) for p in full_model.parameters() if p.is_floating_point()), 4)
-    attr = _layers_attr(config)
-    full = int(getattr(config, attr)) if attr else 0
-    two = _shallow_config(config, 2) if full > 2 and not getattr(config, "is_encoder_decoder", False) \
-        and getattr(config, "vision_config", None) is None and uniform_layers(full_model, full) else None
+    plan = layer_plan(config, full_model)
+    shallow = _shallow_config(config, plan.second) if plan is not None else None
 
-    def run(model: torch.nn.Module) -> tuple[list[Any], int | None, GenerateShape]:
+    def run(model: torch.nn.Module) -> tuple[list[Any], Any, GenerateShape]:
         rep = _Replay(model, batch_size, input_tokens, images)
         p = rep.prompt
         t0 = time.perf_counter()
@@ -611,7 +693,6 @@ def _capture_generation_ops(config: Any, batch_size: int, input_tokens: int, out
         # the cache already held (a state-space model's prefill scans position by position)
         fill_s, fill_n, step_s = time.perf_counter() - t0, p, math.inf
         ops = list(cap.records)
-        kv = _cache_bytes(cache)
         at = p  # positions the held cache holds
         for k in decode_steps:
             target = p + k - 1
@@ -630,19 +711,19 @@ def _capture_generation_ops(config: Any, batch_size: int, input_tokens: int, out
                 rep.forward(cap, 1, cache, "decode", k, p + k)
             step_s, at = min(step_s, time.perf_counter() - t0), at + 1
             ops.extend(cap.records)
-            kv = _cache_bytes(cache)
         assert rep.shape is not None
-        return ops, kv, rep.shape
+        return ops, cache, rep.shape
 
     def go(attn: str) -> tuple[list[Any], int | None, GenerateShape, bool]:
-        if two is not None:
-            ops, kv, shape = run(meta_model(two, attn_implementation=attn))
-            grown = _repeat_layer_ops(ops, full)
-            if grown is not None:
-                return grown, (kv * full // 2 if kv else kv), shape, True
+        if plan is not None and shallow is not None:
+            ops, cache, shape = run(meta_model(shallow, attn_implementation=attn))
+            grown = _repeat_layer_ops(ops, plan)
+            kv = _grown_cache_bytes(cache, plan)
+            if grown is not None and (kv is not None or _cache_bytes(cache) is None):
+                return grown, kv, shape, True
         model = full_model if attn == attn_implementation else meta_model(config, attn_implementation=attn)
-        ops, kv, shape = run(model)
-        return ops, kv, shape, False
+        ops, cache, shape = run(model)
+        return ops, _cache_bytes(cache), shape, False
 
     try:
         ops, kv, shape, repeated = go(attn_implementation)
@@ -653,8 +734,8 @@ def _capture_generation_ops(config: Any, batch_size: int, input_tokens: int, out
         notes.append("captured with eager attention: the family's default attention code cannot run on the meta "
                      "device (same operations' work)")
     if repeated:
-        notes.append(f"decoder layers are identical: a 2-layer copy captured on the meta device and layer 1's "
-                     f"operations repeated over all {full} layers")
+        assert plan is not None
+        notes.append(plan.describe(captured=True))
     from dataclasses import replace
 
     return CapturedGeneration(ops, replace(shape, output_tokens=output_tokens), kv, param_count, notes, element_bytes)
@@ -666,40 +747,60 @@ def _refill(gap: int, step_s: float, refill_s: float) -> bool:
     return gap < 0 or (gap > 0 and gap * step_s > refill_s)
 
 
-def _repeat_layer_ops(ops: list[Any], full: int) -> list[Any] | None:
-    """Ops of a 2-layer capture extended to ``full`` layers, when layers 0 and 1 ran the same
-    operations on the same shapes (None otherwise)."""
+def _grown_cache_bytes(cache: Any, plan: LayerPlan) -> int | None:
+    """Bytes of the cache of the plan's full depth, from the cache of its second copy: each layer
+    holds what the copy's layer it is alike holds (a sliding-window layer its window, a recurrent
+    layer its state). When the cache cannot be told apart by layer: the copy's bytes in
+    proportion to the depth if all layers are alike, else None."""
+    from perfsdk.models.internals import cache_bytes, cache_layer_bytes
+
+    held = cache.value if isinstance(cache, _OwnCache) else cache
+    per = cache_layer_bytes(held, plan.second)
+    if per is not None:
+        return sum(per[plan.source(i)] for i in range(plan.full))
+    total = cache_bytes(held)
+    return total * plan.full // plan.second if total is not None and plan.period == 1 else None
+
+
+def _repeat_layer_ops(ops: list[Any], plan: LayerPlan) -> list[Any] | None:
+    """Ops of a capture of the plan's second copy extended to its full depth: in each forward,
+    after the copy's last layer, the operations of the layer each further layer is alike, renamed
+    to it. None when, in some forward, the copy's layers do not run the same operations on the
+    same shapes as the layers one period before them."""
     from dataclasses import replace
 
     def key(r: Any) -> tuple[Any, ...]:
-        return (r.phase, r.step, r.op, tuple(map(tuple, r.input_shapes)), r.flops, r.bytes_read, r.bytes_written)
+        return (r.op, tuple(map(tuple, r.input_shapes)), r.flops, r.bytes_read, r.bytes_written)
 
-    per_layer: dict[int, list[Any]] = {0: [], 1: []}
+    def layer(r: Any) -> int | None:
+        m = _LAYER_RE.match(r.module_path)
+        return int(m["idx"]) if m is not None else None
+
+    forwards: list[list[Any]] = []
     for r in ops:
-        m = _LAYER_RE.match(r.module_path)
-        if m is not None and int(m["idx"]) in per_layer:
-            per_layer[int(m["idx"])].append(r)
-    if not per_layer[1] or [key(r) for r in per_layer[0]] != [key(r) for r in per_layer[1]]:
-        return None
+        if forwards and (forwards[-1][0].phase, forwards[-1][0].step) == (r.phase, r.step):
+            forwards[-1].append(r)
+        else:
+            forwards.append([r])
+    p, last = plan.period, plan.second - 1
     out: list[Any] = []
-    for i, r in enumerate(ops):
-        out.append(r)
-        m = _LAYER_RE.match(r.module_path)
-        if m is None or int(m["idx"]) != 1:
+    for fwd in forwards:
+        per_layer: dict[int, list[Any]] = {}
+        for r in fwd:
+            if (i := layer(r)) is not None:
+                per_layer.setdefault(i, []).append(r)
+        if not per_layer:
+            out.extend(fwd)
             continue
-        nxt = ops[i + 1] if i + 1 < len(ops) else None
-        nm = _LAYER_RE.match(nxt.module_path) if nxt is not None else None
-        if nxt is not None and nm is not None and int(nm["idx"]) == 1 and (nxt.phase, nxt.step) == (r.phase, r.step):
-            continue  # not yet the end of this layer-1 block
-        # end of a block of layer-1 ops: repeat the block for layers 2..full-1
-        j = i
-        while j - 1 >= 0 and (pm := _LAYER_RE.match(ops[j - 1].module_path)) is not None \
-                and int(pm["idx"]) == 1 and (ops[j - 1].phase, ops[j - 1].step) == (r.phase, r.step):
-            j -= 1
-        block = ops[j:i + 1]
-        for layer in range(2, full):
-            for b in block:
-                bm = _LAYER_RE.match(b.module_path)
-                assert bm is not None
-                out.append(replace(b, module_path=f"{bm['pre']}.{layer}{bm['post'] or ''}"))
+        keys = {i: [key(r) for r in rs] for i, rs in per_layer.items()}
+        if max(keys) != last or any(keys.get(i) != keys.get(i + p) for i in range(plan.second - p)):
+            return None
+        end = max(j for j, r in enumerate(fwd) if layer(r) == last)
+        out.extend(fwd[:end + 1])
+        for i in range(plan.second, plan.full):
+            for r in per_layer.get(plan.source(i), []):
+                m = _LAYER_RE.match(r.module_path)
+                assert m is not None
+                out.append(replace(r, module_path=f"{m['pre']}.{i}{m['post'] or ''}"))
+        out.extend(fwd[end + 1:])
     return out
