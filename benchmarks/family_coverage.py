@@ -19,14 +19,17 @@ kept, a field left ``None`` in the defaults that real checkpoints set); ``--show
 message to tell them apart. Nothing is timed.
 
 ``--against-full-depth`` checks, besides, the depth rule on every family whose layers repeat
-(all alike, or kinds in a pattern: see docs/flops.md, "Depth"): the count from two shallow copies
-against the count of every layer (``full_depth=True``), and the simulator's capture from the
-second copy against the capture of every layer (operations in order, FLOPs, bytes, KV cache),
-printing ``period P: same`` or what differs. ``--mixed-layers N`` keeps up to N layers of a
-config whose layers differ (default 8), so that patterns of longer periods repeat.
+(all alike, or kinds in a pattern, after a lead of other layers or none: see docs/flops.md,
+"Depth"): the count from two shallow copies against the count of every layer
+(``full_depth=True``), and the simulator's capture from the second copy against the capture of
+every layer (operations in order, FLOPs, bytes, KV cache), printing ``period P [after L] of N:
+same`` or what differs. ``--mixed-layers N`` keeps up to N layers of a
+config whose layers differ (default 8), so that patterns of longer periods repeat; ``--layers N``
+keeps N layers of any other config (default 2, which the rule leaves alone: give 5 or more to
+check it on families whose layers are all alike).
 
 Usage: ``PYTHONPATH=src python benchmarks/family_coverage.py [--families llama,olmoe] [--show]
-[--against-full-depth] [--mixed-layers N] [--json OUT]``; about two minutes for every family on
+[--against-full-depth] [--mixed-layers N] [--layers N] [--json OUT]``; about two minutes for every family on
 two cores (about four times that with ``--against-full-depth``).
 """
 
@@ -58,12 +61,12 @@ TOKEN_IDS = ("pad_token_id", "bos_token_id", "eos_token_id", "decoder_start_toke
              "sep_token_id", "cls_token_id", "mask_token_id", "unk_token_id")
 
 
-def shrink(d: dict[str, Any], mixed_layers: int = 8) -> None:
+def shrink(d: dict[str, Any], mixed_layers: int = 8, layers: int = 2) -> None:
     """Shrink a config dict (and its sub-configs) in place."""
     depth = next((d[k] for k in DEPTH if isinstance(d.get(k), int)), None)
     kinds = d.get("layer_types") or d.get("layers_block_type")
     mixed = isinstance(kinds, list) and len(set(map(str, kinds))) > 1
-    keep = min(depth, mixed_layers) if mixed and depth else 2
+    keep = min(depth, mixed_layers) if mixed and depth else min(depth or layers, layers)
     for k, v in d.items():
         if isinstance(v, int) and not isinstance(v, bool):
             if k in DEPTH:
@@ -76,14 +79,14 @@ def shrink(d: dict[str, Any], mixed_layers: int = 8) -> None:
         if isinstance(v, list) and depth and len(v) == depth and depth != keep:
             d[k] = v[:keep]
         elif isinstance(v, dict) and any(x in v for x in ("hidden_size", *DEPTH)):
-            shrink(v, mixed_layers)
+            shrink(v, mixed_layers, layers)
 
 
-def small_config(model_type: str, root: str, mixed_layers: int = 8) -> str:
+def small_config(model_type: str, root: str, mixed_layers: int = 8, layers: int = 2) -> str:
     from transformers import AutoConfig
 
     d = AutoConfig.for_model(model_type).to_dict()
-    shrink(d, mixed_layers)
+    shrink(d, mixed_layers, layers)
     folder = tempfile.mkdtemp(prefix=f"{model_type}-", dir=root)
     with open(os.path.join(folder, "config.json"), "w") as f:
         json.dump(d, f, default=str)
@@ -128,10 +131,16 @@ def against_full_depth(folder: str) -> str:
     from perfsdk.models.resolve import resolve_config
 
     cfg = resolve_config(folder)[0]
-    plan = meta.layer_plan(cfg, meta.meta_model(cfg))
+    try:
+        model = meta.meta_model(cfg)
+    except Exception as exc:  # the commands fell back on an analytic description
+        return f"not built on the meta device ({type(exc).__name__})"
+    plan = meta.layer_plan(cfg, model)
     if plan is None:
         return "no repeat (every layer counted)"
     fast, full = meta.count_config(cfg, 2, 8, 4), meta.count_config(cfg, 2, 8, 4, full_depth=True)
+    if full.method.startswith("analytic"):
+        return "not run on the meta device (its code fails there: counted analytically)"
     counted = any("replicated over all" in n for n in fast.notes)
     count_same = (fast.flops_prefill, fast.flops_decode, fast.macs_total, fast.modules, fast.forwards) == (
         full.flops_prefill, full.flops_decode, full.macs_total, full.modules, full.forwards)
@@ -139,7 +148,10 @@ def against_full_depth(folder: str) -> str:
     def ops(c: Any) -> list[Any]:
         return [(o.phase, o.step, o.module_path, o.op, o.flops, o.bytes_read, o.bytes_written) for o in c.ops]
 
-    grown = meta.capture_generation_ops(cfg, 2, 8, 4, [1, 2, 3])
+    try:
+        grown = meta.capture_generation_ops(cfg, 2, 8, 4, [1, 2, 3])
+    except ValueError:  # the commands fell back on an analytic description
+        return "not run on the meta device (its code fails there: captured analytically)"
     captured = any("repeated over all" in n for n in grown.notes)
     rule = meta.layer_plan
     meta.layer_plan = lambda config, model: None  # type: ignore[assignment]
@@ -149,9 +161,10 @@ def against_full_depth(folder: str) -> str:
         meta.layer_plan = rule  # type: ignore[assignment]
     capture_same = ops(grown) == ops(every) and grown.kv_cache_bytes == every.kv_cache_bytes
     used = ", ".join(x for x, y in (("count", counted), ("capture", captured)) if y) or "neither"
+    kind = f"period {plan.period}{f' after {plan.lead}' if plan.lead else ''} of {plan.full}"
     if count_same and capture_same:
-        return f"period {plan.period} of {plan.full}: same (copies used by {used})"
-    return (f"period {plan.period} of {plan.full}: DIFFERS (count {'same' if count_same else 'differs'}, "
+        return f"{kind}: same (copies used by {used})"
+    return (f"{kind}: DIFFERS (count {'same' if count_same else 'differs'}, "
             f"capture {'same' if capture_same else 'differs'}; copies used by {used})")
 
 
@@ -164,6 +177,7 @@ def main() -> None:
     ap.add_argument("--against-full-depth", action="store_true",
                     help="check the depth rule against every layer, count and capture")
     ap.add_argument("--mixed-layers", type=int, default=8, help="layers kept of a config whose layers differ")
+    ap.add_argument("--layers", type=int, default=2, help="layers kept of any other config")
     a = ap.parse_args()
 
     import transformers
@@ -181,7 +195,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as root:
         for t in families:
             try:
-                folder = small_config(t, root, a.mixed_layers)
+                folder = small_config(t, root, a.mixed_layers, a.layers)
             except Exception as exc:  # transformers' own defaults, shrunk, rejected
                 results[t] = {"config": f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}"}
                 print(f"{t:28s} config not made: {results[t]['config']}", flush=True)
@@ -207,9 +221,11 @@ def main() -> None:
         depth = [r["depth"] for r in made.values() if "depth" in r]
         same = [m for k, m in depth if k == "checked" and ": same" in m]
         print(f"depth rule: {len(same)} families counted and captured as at full depth "
-              f"({sum(not m.startswith('period 1 ') for m in same)} of them of layer kinds in a pattern), "
+              f"({sum(not m.startswith('period 1 ') for m in same)} of them of layer kinds in a pattern, "
+              f"{sum(' after ' in m.split(':')[0] for m in same)} after a lead of other layers), "
               f"{sum('DIFFERS' in m for _, m in depth)} differing, {sum(k == 'crash' for k, _ in depth)} crashed, "
-              f"{sum('no repeat' in m for _, m in depth)} with no repeat")
+              f"{sum('no repeat' in m for _, m in depth)} with no repeat, "
+              f"{sum('not built' in m or 'not run' in m for _, m in depth)} not run on the meta device")
     for cmd in ("flops", "simulate"):
         c = Counter(r[cmd][0] for r in made.values())
         print(f"{cmd}: " + ", ".join(f"{c[k]} {k}" for k in ("ok", "error", "crash", "timeout") if c[k])

@@ -64,6 +64,30 @@ PERIODIC: dict[str, dict] = {
                        linear_value_head_dim=16, linear_conv_kernel_dim=4, vocab_size=256,
                        max_position_embeddings=256,
                        layer_types=["linear_attention", "full_attention"] * 3 + ["linear_attention"]),
+    # a cache of its own whose key/value list grows only up to the last full-attention layer
+    "minimax_mixed": dict(model_type="minimax", hidden_size=64, num_hidden_layers=7, num_attention_heads=4,
+                          num_key_value_heads=2, head_dim=16, intermediate_size=64, num_local_experts=4,
+                          num_experts_per_tok=2, vocab_size=256, max_position_embeddings=256, block_size=4,
+                          layer_types=["linear_attention", "full_attention"] * 3 + ["linear_attention"]),
+    # one full to three sliding layers, and a module list beside the layers holding one rotary
+    # embedding per layer type (``model.rotary_embs.0``, ``.1``: not layers 0 and 1)
+    "granite_swa": dict(model_type="granite_swa", hidden_size=64, num_hidden_layers=14, num_attention_heads=4,
+                        num_key_value_heads=2, intermediate_size=128, vocab_size=256, max_position_embeddings=256,
+                        sliding_window=4,
+                        layer_types=(["full_attention"] + ["sliding_attention"] * 3) * 3 + ["full_attention",
+                                                                                              "sliding_attention"]),
+    # a lead of other layers before the pattern: DeepSeek-style dense MLPs in the first two
+    # layers, experts in the five after them
+    "glm4_moe_lead": dict(model_type="glm4_moe", hidden_size=64, num_hidden_layers=7, num_attention_heads=4,
+                          num_key_value_heads=2, head_dim=16, intermediate_size=128, moe_intermediate_size=32,
+                          n_routed_experts=4, num_experts_per_tok=2, n_shared_experts=1, first_k_dense_replace=2,
+                          n_group=1, topk_group=1, vocab_size=256, max_position_embeddings=256),
+    # a full-attention layer ahead of alternating sliding and full ones
+    "gpt_oss_lead": dict(model_type="gpt_oss", hidden_size=64, num_hidden_layers=11, num_attention_heads=4,
+                         num_key_value_heads=2, head_dim=16, intermediate_size=32, num_local_experts=4,
+                         num_experts_per_tok=2, vocab_size=256, sliding_window=4,
+                         layer_types=["full_attention"] * 2 + ["sliding_attention", "full_attention"] * 4
+                         + ["sliding_attention"]),
 }
 
 BATCH, INPUT, OUTPUT = 2, 8, 6
@@ -262,10 +286,27 @@ def test_layers_that_differ_by_more_than_layer_types_are_captured_at_full_depth(
     assert meta.uniform_layers(meta.meta_model(config_from_dict(FAMILIES["olmoe"])), 3) is True
 
 
-PERIODS = {"gemma3_text": 3, "gpt_oss": 2, "qwen3_next": 2}
+PERIODS = {"gemma3_text": 3, "gpt_oss": 2, "qwen3_next": 2, "minimax_mixed": 2, "granite_swa": 4,
+           "glm4_moe_lead": 1, "gpt_oss_lead": 2}
+LEADS = {"glm4_moe_lead": 2, "gpt_oss_lead": 1}
 
 
-@pytest.mark.parametrize("name", sorted(PERIODIC))
+def plan_note(name: str) -> str:
+    """How the notes of a count or capture from shallow copies name the pattern of ``name``."""
+    which = f"decoder layers after the first {LEADS[name]}" if name in LEADS else "decoder layers"
+    return f"{which} are identical" if PERIODS[name] == 1 else f"{which} repeat every {PERIODS[name]} layers"
+
+
+def _installed(names):
+    """``names`` as parameters, those whose family the installed ``transformers`` lacks skipped."""
+    from transformers import CONFIG_MAPPING
+
+    return [pytest.param(n, marks=pytest.mark.skipif(PERIODIC[n]["model_type"] not in CONFIG_MAPPING,
+                                                     reason=f"transformers has no {PERIODIC[n]['model_type']}"))
+            for n in sorted(names)]
+
+
+@pytest.mark.parametrize("name", _installed(PERIODIC))
 def test_flops_cli_of_repeating_layer_kinds_equals_capture_of_real_generate(perfsdk_cli, tmp_path, name):
     folder = write_config(tmp_path, name)
     res = perfsdk_cli(["flops", folder, "-b", str(BATCH), "-t", str(INPUT), "-g", str(OUTPUT), "--json"])
@@ -274,7 +315,7 @@ def test_flops_cli_of_repeating_layer_kinds_equals_capture_of_real_generate(perf
     real = real_generate_count(name)
     assert got["flops_decode"] > 0 and got["decode_forwards"] == OUTPUT - 1 == real.decode_forwards
     assert (got["flops_prefill"], got["flops_decode"]) == (real.flops_prefill, real.flops_decode)
-    assert any(f"decoder layers repeat every {PERIODS[name]} layers" in n for n in got["notes"]), got["notes"]
+    assert any(plan_note(name) in n for n in got["notes"]), got["notes"]
 
 
 def test_a_layer_plan_maps_every_layer_to_one_of_the_second_copy():
@@ -287,27 +328,36 @@ def test_a_layer_plan_maps_every_layer_to_one_of_the_second_copy():
     assert [plan.source(i) for i in (0, 13, 14, 19, 20, 25)] == [0, 13, 8, 13, 8, 13]
     assert all((plan.source(i) - i) % 6 == 0 for i in range(26))
     assert (LayerPlan(36, 1).first, LayerPlan(36, 1).second, LayerPlan(36, 1).repeats) == (1, 2, 35)
+    # only paths in the decoder layers' list are layers: not another list's entries beside it
+    plan = LayerPlan(26, 6, "model.layers")
+    assert plan.layer_of("model.rotary_embs.0") is None and plan.layer_of("lm_head") is None
+    m = plan.layer_of("model.layers.13.self_attn.q_proj")
+    assert m is not None and (m["pre"], m["idx"], m["post"]) == ("model.layers", "13", ".self_attn.q_proj")
 
 
-@pytest.mark.parametrize("name", sorted(PERIODS))
+@pytest.mark.parametrize("name", _installed(PERIODS))
 def test_layers_of_several_kinds_repeating_count_from_two_copies_as_at_full_depth(name):
     from perfsdk.flops import meta
 
     cfg = config_from_dict(PERIODIC[name])
     plan = meta.layer_plan(cfg, meta.meta_model(cfg))
-    assert plan is not None and plan.period == PERIODS[name]
+    assert plan is not None and (plan.period, plan.lead) == (PERIODS[name], LEADS.get(name, 0))
     fast = meta.count_config(cfg, 2, 10, 12)
     full = meta.count_config(cfg, 2, 10, 12, full_depth=True)
-    assert any(f"decoder layers repeat every {PERIODS[name]} layers" in n for n in fast.notes), fast.notes
-    assert not any("repeat every" in n for n in full.notes)
+    assert any(plan_note(name) in n for n in fast.notes), fast.notes
+    assert not any("decoder layers" in n for n in full.notes)
     assert (fast.flops_prefill, fast.flops_decode, fast.macs_total, fast.decode_forwards) == (
         full.flops_prefill, full.flops_decode, full.macs_total, full.decode_forwards)
     assert fast.modules == full.modules and fast.categories == full.categories and fast.forwards == full.forwards
     layers = {m.split(".")[2] for m in fast.modules if m.startswith("model.layers.")}
     assert layers == {str(i) for i in range(cfg.num_hidden_layers)}
+    if name == "glm4_moe_lead":  # the two dense layers counted once, the experts in the five others
+        experts = {m.split(".")[2] for m in fast.modules if ".mlp.experts" in m}
+        dense = {m.split(".")[2] for m in fast.modules if m.endswith(".mlp.gate_proj")}
+        assert (experts, dense) == ({"2", "3", "4", "5", "6"}, {"0", "1"})
 
 
-@pytest.mark.parametrize("name", sorted(PERIODS))
+@pytest.mark.parametrize("name", _installed(PERIODS))
 def test_layers_of_several_kinds_repeating_are_captured_as_at_full_depth(monkeypatch, name):
     """The simulator's capture: the second copy's operations, the further layers' taken from the
     layer each is alike, are those every layer runs, in the same order, and so is the cache."""
@@ -320,7 +370,7 @@ def test_layers_of_several_kinds_repeating_are_captured_as_at_full_depth(monkeyp
         return [(o.phase, o.step, o.module_path, o.op, o.flops, o.bytes_read, o.bytes_written) for o in cap.ops]
 
     fast = meta.capture_generation_ops(cfg, 2, 10, 12, [1, 5, 11])
-    assert any(f"repeat every {PERIODS[name]} layers" in n and f"repeated over all {depth} layers" in n
+    assert any(plan_note(name) in n and f"repeated over all {depth} layers" in n
                for n in fast.notes), fast.notes
     monkeypatch.setattr(meta, "layer_plan", lambda config, model: None)
     full = meta.capture_generation_ops(cfg, 2, 10, 12, [1, 5, 11])
@@ -332,6 +382,17 @@ def test_layers_of_several_kinds_repeating_are_captured_as_at_full_depth(monkeyp
         # the window's last 3 (the fourth is the position the step adds); 2 KV heads x 16,
         # float32, batch 2
         assert fast.kv_cache_bytes == (3 * 21 + 8 * 3) * 2 * 2 * 16 * 4 * 2
+    if name == "glm4_moe_lead":  # lead 2, period 1: copies of 3 and 4 layers, the last one repeated
+        assert any("a 4-layer copy captured on the meta device and layer 3's operations repeated over all 7 "
+                   "layers" in n for n in fast.notes), fast.notes
+    if name == "granite_swa":
+        # 4 full-attention layers (0, 4, 8, 12) hold all 21 positions, 10 sliding ones 3
+        assert fast.kv_cache_bytes == (4 * 21 + 10 * 3) * 2 * 2 * 16 * 4 * 2
+    if name == "minimax_mixed":
+        # 3 full-attention layers: keys and values of 21 positions, 2 KV heads x 16; 4 linear-
+        # attention layers: a 16 x 16 state per head, 4 heads; batch 2, bfloat16 (the experts'
+        # grouped GEMM on the meta device)
+        assert fast.kv_cache_bytes == (3 * 21 * 2 * 2 * 16 + 4 * 4 * 16 * 16) * 2 * 2
 
 
 @pytest.mark.parametrize("name", ["opt", "mamba", "minimax", "bart", "sliding"])

@@ -408,7 +408,9 @@ def _per_layer_settings(config: Any, depth: int) -> dict[str, list[Any]]:
 
 def _shallow_config(config: Any, layers: int) -> Any | None:
     """A copy of ``config`` with its first ``layers`` decoder layers (None if it cannot be made:
-    no layer count, or ``layer_types`` the copy cannot be given)."""
+    no layer count, or ``layer_types`` the copy cannot be given). Other lists of one entry per
+    layer are left whole (layer ``i`` reads entry ``i``): a list that only happens to have as
+    many entries as there are layers (Falcon-H1's multipliers) must not be cut."""
     import copy
 
     attr = _layers_attr(config)
@@ -429,14 +431,25 @@ def _shallow_config(config: Any, layers: int) -> Any | None:
     return cfg
 
 
+def _decoder_layers(model: torch.nn.Module, layers: int) -> tuple[str, torch.nn.ModuleList] | None:
+    """The module path and list of ``model``'s ``layers`` decoder layers: of its module lists of
+    that length (a family may keep other per-layer lists: rotary embeddings by layer type, …),
+    the one holding the most parameters. None when there is none."""
+    lists = [(name, mod) for name, mod in model.named_modules()
+             if isinstance(mod, torch.nn.ModuleList) and len(mod) == layers]
+    if not lists:
+        return None
+    return max(lists, key=lambda nm: sum(p.numel() for p in nm[1].parameters()))
+
+
 def _layer_signatures(model: torch.nn.Module, layers: int) -> list[Any] | None:
     """Per decoder layer of ``model`` (built, on the meta device say), its modules and parameter
     shapes; None when no module list of ``layers`` entries is found."""
-    for mod in model.modules():
-        if isinstance(mod, torch.nn.ModuleList) and len(mod) == layers:
-            return [tuple((name, type(m).__name__, tuple(tuple(p.shape) for p in m.parameters(recurse=False)))
-                          for name, m in layer.named_modules()) for layer in mod]
-    return None
+    found = _decoder_layers(model, layers)
+    if found is None:
+        return None
+    return [tuple((name, type(m).__name__, tuple(tuple(p.shape) for p in m.parameters(recurse=False)))
+                  for name, m in layer.named_modules()) for layer in found[1]]
 
 
 def uniform_layers(model: torch.nn.Module, layers: int) -> bool:
@@ -447,25 +460,46 @@ def uniform_layers(model: torch.nn.Module, layers: int) -> bool:
     return sigs is not None and len(set(sigs)) == 1
 
 
-def _period(keys: list[Any]) -> int:
-    """The smallest ``p`` with ``keys[i] == keys[i % p]`` for every ``i``."""
-    return next(p for p in range(1, len(keys) + 1) if all(keys[i] == keys[i % p] for i in range(len(keys))))
+def _pattern(keys: list[Any]) -> tuple[int, int, int]:
+    """``(lead, period, second)``: after its first ``lead`` entries, ``keys`` repeats with
+    ``period`` (``keys[i] == keys[i - period]`` for every ``i >= lead + period``); of all such
+    pairs, the one whose second copy (:class:`LayerPlan`) holds the fewest layers."""
+    ids = {k: n for n, k in enumerate(dict.fromkeys(keys))}
+    seq = [ids[k] for k in keys]
+    n, best = len(seq), (0, len(seq), 2 * len(seq))
+    for p in range(1, n + 1):
+        # the last layer unlike the layer one period before it ends the lead
+        last = next((i for i in range(n - 1, p - 1, -1) if seq[i] != seq[i - p]), None)
+        lead = 0 if last is None else last - p + 1
+        second = lead + 2 * p + (n - lead) % p
+        if second < best[2]:
+            best = (lead, p, second)
+    return best
 
 
 @dataclass(frozen=True)
 class LayerPlan:
-    """How a deep model is counted from two shallow copies: its layers repeat with ``period``
-    (1: all alike; 2: sliding and full attention alternating; …), and copies of ``first`` and
-    ``first + period`` layers differ by one period, which is repeated up to ``full`` layers.
-    ``first`` is one period plus the layers the full depth leaves over, so that both copies
-    hold every kind of layer and the full depth is ``first`` plus a whole number of periods."""
+    """How a deep model is counted from two shallow copies: after its first ``lead`` layers
+    (often none), its layers repeat with ``period`` (1: all alike; 2: sliding and full attention
+    alternating; …), and copies of ``first`` and ``first + period`` layers differ by one period,
+    which is repeated up to ``full`` layers. ``first`` is the lead, one period and the layers the
+    full depth leaves over, so that both copies hold every kind of layer and the full depth is
+    ``first`` plus a whole number of periods."""
 
     full: int
     period: int
+    prefix: str | None = None  # the layers' module path ("model.layers"); None: any ``NAME.<i>``
+    lead: int = 0  # layers before the pattern starts (dense layers ahead of experts, …)
+
+    def layer_of(self, path: str) -> re.Match[str] | None:
+        """``path`` split into the layers' path, a layer index and the rest, when it lies in a
+        decoder layer (or is one); None otherwise."""
+        m = _LAYER_RE.match(path)
+        return m if m is not None and (self.prefix is None or m["pre"] == self.prefix) else None
 
     @property
     def first(self) -> int:
-        return self.period + self.full % self.period
+        return self.lead + self.period + (self.full - self.lead) % self.period
 
     @property
     def second(self) -> int:
@@ -482,10 +516,11 @@ class LayerPlan:
 
     def describe(self, *, captured: bool = False) -> str:
         """The note a count (or, ``captured``, a capture of operations) made by this plan carries."""
-        kinds = "decoder layers are identical" if self.period == 1 else \
-            f"decoder layers repeat every {self.period} layers (their layer types and modules)"
+        which = f"decoder layers after the first {self.lead}" if self.lead else "decoder layers"
+        kinds = f"{which} are identical" if self.period == 1 else \
+            f"{which} repeat every {self.period} layers (their layer types and modules)"
         if captured:
-            last = "layer 1's" if self.period == 1 else f"the last {self.period} layers'"
+            last = f"layer {self.second - 1}'s" if self.period == 1 else f"the last {self.period} layers'"
             return (f"{kinds}: a {self.second}-layer copy captured on the meta device and {last} operations "
                     f"repeated over all {self.full} layers")
         return (f"{kinds}: {self.first}- and {self.second}-layer copies counted on the meta device and the "
@@ -502,13 +537,14 @@ def layer_plan(config: Any, model: torch.nn.Module) -> LayerPlan | None:
     full = int(getattr(config, attr)) if attr else 0
     if full <= 2 or getattr(config, "is_encoder_decoder", False) or getattr(config, "vision_config", None) is not None:
         return None
+    found = _decoder_layers(model, full)
     sigs = _layer_signatures(model, full)
-    if sigs is None:
+    if found is None or sigs is None:
         return None
     settings = _per_layer_settings(config, full)
     kinds = [(tuple(repr(v[i]) for v in settings.values()), sigs[i]) for i in range(full)]
-    plan = LayerPlan(full, _period(kinds))
-    return plan if plan.second < full else None
+    lead, period, second = _pattern(kinds)
+    return LayerPlan(full, period, found[0], lead) if second < full else None
 
 
 def _replicate_layers(one: FlopsCount, two: FlopsCount, plan: LayerPlan) -> FlopsCount | None:
@@ -517,7 +553,7 @@ def _replicate_layers(one: FlopsCount, two: FlopsCount, plan: LayerPlan) -> Flop
     by_suffix: dict[tuple[str, str], dict[int, int]] = {}
     rest: dict[str, int] = {}
     for path, v in two.modules.items():
-        m = _LAYER_RE.match(path)
+        m = plan.layer_of(path)
         if m is None:
             rest[path] = v
             continue
@@ -528,7 +564,7 @@ def _replicate_layers(one: FlopsCount, two: FlopsCount, plan: LayerPlan) -> Flop
         if any(i >= second for i in per_idx):
             return None
         if any((i in per_idx) != (i + p in per_idx) or per_idx.get(i) != per_idx.get(i + p)
-               for i in range(second - p)):
+               for i in range(plan.lead, second - p)):
             return None
         for i in range(plan.full):
             if (src := plan.source(i)) in per_idx:
@@ -564,9 +600,10 @@ def count_config(config: Any, batch_size: int, input_tokens: int, output_tokens:
                  images: int | None = None) -> FlopsCount:
     """Count a config on the meta device (falls back to the analytic model, labeled, on failure).
 
-    By default a model whose decoder layers are identical is counted on 1- and 2-layer copies and
-    the per-layer difference replicated (exact, and independent of depth: a 70B model counts as
-    fast as a 1B one); ``full_depth=True`` instantiates and runs every layer. Encoder-decoder and
+    By default a model whose decoder layers repeat (:func:`layer_plan`: all alike, or kinds in a
+    pattern after a lead of other layers) is counted on two shallow copies and the difference,
+    one period, replicated (exact, and independent of depth: a 70B model counts as fast as a 1B
+    one); ``full_depth=True`` instantiates and runs every layer. Encoder-decoder and
     vision-language models are always counted at full depth.
 
     Mixture-of-experts routing sends each token to ``top_k`` experts; on the meta device the
@@ -610,11 +647,15 @@ def _count_config(config: Any, batch_size: int, input_tokens: int, output_tokens
     c1 = _shallow_config(config, plan.first) if plan else None
     c2 = _shallow_config(config, plan.second) if plan else None
     if plan is not None and c1 is not None and c2 is not None:
-        one = count_meta_generate(meta_model(c1, attn_implementation=attn_implementation), batch_size,
-                                  input_tokens, output_tokens, exact=exact)
-        two = count_meta_generate(meta_model(c2, attn_implementation=attn_implementation), batch_size,
-                                  input_tokens, output_tokens, exact=exact)
-        rep = _replicate_layers(one, two, plan)
+        try:
+            one = count_meta_generate(meta_model(c1, attn_implementation=attn_implementation), batch_size,
+                                      input_tokens, output_tokens, exact=exact)
+            two = count_meta_generate(meta_model(c2, attn_implementation=attn_implementation), batch_size,
+                                      input_tokens, output_tokens, exact=exact)
+            rep = _replicate_layers(one, two, plan)
+        except Exception as exc:  # a copy the family's code rejects: every layer runs instead
+            log.info("shallow copies could not be counted; counting the full-depth model", error=repr(exc))
+            rep = None
         if rep is not None:
             return rep
         log.info("layers differ; counting the full-depth model")
@@ -657,10 +698,11 @@ def capture_generation_ops(config: Any, batch_size: int, input_tokens: int, outp
     (uncaptured) to ``prompt + k - 1`` positions, by one forward over them into a fresh cache or
     by decode steps from the cache of the step before, whichever the forwards timed so far say is
     cheaper (the cache is the same either way), and one forward of one position is captured.
-    A model whose decoder layers are structurally identical (the same operations on the same
-    shapes, read from the capture of a two-layer copy) is captured at two layers and layer 1's
-    operations are repeated for the rest; otherwise every layer runs. The KV cache size is the
-    bytes of the cache the model built for the last position. A family whose code cannot run
+    A model whose decoder layers repeat (:func:`layer_plan`: all alike, or kinds in a pattern
+    after a lead) is captured from the plan's second copy, and each further layer's operations
+    are those of the copy's layer it is alike (checked: the copy's layers run the same operations
+    on the same shapes as those one period before them); otherwise every layer runs. The KV
+    cache size is the bytes of the cache the model built for the last position. A family whose code cannot run
     there raises ``ValueError`` saying so (:func:`meta_failure`).
     """
     try:
@@ -716,11 +758,14 @@ def _capture_generation_ops(config: Any, batch_size: int, input_tokens: int, out
 
     def go(attn: str) -> tuple[list[Any], int | None, GenerateShape, bool]:
         if plan is not None and shallow is not None:
-            ops, cache, shape = run(meta_model(shallow, attn_implementation=attn))
-            grown = _repeat_layer_ops(ops, plan)
-            kv = _grown_cache_bytes(cache, plan)
-            if grown is not None and (kv is not None or _cache_bytes(cache) is None):
-                return grown, kv, shape, True
+            try:
+                ops, cache, shape = run(meta_model(shallow, attn_implementation=attn))
+                grown, kv = _repeat_layer_ops(ops, plan), _grown_cache_bytes(cache, plan)
+            except Exception as exc:  # a copy the family's code rejects: every layer runs instead
+                log.info("the shallow copy could not be captured; capturing every layer", error=repr(exc))
+            else:
+                if grown is not None and (kv is not None or _cache_bytes(cache) is None):
+                    return grown, kv, shape, True
         model = full_model if attn == attn_implementation else meta_model(config, attn_implementation=attn)
         ops, cache, shape = run(model)
         return ops, _cache_bytes(cache), shape, False
@@ -773,7 +818,7 @@ def _repeat_layer_ops(ops: list[Any], plan: LayerPlan) -> list[Any] | None:
         return (r.op, tuple(map(tuple, r.input_shapes)), r.flops, r.bytes_read, r.bytes_written)
 
     def layer(r: Any) -> int | None:
-        m = _LAYER_RE.match(r.module_path)
+        m = plan.layer_of(r.module_path)
         return int(m["idx"]) if m is not None else None
 
     forwards: list[list[Any]] = []
@@ -783,6 +828,8 @@ def _repeat_layer_ops(ops: list[Any], plan: LayerPlan) -> list[Any] | None:
         else:
             forwards.append([r])
     p, last = plan.period, plan.second - 1
+    if not any(layer(r) is not None for r in ops):
+        return None
     out: list[Any] = []
     for fwd in forwards:
         per_layer: dict[int, list[Any]] = {}
@@ -793,13 +840,13 @@ def _repeat_layer_ops(ops: list[Any], plan: LayerPlan) -> list[Any] | None:
             out.extend(fwd)
             continue
         keys = {i: [key(r) for r in rs] for i, rs in per_layer.items()}
-        if max(keys) != last or any(keys.get(i) != keys.get(i + p) for i in range(plan.second - p)):
+        if max(keys) != last or any(keys.get(i) != keys.get(i + p) for i in range(plan.lead, plan.second - p)):
             return None
         end = max(j for j, r in enumerate(fwd) if layer(r) == last)
         out.extend(fwd[:end + 1])
         for i in range(plan.second, plan.full):
             for r in per_layer.get(plan.source(i), []):
-                m = _LAYER_RE.match(r.module_path)
+                m = plan.layer_of(r.module_path)
                 assert m is not None
                 out.append(replace(r, module_path=f"{m['pre']}.{i}{m['post'] or ''}"))
         out.extend(fwd[end + 1:])

@@ -284,27 +284,32 @@ def cache_bytes(cache: Any) -> int | None:
 
 def cache_layer_bytes(cache: Any, layers: int) -> list[int] | None:
     """Bytes of the state each of a cache's ``layers`` layers holds (as :func:`cache_bytes`
-    counts them), from its per-layer list (``layers`` in ``transformers`` caches) or the lists of
-    ``layers`` entries a family's own cache keeps (keys, values, convolution and recurrent
-    states). None when those lists do not account for every byte of the cache."""
+    counts them), from its per-layer list (``layers`` in ``transformers`` caches) or the lists a
+    family's own cache keeps by layer index (keys, values, convolution and recurrent states; a
+    list grown as layers first write to it may stop at the last layer that does). None when those
+    lists do not account for every byte of the cache."""
     total = cache_bytes(cache)
     if total is None:
         return None
     per_layer = getattr(cache, "layers", None)
+    lists = [v for v in getattr(cache, "__dict__", {}).values() if isinstance(v, (list, tuple))]
+    tries: list[list[Any]] = []
     if isinstance(per_layer, (list, tuple)) and len(per_layer) == layers:
-        lists: list[Any] = [per_layer]
-    else:
-        lists = [v for v in getattr(cache, "__dict__", {}).values()
-                 if isinstance(v, (list, tuple)) and len(v) == layers]
-    out = [0] * layers
-    seen: set[int] = set()
-    for lst in lists:
-        for i, entry in enumerate(lst):
-            for t in cache_tensors(entry) if entry is not None else ():
-                if t.dim() >= 2 and id(t) not in seen:
-                    seen.add(id(t))
-                    out[i] += int(t.numel()) * int(t.element_size())
-    return out if sum(out) == total else None
+        tries.append([per_layer])
+    tries.append([v for v in lists if len(v) == layers])
+    tries.append([v for v in lists if 0 < len(v) <= layers])
+    for found in tries:
+        out = [0] * layers
+        seen: set[int] = set()
+        for lst in found:
+            for i, entry in enumerate(lst):
+                for t in cache_tensors(entry) if entry is not None else ():
+                    if t.dim() >= 2 and id(t) not in seen:
+                        seen.add(id(t))
+                        out[i] += int(t.numel()) * int(t.element_size())
+        if sum(out) == total:
+            return out
+    return None
 
 
 def output_cache(output: Any) -> Any | None:
