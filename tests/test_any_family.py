@@ -88,6 +88,12 @@ PERIODIC: dict[str, dict] = {
                          num_experts_per_tok=2, vocab_size=256, sliding_window=4,
                          layer_types=["full_attention"] * 2 + ["sliding_attention", "full_attention"] * 4
                          + ["sliding_attention"]),
+    # Llama 4: experts in every layer (``moe_layers`` names all 13), no RoPE and full attention in
+    # every fourth layer, chunked attention in the others
+    "llama4_text": dict(model_type="llama4_text", hidden_size=64, num_hidden_layers=13, num_attention_heads=4,
+                        num_key_value_heads=2, head_dim=16, intermediate_size=64, intermediate_size_mlp=128,
+                        num_local_experts=4, num_experts_per_tok=1, vocab_size=256, interleave_moe_layer_step=1,
+                        max_position_embeddings=256, attention_chunk_size=4),
 }
 
 BATCH, INPUT, OUTPUT = 2, 8, 6
@@ -287,7 +293,7 @@ def test_layers_that_differ_by_more_than_layer_types_are_captured_at_full_depth(
 
 
 PERIODS = {"gemma3_text": 3, "gpt_oss": 2, "qwen3_next": 2, "minimax_mixed": 2, "granite_swa": 4,
-           "glm4_moe_lead": 1, "gpt_oss_lead": 2}
+           "glm4_moe_lead": 1, "gpt_oss_lead": 2, "llama4_text": 4}
 LEADS = {"glm4_moe_lead": 2, "gpt_oss_lead": 1}
 
 

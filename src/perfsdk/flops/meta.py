@@ -398,8 +398,11 @@ def _layers_attr(config: Any) -> str | None:
 
 def _per_layer_settings(config: Any, depth: int) -> dict[str, list[Any]]:
     """The config's settings given layer by layer: ``layer_types`` and every other top-level list
-    of ``depth`` entries (which layers skip RoPE, which use experts, …)."""
-    out = {k: v for k, v in config.to_dict().items() if isinstance(v, list) and len(v) == depth}
+    of ``depth`` entries (which layers skip RoPE, which use experts, …). A list of layer indices
+    that names every layer (Llama 4's ``moe_layers`` when every layer has experts) sets nothing
+    apart and is left out: read as one value per layer, it would make every layer unlike the next."""
+    every = list(range(depth))
+    out = {k: v for k, v in config.to_dict().items() if isinstance(v, list) and len(v) == depth and v != every}
     types = getattr(config, "layer_types", None)  # a property in some families, not in to_dict
     if types is not None and len(types) == depth:
         out["layer_types"] = list(types)
