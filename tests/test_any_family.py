@@ -120,13 +120,18 @@ def real_generate_count(name: str):
     return count
 
 
-@pytest.mark.parametrize("name", sorted(FAMILIES))
-def test_flops_cli_equals_capture_of_real_generate(perfsdk_cli, tmp_path, name):
+def cli_and_real_counts(perfsdk_cli, tmp_path, name: str):
+    """``perfsdk flops --json`` on the config of ``name`` (it must exit 0), and the count of a real
+    ``generate`` on random weights of the same config."""
     folder = write_config(tmp_path, name)
     res = perfsdk_cli(["flops", folder, "-b", str(BATCH), "-t", str(INPUT), "-g", str(OUTPUT), "--json"])
     assert res.exit_code == 0, res.output
-    got = json.loads(res.output[res.output.index("{"):])
-    real = real_generate_count(name)
+    return json.loads(res.output[res.output.index("{"):]), real_generate_count(name)
+
+
+@pytest.mark.parametrize("name", sorted(FAMILIES))
+def test_flops_cli_equals_capture_of_real_generate(perfsdk_cli, tmp_path, name):
+    got, real = cli_and_real_counts(perfsdk_cli, tmp_path, name)
     assert got["flops_decode"] > 0
     assert (got["flops_encode"], got["flops_prefill"], got["flops_decode"]) == (
         real.flops_encode, real.flops_prefill, real.flops_decode)
@@ -314,11 +319,7 @@ def _installed(names):
 
 @pytest.mark.parametrize("name", _installed(PERIODIC))
 def test_flops_cli_of_repeating_layer_kinds_equals_capture_of_real_generate(perfsdk_cli, tmp_path, name):
-    folder = write_config(tmp_path, name)
-    res = perfsdk_cli(["flops", folder, "-b", str(BATCH), "-t", str(INPUT), "-g", str(OUTPUT), "--json"])
-    assert res.exit_code == 0, res.output
-    got = json.loads(res.output[res.output.index("{"):])
-    real = real_generate_count(name)
+    got, real = cli_and_real_counts(perfsdk_cli, tmp_path, name)
     assert got["flops_decode"] > 0 and got["decode_forwards"] == OUTPUT - 1 == real.decode_forwards
     assert (got["flops_prefill"], got["flops_decode"]) == (real.flops_prefill, real.flops_decode)
     assert any(plan_note(name) in n for n in got["notes"]), got["notes"]

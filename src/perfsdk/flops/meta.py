@@ -445,22 +445,19 @@ def _decoder_layers(model: torch.nn.Module, layers: int) -> tuple[str, torch.nn.
     return max(lists, key=lambda nm: sum(p.numel() for p in nm[1].parameters()))
 
 
-def _layer_signatures(model: torch.nn.Module, layers: int) -> list[Any] | None:
-    """Per decoder layer of ``model`` (built, on the meta device say), its modules and parameter
-    shapes; None when no module list of ``layers`` entries is found."""
-    found = _decoder_layers(model, layers)
-    if found is None:
-        return None
+def _layer_signatures(layers: torch.nn.ModuleList) -> list[Any]:
+    """Per decoder layer (of a model built on the meta device, say), its modules and parameter
+    shapes."""
     return [tuple((name, type(m).__name__, tuple(tuple(p.shape) for p in m.parameters(recurse=False)))
-                  for name, m in layer.named_modules()) for layer in found[1]]
+                  for name, m in layer.named_modules()) for layer in layers]
 
 
 def uniform_layers(model: torch.nn.Module, layers: int) -> bool:
     """Whether every decoder layer of ``model`` (built, on the meta device say) has the same
     modules and parameter shapes: a config can make the first ``k`` layers dense and the rest
     mixture-of-experts, or give some layers no MLP, which a shallow copy would not show."""
-    sigs = _layer_signatures(model, layers)
-    return sigs is not None and len(set(sigs)) == 1
+    found = _decoder_layers(model, layers)
+    return found is not None and len(set(_layer_signatures(found[1]))) == 1
 
 
 def _pattern(keys: list[Any]) -> tuple[int, int, int]:
@@ -541,9 +538,9 @@ def layer_plan(config: Any, model: torch.nn.Module) -> LayerPlan | None:
     if full <= 2 or getattr(config, "is_encoder_decoder", False) or getattr(config, "vision_config", None) is not None:
         return None
     found = _decoder_layers(model, full)
-    sigs = _layer_signatures(model, full)
-    if found is None or sigs is None:
+    if found is None:
         return None
+    sigs = _layer_signatures(found[1])
     settings = _per_layer_settings(config, full)
     kinds = [(tuple(repr(v[i]) for v in settings.values()), sigs[i]) for i in range(full)]
     lead, period, second = _pattern(kinds)
@@ -831,9 +828,8 @@ def _repeat_layer_ops(ops: list[Any], plan: LayerPlan) -> list[Any] | None:
         else:
             forwards.append([r])
     p, last = plan.period, plan.second - 1
-    if not any(layer(r) is not None for r in ops):
-        return None
     out: list[Any] = []
+    repeated = False  # no forward ran the layers: the capture has nothing to repeat
     for fwd in forwards:
         per_layer: dict[int, list[Any]] = {}
         for r in fwd:
@@ -842,6 +838,7 @@ def _repeat_layer_ops(ops: list[Any], plan: LayerPlan) -> list[Any] | None:
         if not per_layer:
             out.extend(fwd)
             continue
+        repeated = True
         keys = {i: [key(r) for r in rs] for i, rs in per_layer.items()}
         if max(keys) != last or any(keys.get(i) != keys.get(i + p) for i in range(plan.lead, plan.second - p)):
             return None
@@ -853,4 +850,4 @@ def _repeat_layer_ops(ops: list[Any], plan: LayerPlan) -> list[Any] | None:
                 assert m is not None
                 out.append(replace(r, module_path=f"{m['pre']}.{i}{m['post'] or ''}"))
         out.extend(fwd[end + 1:])
-    return out
+    return out if repeated else None
