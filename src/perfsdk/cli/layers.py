@@ -34,7 +34,11 @@ def resolve_run(store: Any, ref: str) -> Any:
     return store.get(store.resolve_run_id(ref))
 
 
-@click.command("layers")
+@click.command("layers", help=(
+    'Per-layer tables of a stored run (collector "layers"): type, settings, input shapes, calls, '
+    "time per phase and share of the step; --functions per-function times; --log the event log. "
+    f"In a terminal a table longer than {SUMMARY_ROWS} rows shows its first ones (--all: every row) and "
+    "leaves out the columns that do not fit (--wide: keeps them)."))
 @click.argument("run_ref", metavar="RUN")
 @click.option("--store", "store_dir", default="perfsdk-results", show_default=True, help="Result store folder.")
 @click.option("--functions", "show_functions", is_flag=True,
@@ -49,10 +53,6 @@ def resolve_run(store: Any, ref: str) -> Any:
 @click.option("--json", "as_json", is_flag=True, help="Print the rows as JSON instead of tables.")
 def layers_command(run_ref: str, store_dir: str, show_functions: bool, show_log: bool, sort: str,
                    limit: int | None, show_all: bool, as_json: bool) -> None:
-    """Per-layer tables of a stored run (collector "layers"): type, settings, input shapes, calls,
-    time per phase and share of the step; --functions per-function times; --log the event log.
-    In a terminal a table longer than %d rows shows its first ones (--all: every row) and
-    leaves out the columns that do not fit (--wide: keeps them).""" % SUMMARY_ROWS
     from perfsdk.store import Store, StoreError
 
     if not Path(store_dir).is_dir():
