@@ -395,11 +395,14 @@ def test_a_family_the_calibration_never_measured_draws_on_the_families_left_out_
     prof = base.model_copy(update={"calibration": cal})
     gpt2 = GPT2Config(n_embd=128, n_layer=2, n_head=4, vocab_size=1024, n_positions=128)
     res = simulate_config(gpt2, prof, batch_size=1, input_tokens=16, output_tokens=9, dtype="float32")
-    # only the -20 % of the family left out whole: every sample is p / 0.8
-    assert (res.ttft_s_low, res.ttft_s_high) == pytest.approx((res.ttft_s / 0.8, res.ttft_s / 0.8), rel=1e-9)
+    # only the -20 % of the family left out whole, taken both ways: the samples are p / 0.8 (the
+    # measurement 1.25 times the prediction) and p * 0.8 (the prediction 1.25 times the measurement)
+    for p, lo, hi in ((res.ttft_s, res.ttft_s_low, res.ttft_s_high), (res.tpot_s, res.tpot_s_low, res.tpot_s_high)):
+        assert (lo, hi) == pytest.approx((0.8 * p + 0.05 * (p / 0.8 - 0.8 * p), 0.8 * p + 0.95 * (p / 0.8 - 0.8 * p)),
+                                         rel=1e-9)
     assert res.interval_basis == ("gpt2 is not a family the calibration measured (codegen, llama): the cost "
-                                  "model's errors on the 1 configurations of the families left out of the fit whole")
-    assert (res.tpot_s_low, res.tpot_s_high) == pytest.approx((res.tpot_s / 0.8, res.tpot_s / 0.8), rel=1e-9)
+                                  "model's errors on the 1 configurations of the families left out of the fit whole, "
+                                  "each taken both ways (a family may cost more or less than the model says)")
     # a Llama (a family the calibration measured) draws on all three
     res = simulate_config(tiny_llama_config("tiny-llama"), prof, batch_size=1, input_tokens=16, output_tokens=9,
                           dtype="float32")
@@ -417,11 +420,14 @@ def test_a_family_the_calibration_never_measured_draws_on_the_families_left_out_
     # a calibration of one family only: no family left out whole, so every entry, and it says why
     one = prof.model_copy(update={"calibration": cal.model_copy(update={"held_out_whole_family": [False] * 3,
                                                                         "families": ["llama"]})})
+    # (each taken both ways: gpt2 is not a family it measured)
     res = simulate_config(gpt2, one, batch_size=1, input_tokens=16, output_tokens=9, dtype="float32")
-    expect = np.quantile([res.tpot_s / 0.99, res.tpot_s / 1.01, res.tpot_s / 0.8], [0.05, 0.95])
+    t = res.tpot_s
+    expect = np.quantile([t / 0.99, t / 1.01, t / 0.8, t * 0.99, t * 1.01, t * 0.8], [0.05, 0.95])
     assert (res.tpot_s_low, res.tpot_s_high) == pytest.approx(tuple(expect), rel=1e-9)
     assert res.interval_basis == ("gpt2 is not a family the calibration measured (llama), and it left no whole family "
-                                  "out of its fit: the cost model's errors on all 3 held-out configurations")
+                                  "out of its fit: the cost model's errors on all 3 held-out configurations, each "
+                                  "taken both ways (a family may cost more or less than the model says)")
     # the record round-trips, and one flag per entry is required
     again = parse_profile(yaml.safe_load(profile_to_yaml(prof)), "my-host.yaml")
     assert again.calibration is not None and again.calibration.held_out_whole_family == [False, False, True]
@@ -429,6 +435,17 @@ def test_a_family_the_calibration_never_measured_draws_on_the_families_left_out_
     with pytest.raises(Exception, match=r"held_out_whole_family needs one value per held_out entry \(3\), got 2"):
         CalibrationRecord(host="h", fitted_at="now", params=["a"], coefficients=[1.0],
                           held_out=[[0.1, 0.1], [0.2, 0.2], [0.3, 0.3]], held_out_whole_family=[True, False])
+
+
+def test_an_error_taken_both_ways_is_as_far_on_the_other_side_of_the_measurement() -> None:
+    from perfsdk.simulation.uncertainty import mirrored
+
+    # predicted 1.25 x measured (+25 %) mirrors to 1.25 x below (-20 %), and back; 0 stays 0
+    out = mirrored(np.array([[0.25, -0.2], [0.0, 0.1]]))
+    assert out.shape == (4, 2)
+    assert out[:2].tolist() == [[0.25, -0.2], [0.0, 0.1]]
+    assert out[2:] == pytest.approx(np.array([[-0.2, 0.25], [0.0, 1 / 1.1 - 1]]), rel=1e-12)
+    assert mirrored(out[2:])[2:] == pytest.approx(np.array([[0.25, -0.2], [0.0, 0.1]]), rel=1e-12)
 
 
 def test_spec_sheet_and_user_file_profiles_say_so_instead_of_an_interval() -> None:
@@ -533,9 +550,12 @@ def test_the_collector_gives_the_run_model_s_family_to_its_interval(tmp_path) ->
         s.generate(model, input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=4, min_new_tokens=4,
                    pad_token_id=0)
     preds = s.result.collectors["simulation"]["predictions"]
-    # a calibration that measured no Llama: only the family left out whole, every sample p / 0.5
+    # a calibration that measured no Llama: only the family left out whole, taken both ways: the
+    # samples p / 0.5 and p * 0.5
     here = preds[never]
-    assert (here["ttft_s_low"], here["ttft_s_high"]) == pytest.approx((2 * here["ttft_s"], 2 * here["ttft_s"]))
+    expect = np.quantile([2 * here["ttft_s"], 0.5 * here["ttft_s"]], [0.05, 0.95])
+    assert (here["ttft_s_low"], here["ttft_s_high"]) == pytest.approx(tuple(expect))
+    assert (here["ttft_s_low"], here["ttft_s_high"]) == pytest.approx((0.575 * here["ttft_s"], 1.925 * here["ttft_s"]))
     assert here["interval_basis"].startswith("llama is not a family the calibration measured (gpt2)")
     # one that measured a Llama: both entries
     other = preds[saw]

@@ -366,7 +366,7 @@ def _say_uncertainty(result: Any) -> None:
         errs = [abs(x) for pair in whole for x in pair]
         left += (f" ({len(whole)} of them with their whole family left out, median |error| "
                  f"{100 * statistics.median(errs):.1f} %: what the interval of a model of a family other than "
-                 f"{', '.join(result.families)} draws on)")
+                 f"{', '.join(result.families)} draws on, each taken both ways)")
     machine = (f"the machine's level (the reference timed around) at {len(result.levels)} timings" if result.levels
                else "no reference workload was timed (stored runs): no term for the machine's drift")
     click.echo(f"uncertainty: {len(result.replicates)} bootstrap refits over configurations and passes; {left}; "
