@@ -222,7 +222,8 @@ def _summary(rows: list[dict], k: int | None = None, own_level: bool = False, cu
     ``current_speed``: the prediction brought to the measurement's speed with ``perfsdk simulate
     --at-current-speed``'s scaling (at the measurement's reference median), against the
     measurement at its own level; ``every_entry``: the intervals drawn on every held-out
-    configuration's error, whatever the predicted model's family (families rows only); ``terms``
+    configuration's error, whatever the predicted model's family (families rows only; each taken
+    both ways); ``terms``
     (a tag of :data:`TERM_TAGS`): the prediction brought to the measurement's level with the parts
     scaled apart (:func:`_term_factors`, :func:`_side_factors`), against the measurement at its own level."""
     k = k or 0
@@ -457,7 +458,8 @@ def main(argv: list[str] | None = None) -> int:
                                             output_tokens=o, dtype="float32", name=spec) for prof in profs]
                       for tag, profs in term_profiles.items()}
         # a family the calibrations never measured draws its model error from the families they left
-        # out whole; the same prediction's intervals drawn on every held-out configuration, beside
+        # out whole, each error both ways; the same prediction's intervals drawn on every held-out
+        # configuration (both ways too), beside
         every_entry = [simulate_config(cfg, _every_entry(prof), batch_size=b, input_tokens=args.input_tokens,
                                        output_tokens=o, dtype="float32", name=spec) for prof in profiles
                        ] if spec.startswith("family:") else []
@@ -624,8 +626,8 @@ def main(argv: list[str] | None = None) -> int:
                      f"{f.decode_warmup_steps:.2f} steady steps.")
     for k, s_ in (summary["families_every_entry"] if fam_rows else {}).items():
         lines.append(f"Unseen families, calibration {k + 1}, intervals drawn on every held-out configuration (not only "
-                     f"the families left out whole): inside the 90 % interval {100 * (s_['inside_share'] or 0):.0f} %, "
-                     f"median interval width {s_['median_width_pct'] or 0:.0f} %.")
+                     f"the families left out whole; each taken both ways all the same): inside the 90 % interval "
+                     f"{100 * (s_['inside_share'] or 0):.0f} %, median interval width {s_['median_width_pct'] or 0:.0f} %.")
     for k, s_ in (summary["families_own_level"] if fam_rows else {}).items():
         lines.append(f"Unseen families, calibration {k + 1}, against the measurement at its own reference level: "
                      f"median |error| {s_['median_abs_error_pct']:.1f} %, worst {s_['max_abs_error_pct']:.1f} %, "
@@ -704,7 +706,8 @@ def main(argv: list[str] | None = None) -> int:
 
 def _every_entry(prof: object) -> object:
     """``prof`` with its calibration record no longer saying which held-out configurations left a
-    whole family out: every prediction's interval draws on all of them."""
+    whole family out: every prediction's interval draws on all of them (for a family the calibration
+    did not measure, each both ways, as :func:`perfsdk.simulation.uncertainty.model_errors` takes them)."""
     cal = getattr(prof, "calibration", None)
     if cal is None:
         return prof

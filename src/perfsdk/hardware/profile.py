@@ -172,7 +172,8 @@ class CalibrationRecord(_Strict):
       decode of each calibration configuration, predicted by a fit that left that configuration's
       model out (how far the cost model misses a model it was not fitted on); those whose fit left
       out the configuration's whole family (``held_out_whole_family``) are how far it misses a
-      family it never saw, which is what a prediction of a family outside ``families`` draws on;
+      family it never saw, which is what a prediction of a family outside ``families`` draws on
+      (each error both ways: which way another family misses is its own);
     - ``levels``: the reference workload's times over the calibration, relative to their median
       (how much the machine's own speed moved while it was measured).
     """
@@ -194,7 +195,8 @@ class CalibrationRecord(_Strict):
     families: list[str] = Field(
         default_factory=list,
         description="The families (model types) the calibration measured; a prediction of any other family draws its "
-                    "model error from the held_out entries of families left out whole")
+                    "model error from the held_out entries of families left out whole, each taken both ways (the "
+                    "measurement as far above the prediction as below)")
     levels: list[float] = Field(default_factory=list,
                                 description="The reference workload's times relative to their median, to the power "
                                             "reference_tracking")

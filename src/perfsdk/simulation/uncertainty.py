@@ -23,20 +23,20 @@ default).
 The model error is that of models like the one predicted (:func:`model_errors`): a model of a
 family the calibration measured draws on every held-out configuration; a model of any other
 family (or of an unknown one) on the configurations whose fit left their whole family out, which
-is what predicting a family the fit never saw risks; for a family the calibration did not
-measure, each error is taken both ways (:func:`mirrored`):
-the measurement as far above the prediction as it was below, and the reverse. A calibration
-leaves out whole only the few families it measures besides its own (two by default), and whether
-another family costs more or less than the cost model says is a property of that family, not one
-the signs of those two foretell: in one calibration of a 2-core x86 host, both left-out families
-were predicted below their measurement in prefill (-17 to +3 %), while nine other families'
-TTFT came out from 8 % above to 9 % below theirs. Drawn on the left-out families' errors as
-they were, the intervals of those nine held 76 % of their measurements (median width 30 %);
-on every held-out configuration 86 % (35 %); on the left-out families' errors both ways 97 %
-(35 %) (docs/simulation-accuracy-log.md, "Which way a family the fit never saw misses").
-Mixed in with the configurations of the calibration's own family left out one model at a time
-(errors of a few percent), the errors of the families left out whole would be a third of the
-sample, and the intervals of other families narrower than what they risk.
+is what predicting a family the fit never saw risks. (Mixed in with the configurations of the
+calibration's own family left out one model at a time, median |error| 5-6 %, the errors of the
+families left out whole would be a third of the sample, and the intervals of other families
+would follow the calibration's own family more than what another family risks.) For a family
+the calibration did not measure, each error is taken both ways (:func:`mirrored`): the
+measurement as far above the prediction as it was below, and the reverse. A calibration leaves
+out whole only the few families it measures besides its own (two by default); they say how far
+another family can be missed, not which way, since whether a family costs more or less than the
+cost model says is that family's own. In ten calibrations of a 2-core x86 host, one of the two
+was predicted 8-17 % short in prefill on all of its configurations, while
+nine other families' TTFT came out from 7.5 % below their measurement to 9.0 % above in one of
+them; the intervals drawn on the left-out families' errors one way held 76-100 % of those
+families' measurements (median widths 30-35 %), both ways 94-100 % (35-40 %)
+(docs/simulation-accuracy-log.md, "Which way a family the fit never saw misses").
 """
 
 from __future__ import annotations
@@ -168,7 +168,7 @@ def model_errors(cal: CalibrationRecord, family: str | None) -> np.ndarray:
 def model_error_basis(cal: CalibrationRecord, family: str | None) -> str:
     """Which held-out errors a prediction of a model of ``family`` draws on, as a user reads it."""
     who = family or "a model without a model type"
-    both = ", each taken both ways (a family may cost more or less than the model says)"
+    both = ", each taken both ways (a family may cost more or less than the model says)" if _foreign(cal, family) else ""
     if _whole_families_only(cal, family):
         n = sum(cal.held_out_whole_family)
         return (f"{who} is not a family the calibration measured ({', '.join(cal.families)}): the cost model's "
