@@ -1,26 +1,36 @@
 """Memory rate against working-set size: does this machine have a cache a calibration could see?
 
-One thread cycles matrix-vector products over N matrices of 1 MB each (512 x 512, float32), for
-working sets of 1 to 128 MB, and prints the bytes streamed per second (median of seven timings,
-the slowest and fastest beside). A working set that fits a cache runs at the cache's rate; the
-step down is its size. The calibration's fit prices a cache only where its models show it (see
-docs/simulation.md, "Calibration").
+One thread (``--threads``) cycles matrix-vector products over N matrices of 1 MB each (512 x 512,
+float32), for working sets of 1 to 128 MB (``--sizes``, in MB), and prints the bytes streamed per
+second (median of seven timings, the slowest and fastest beside). A working set that fits a cache
+runs at the cache's rate; the step down is its size. The calibration's fit prices a cache only
+where its models show it (see docs/simulation.md, "Calibration"); its own check times working
+sets of 4 to 96 MiB, so a last-level cache larger than that shows only here, with ``--sizes``
+reaching past it (the size ``lscpu`` reports).
 
-Usage: ``python benchmarks/cache_sizes.py``; run it with nothing else busy.
+Usage: ``python benchmarks/cache_sizes.py [--threads N] [--sizes 32,96,256,512,1024]``; run it with
+nothing else busy.
 """
 
 from __future__ import annotations
 
+import argparse
 import statistics
 import time
 
 import torch
 
+SIZES_MB = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 128)
 
-def main() -> None:
-    torch.set_num_threads(1)
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--threads", type=int, default=1, help="torch threads (default 1)")
+    ap.add_argument("--sizes", default=",".join(map(str, SIZES_MB)), help="working sets, MB, comma-separated")
+    args = ap.parse_args(argv)
+    torch.set_num_threads(args.threads)
     v = torch.randn(512, 1)
-    for mb in (1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 128):
+    for mb in (int(x) for x in args.sizes.split(",") if x.strip()):
         mats = [torch.randn(512, 512) for _ in range(mb)]
         for w in mats:
             w @ v
