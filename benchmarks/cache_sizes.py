@@ -5,8 +5,9 @@ float32), for working sets of 1 to 128 MB (``--sizes``, in MB), and prints the b
 second (median of seven timings, the slowest and fastest beside). A working set that fits a cache
 runs at the cache's rate; the step down is its size. The calibration's fit prices a cache only
 where its models show it (see docs/simulation.md, "Calibration"); its own check times working
-sets of 4 to 96 MiB, so a last-level cache larger than that shows only here, with ``--sizes``
-reaching past it (the size ``lscpu`` reports).
+sets of 4 to 96 MiB, so a step beyond that shows only here, with ``--sizes`` reaching past it
+(on one 2-core Xeon host the rate stepped down between 32 and 128 MB while ``lscpu`` reported a
+480 MiB L3).
 
 Usage: ``python benchmarks/cache_sizes.py [--threads N] [--sizes 32,96,256,512,1024]``; run it with
 nothing else busy.

@@ -36,29 +36,28 @@ from unittest import mock
 
 import numpy as np
 
+from perfsdk.hardware.profile import CalibrationRecord
+
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 
-def _rules() -> dict[str, Callable[..., np.ndarray]]:
+def _rules() -> dict[str, Callable[[CalibrationRecord, str | None], np.ndarray]]:
     from perfsdk.simulation import uncertainty as u
 
-    def held(cal: object) -> np.ndarray:
-        return np.array(cal.held_out, dtype=float)  # type: ignore[attr-defined]
+    def every(cal: CalibrationRecord, family: str | None) -> np.ndarray:
+        return np.array(cal.held_out, dtype=float)
 
-    def whole(cal: object, family: str | None) -> np.ndarray:
-        h = held(cal)
-        if u._whole_families_only(cal, family):  # type: ignore[arg-type]
-            return h[np.array(cal.held_out_whole_family, dtype=bool)]  # type: ignore[attr-defined]
-        return h
+    def whole(cal: CalibrationRecord, family: str | None) -> np.ndarray:
+        # the families left out whole, each error as it was (the rule before they were taken both ways)
+        held = every(cal, family)
+        if u._whole_families_only(cal, family):
+            return held[np.array(cal.held_out_whole_family, dtype=np.bool_)]
+        return held
 
-    def every(cal: object, family: str | None) -> np.ndarray:
-        return held(cal)
-
-    def every_both_ways(cal: object, family: str | None) -> np.ndarray:
-        h = held(cal)
-        return u.mirrored(h) if u._foreign(cal, family) else h  # type: ignore[arg-type]
+    def every_both_ways(cal: CalibrationRecord, family: str | None) -> np.ndarray:
+        return u.mirrored(every(cal, family)) if u._foreign(cal, family) else every(cal, family)
 
     return {"whole": whole, "every": every, "both-ways": u.model_errors, "every-both-ways": every_both_ways}
 
