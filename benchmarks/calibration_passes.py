@@ -32,6 +32,14 @@ Usage: ``PYTHONPATH=src python benchmarks/calibration_passes.py [--passes 6] [--
 compare the kept timings again without measuring; about eight minutes a calibration at six passes (the default grid) on two cores. Run it with nothing
 else busy. ``--models`` and ``--families`` (comma-separated) narrow it for a quick check;
 ``--grid 1:16:16,4:32:16,...`` (batch:prompt:new-token triples) tries another calibration grid.
+
+``--against RUN.json`` (saved ``simulation_accuracy.py --json`` runs, comma-separated) scores every
+calibration, refitted from all its passes, against those runs' measurements at their own reference
+level: the unseen families' median and worst |error| and each Llama size's range. ``--cache-mb
+64,...`` refits every calibration again with the cache held at each size (0: none) instead of the
+one its working sets chose, and prints how far apart the calibrations then stand and, with
+``--against``, how they score: whether another cache size would predict better, from timings
+already taken (``--load REC --refits P`` with P the passes kept skips the refits by passes).
 """
 
 from __future__ import annotations
@@ -114,8 +122,10 @@ def record(models: list[str], passes: int, seed: int, grid: list[tuple[int, int,
             "threads": threads}
 
 
-def replay(rec: dict[str, Any], models: list[str], passes: int, built: dict[str, Any]) -> Any:
-    """The calibration ``rec`` refitted from its first ``passes`` passes (nothing measured)."""
+def replay(rec: dict[str, Any], models: list[str], passes: int, built: dict[str, Any],
+           cache_bytes: float | None = None) -> Any:
+    """The calibration ``rec`` refitted from its first ``passes`` passes (nothing measured); with
+    ``cache_bytes``, the cache held at that size (0: none) instead of the one the working sets chose."""
     import perfsdk.simulation.calibration.measure as m
 
     ticks, micro = iter(rec["ticks"]), iter(rec["micro"])
@@ -131,8 +141,10 @@ def replay(rec: dict[str, Any], models: list[str], passes: int, built: dict[str,
             built[spec] = build(spec)
         return built[spec]
 
+    held = {} if cache_bytes is None else {"measured_cache": lambda micro: cache_bytes,
+                                           "cache_levels": lambda micro: (cache_bytes,) if cache_bytes else ()}
     with _patched(m, measure_in_session=lambda model, b, i, o, **kw: rec["runs"][((kw["label"], b, i, o), kw["seed"])],
-                  micro_observations=lambda **kw: next(micro), build_random_model=model_of), \
+                  micro_observations=lambda **kw: next(micro), build_random_model=model_of, **held), \
             _patched(m.ReferenceTimer, tick=ticked):
         fit, _ = m.calibrate_here(models, threads=rec["threads"], passes=passes, max_passes=passes, seed=rec["seed"],
                                   grid=rec["grid"])
@@ -256,6 +268,49 @@ def predictions(fits: list[Any], families: list[str], configs: dict[str, Any]) -
     return out
 
 
+def scored(fits: list[Any], run: dict[str, Any]) -> list[dict[str, Any]]:
+    """Each fit's predictions against a saved ``simulation_accuracy.py --json`` run's measurements,
+    brought to that run's reference level (``CalibrationRecord.speed_factor``): median and worst
+    |error| and the signed range over the unseen families' TTFT and TPOT, and each Llama size's
+    signed range, in %."""
+    from perfsdk.simulation.calibration import profile_from_fit
+    from perfsdk.simulation.predictor import simulate_config
+
+    level = run["summary"]["reference_s"]["measurement"]
+    configs: dict[str, Any] = {}
+    out = []
+    for fit in fits:
+        prof = profile_from_fit(fit, name="host-calibrated")
+        f = prof.calibration.speed_factor(level) if prof.calibration is not None else 1.0
+        fam: list[float] = []
+        llama: dict[str, list[float]] = defaultdict(list)
+        for row in run["rows"]:
+            spec = ("family:" if row["family"] else "builtin:") + row["model"]
+            if spec not in configs:
+                model: Any = build_model(spec)
+                configs[spec] = model.config
+            res = simulate_config(configs[spec], prof, batch_size=row["batch"], input_tokens=row["input_tokens"],
+                                  output_tokens=row["output_tokens"], dtype="float32", name=spec)
+            errs = [100 * ((res.ttft_s or 0.0) * f * 1e3 / row["ttft_measured_ms"] - 1),
+                    100 * ((res.tpot_s or 0.0) * f * 1e3 / row["tpot_measured_ms"] - 1)]
+            if row["family"]:
+                fam.extend(errs)
+            else:
+                llama[row["model"]].extend(errs)
+        out.append({"median_pct": statistics.median(abs(e) for e in fam), "worst_pct": max(abs(e) for e in fam),
+                    "range_pct": [min(fam), max(fam)], "llama_range_pct": {k: [min(v), max(v)] for k, v in llama.items()},
+                    "cache_mb": fit.cache_bytes / 1e6, "memory_gbs": 1e-9 / fit.coefficients["s_per_byte"]})
+    return out
+
+
+def _print_scored(what: str, run_path: str, figures: list[dict[str, Any]]) -> None:
+    for k, s in enumerate(figures, start=1):
+        llama = ", ".join(f"{m} {lo:+.1f}..{hi:+.1f}" for m, (lo, hi) in s["llama_range_pct"].items())
+        print(f"{what}, calibration {k} against {run_path}: unseen families median |error| {s['median_pct']:.1f} %, "
+              f"worst {s['worst_pct']:.1f} % ({s['range_pct'][0]:+.1f}..{s['range_pct'][1]:+.1f}); {llama} "
+              f"(cache {s['cache_mb']:.1f} MB, memory {s['memory_gbs']:.1f} GB/s)", flush=True)
+
+
 def apart(preds: dict[tuple[str, int, int], list[tuple[float, float]]], k: int) -> list[float]:
     """Calibration ``k``'s predictions against the first's, signed %, TTFT and TPOT of every row."""
     return [100 * (row[k][j] / row[0][j] - 1) for row in preds.values() for j in (0, 1) if row[0][j] > 0]
@@ -274,6 +329,12 @@ def main(argv: list[str] | None = None) -> int:
                     help="the numbers of passes to refit and compare, comma-separated (default: 3 up to --passes)")
     ap.add_argument("--save", help="keep every timing of the calibrations in this file (pickle)")
     ap.add_argument("--load", help="measure nothing: refit the calibrations kept by --save in this file")
+    ap.add_argument("--cache-mb", type=lambda s: [float(x) for x in s.split(",") if x],
+                    help="also refit every calibration (all its passes) with the cache held at each of these sizes "
+                         "in MB (0: none) instead of the one its working sets chose, comma-separated")
+    ap.add_argument("--against", type=lambda s: [x for x in s.split(",") if x],
+                    help="saved simulation_accuracy.py --json runs (comma-separated) to score the fits against: "
+                         "their measurements, each at its own reference level")
     ap.add_argument("--json", help="write the figures as JSON here")
     args = ap.parse_args(argv)
     if args.passes < 3 or args.calibrations < 2:
@@ -353,6 +414,31 @@ def main(argv: list[str] | None = None) -> int:
     print("coefficients: " + "; ".join(f"{n} " + " / ".join(f"{f.coefficients[n]:.4g}" for f in fits)
                                        for n in names if any(f.coefficients[n] for f in fits))
           + "; matmul_half_rows " + " / ".join(f"{f.matmul_half_rows:.1f}" for f in fits))
+    runs = {}
+    for path in args.against or []:
+        with open(path, encoding="utf-8") as fh:
+            run = json.load(fh)
+        if run["summary"].get("threads") != recs[0]["threads"]:
+            # a calibration predicts the thread count it measured with
+            print(f"{path}: measured with {run['summary'].get('threads')} thread(s), the calibrations with "
+                  f"{recs[0]['threads']}: not scored", flush=True)
+            continue
+        runs[path] = run
+    variants = [("as calibrated", None)] + [(f"cache held at {c:g} MB", c * 1e6) for c in args.cache_mb or []]
+    summary["variants"] = {}
+    for what, cache_bytes in variants:
+        vfits = [replay(r, models, args.passes, built, cache_bytes=cache_bytes) for r in recs]
+        entry: dict[str, Any] = {}
+        if cache_bytes is not None:
+            vpreds = predictions(vfits, families, configs)
+            d = [abs(x) for k in range(1, len(vfits)) for x in apart(vpreds, k)]
+            entry["apart"] = {"median_pct": statistics.median(d), "max_pct": max(d)}
+            print(f"{what}: calibrations against the first at one reference level, unseen families: median "
+                  f"{entry['apart']['median_pct']:.1f} %, largest {entry['apart']['max_pct']:.1f} %", flush=True)
+        for path, run in runs.items():
+            entry[path] = scored(vfits, run)
+            _print_scored(what, path, entry[path])
+        summary["variants"][what] = entry
     print(f"done in {time.time() - t0:.0f} s")
     if args.json:
         with open(args.json, "w", encoding="utf-8") as fh:
