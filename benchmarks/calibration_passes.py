@@ -37,9 +37,10 @@ else busy. ``--models`` and ``--families`` (comma-separated) narrow it for a qui
 calibration, refitted from all its passes, against those runs' measurements at their own reference
 level: the unseen families' median and worst |error| and each Llama size's range. ``--cache-mb
 64,...`` refits every calibration again with the cache held at each size (0: none) instead of the
-one its working sets chose, and prints how far apart the calibrations then stand and, with
-``--against``, how they score: whether another cache size would predict better, from timings
-already taken (``--load REC --refits P`` with P the passes kept skips the refits by passes).
+one its working sets chose (the memory's rate fitted with the others), and prints how far apart
+the calibrations then stand and, with ``--against``, how they score: whether another cache size
+would predict better, from timings already taken (``--load REC --refits P`` with P the passes
+kept skips the refits by passes). A run measured with another thread count is not scored.
 """
 
 from __future__ import annotations
@@ -125,7 +126,8 @@ def record(models: list[str], passes: int, seed: int, grid: list[tuple[int, int,
 def replay(rec: dict[str, Any], models: list[str], passes: int, built: dict[str, Any],
            cache_bytes: float | None = None) -> Any:
     """The calibration ``rec`` refitted from its first ``passes`` passes (nothing measured); with
-    ``cache_bytes``, the cache held at that size (0: none) instead of the one the working sets chose."""
+    ``cache_bytes``, the cache held at that size (0: none) instead of the one the working sets chose,
+    the memory's rate fitted with the others."""
     import perfsdk.simulation.calibration.measure as m
 
     ticks, micro = iter(rec["ticks"]), iter(rec["micro"])
@@ -142,7 +144,8 @@ def replay(rec: dict[str, Any], models: list[str], passes: int, built: dict[str,
         return built[spec]
 
     held = {} if cache_bytes is None else {"measured_cache": lambda micro: cache_bytes,
-                                           "cache_levels": lambda micro: (cache_bytes,) if cache_bytes else ()}
+                                           "cache_levels": lambda micro: (cache_bytes,) if cache_bytes else (),
+                                           "memory_past_cache": lambda micro: None}
     with _patched(m, measure_in_session=lambda model, b, i, o, **kw: rec["runs"][((kw["label"], b, i, o), kw["seed"])],
                   micro_observations=lambda **kw: next(micro), build_random_model=model_of, **held), \
             _patched(m.ReferenceTimer, tick=ticked):

@@ -8,8 +8,8 @@ import pytest
 
 from perfsdk.simulation.calibration import Observation, profile_from_fit
 from perfsdk.simulation.calibration.fit import PARAMS, FitResult
-from perfsdk.simulation.calibration.measure import (_CACHE, CACHE_SETS_MIB, CACHE_WEIGHT, fit_with_micro,
-                                                    measured_cache, measured_cache_note)
+from perfsdk.simulation.calibration.measure import (_CACHE, CACHE_SETS_MIB, CACHE_WEIGHT, cache_levels,
+                                                    fit_with_micro, measured_cache, measured_cache_note)
 from perfsdk.simulation.costmodel import cost_op
 
 from tests.test_simulation_fit import TRUTH, _attention, _linear
@@ -34,20 +34,56 @@ def _sets(cache_mib: float, t_cache: float = 50e-6, t_memory: float = 220e-6) ->
 
 
 def test_the_working_sets_measure_the_cache_size() -> None:
-    assert CACHE_SETS_MIB[0] == 4 and CACHE_SETS_MIB[-1] == 96
-    # products that follow the model with a 20 MiB cache: 20 MiB, on the 1 MiB grid
+    assert CACHE_SETS_MIB[0] == 4 and CACHE_SETS_MIB[-1] == 384
+    # products that follow the model with a 20 MiB cache: 20 MiB, on the 1 MiB grid, one level
     assert measured_cache(_sets(20.0)) == pytest.approx(20 * MIB)
+    assert cache_levels(_sets(20.0)) == pytest.approx((20 * MIB,))
     assert measured_cache(_sets(11.0)[::-1]) == pytest.approx(11 * MIB)  # the order does not matter
-    # as timed on a 2-core x86 host with a 32 MiB L3 (µs a product at 4 ... 48 MiB; at 96 MiB the
-    # 221 µs of 64 MiB, 222 µs at 128): a cache of 16 to 24 MiB, where the time starts to rise
-    timed = [_set(m, t * 1e-6) for m, t in zip(CACHE_SETS_MIB, (53.4, 53.4, 59.9, 120.9, 180.9, 216.4, 221.0))]
+    # as timed on a 2-core x86 host with a 32 MiB L3 (µs a product at 4 ... 64 and 256 MiB): one
+    # level, where the time starts to rise
+    timed = [_set(m, t * 1e-6) for m, t in
+             ((4, 53.4), (8, 53.4), (16, 59.9), (24, 120.9), (32, 180.9), (48, 216.4), (64, 221.0), (256, 229.0))]
+    levels = cache_levels(timed)
+    assert levels is not None and len(levels) == 1
     c = measured_cache(timed)
-    assert c is not None and 16 * MIB <= c <= 24 * MIB and c % MIB == 0
+    assert c == levels[0] and 14 * MIB <= c <= 24 * MIB and c % MIB == 0
     # every working set streams alike (within 1.5x): no cache
     assert measured_cache([_set(m, 200e-6 + m * 1e-7) for m in CACHE_SETS_MIB]) == 0.0
     # fewer than three working sets: nothing measured
     assert measured_cache(_sets(20.0)[:2]) is None
     assert measured_cache([]) is None
+
+
+def two_step(c1: float, c2: float, t1: float = 20e-6, t2: float = 45e-6, tm: float = 90e-6) -> list[Observation]:
+    """Working sets that follow two levels of the cost model's share exactly: ``c1`` and ``c2`` MiB."""
+    out = []
+    for mib in CACHE_SETS_MIB:
+        f1, f2 = min(1.0, c1 / mib), min(1.0, c2 / mib)
+        out.append(_set(mib, f1 * t1 + (f2 - f1) * t2 + (1 - f2) * tm))
+    return out
+
+
+def test_two_cache_levels_hold_the_last() -> None:
+    """Working sets that step twice, a small level and a last one well above it, each at a rate of
+    its own: both levels found, and the last one held (the rate a model past it pays)."""
+    assert cache_levels(two_step(4.0, 48.0)) == pytest.approx((4 * MIB, 48 * MIB))
+    assert measured_cache(two_step(4.0, 48.0)) == pytest.approx(48 * MIB)
+    assert measured_cache(two_step(6.0, 80.0)[::-1]) == pytest.approx(80 * MIB)  # 4 MiB steps above 64 MiB
+    # a middle rate too close to the first level's is one level: the last step
+    levels = cache_levels(two_step(4.0, 48.0, t2=21e-6))
+    assert levels is not None and len(levels) == 1 and levels[0] == pytest.approx(48 * MIB, rel=0.1)
+    # as timed on a 2-core Intel host, two threads (GB/s a product streams at each working set,
+    # MiB; 4 and 8 MiB in its L2): a first level at 4 MiB and a last one where the rate falls
+    # from about 48 to about 25 GB/s
+    rate = {4: 90.0, 8: 60.0, 16: 48.9, 24: 48.7, 32: 48.5, 48: 46.0, 64: 43.6, 96: 36.2, 128: 29.9, 192: 26.2,
+            256: 25.0, 384: 24.1}
+    levels = cache_levels([_set(m, 4 * MIB / (r * 1e9)) for m, r in rate.items()])
+    assert levels is not None and len(levels) == 2
+    assert levels[0] == pytest.approx(4 * MIB) and 48 * MIB <= levels[1] <= 96 * MIB
+    res = FitResult(coefficients={}, errors_pct={}, iterations=0, observations=0)
+    assert measured_cache_note(levels[1], res, levels) == (
+        f"{levels[1] / 1e6:.1f} MB measured by the working sets (the last of two levels; the first, 4.2 MB, not held), "
+        "not held: the models' fit gave it no rate between free and the memory's")
 
 
 def _observations(cache_bytes: float, truth: np.ndarray) -> tuple[list[Observation], list[list]]:
@@ -94,9 +130,36 @@ def test_the_fit_holds_the_measured_cache_and_fits_its_rate() -> None:
     # working sets that stream alike: no cache held, and the fit has one memory rate
     flat, _ = fit_with_micro([_set(m, 200e-6) for m in CACHE_SETS_MIB], obs, pack_rows=(0.0,), half_rows=(0.0,))
     assert flat.cache_bytes == 0.0 and flat.cache_note == measured_cache_note(0.0, flat)
-    assert measured_cache_note(0.0, flat) == "none: the working sets of 4 to 96 MiB streamed within 1.5x of each other"
+    assert measured_cache_note(0.0, flat) == "none: the working sets of 4 to 384 MiB streamed within 1.5x of each other"
     assert measured_cache_note(None, flat) == "none: no working sets timed"
     # a cache the models' fit finds no faster than memory is not held, and the note says so
     assert measured_cache_note(c, FitResult(coefficients={}, errors_pct={}, iterations=0, observations=0)) == (
         "21.0 MB measured by the working sets, not held: the models' fit gave it no rate between free and the "
         "memory's")
+
+
+def test_two_levels_hold_the_memory_rate_past_the_last() -> None:
+    """Where most measured phases fit the held cache (here its last of two levels), the rate past
+    it is the working sets' (held), not the models' fit's: they leave that rate to a few bytes of
+    the largest; where most lie past it (the 20 MiB test above), the models fit it."""
+    from perfsdk.simulation.calibration.measure import memory_past_cache
+
+    truth_d = {**TRUTH, "s_per_cached_byte": 0.25 * TRUTH["s_per_byte"], "s_per_row_flop": 0.0}
+    truth = np.array([truth_d[p] for p in PARAMS])
+    n, k = CACHE_WEIGHT
+    per_product = truth_d["s_per_byte"] * 4.0 * n * k
+    sets = two_step(4.0, 48.0, t1=0.2 * per_product, t2=0.5 * per_product, tm=per_product)
+    assert memory_past_cache(sets) == pytest.approx(truth_d["s_per_byte"], rel=1e-9)
+    # one level: the rate past it (220 µs a product)
+    assert memory_past_cache(_sets(20.0)) == pytest.approx(220e-6 / (4.0 * n * k), rel=1e-9)
+    assert memory_past_cache([_set(m, 200e-6) for m in CACHE_SETS_MIB]) is None  # no cache
+    obs, _ = _observations(48 * MIB, truth)
+    res, _ = fit_with_micro(sets, obs, pack_rows=(0.0,), half_rows=(0.0,))
+    assert res.cache_bytes == pytest.approx(48 * MIB)
+    assert res.held["s_per_byte"] == pytest.approx(truth_d["s_per_byte"], rel=1e-9)
+    assert res.coefficients["s_per_byte"] == res.held["s_per_byte"]
+    assert res.coefficients["s_per_cached_byte"] == pytest.approx(truth_d["s_per_cached_byte"], rel=1e-6)
+    assert res.cache_note == (
+        f"{48 * MIB / 1e6:.1f} MB measured by the working sets (the last of two levels; the first, 4.2 MB, not held) "
+        f"and held; its rate fitted on the models, {1e-9 / truth_d['s_per_cached_byte']:.1f} GB/s against "
+        f"{1e-9 / truth_d['s_per_byte']:.1f} GB/s from memory, as the working sets past it streamed (held)")

@@ -339,7 +339,7 @@ def micro_observations(repeats: int = 7, clock: str = "wall", estimator: str = "
     add (memory), a chain of kernels on tiny tensors (the cost of one kernel call), a pair of
     streamed one-row products that differ only in their weights' rows (the cost per stored row:
     :func:`weight_row_cost`) and a staircase of streamed products of 1-8 rows (the repacking
-    size: :func:`repacking_rows`) and one-row products cycled over working sets of 4 to 96 MiB
+    size: :func:`repacking_rows`) and one-row products cycled over working sets of 4 to 384 MiB
     (the cache: :func:`measured_cache`) and products of 16 to 256 rows over weights of five inner
     sizes, each stored as a linear layer and as a Conv1D stores it (the small-M slowdown by layout
     and inner size: :func:`small_m_gaps`),
@@ -537,11 +537,19 @@ def small_m_text(gaps: SmallMGaps, profile: HardwareProfile) -> str:
 #: The cache staircase (:func:`measured_cache`): one-row products over [1024, 1024] fp32 weights
 #: (4 MiB each), cycled over working sets of this many MiB.
 CACHE_WEIGHT = (1024, 1024)
-CACHE_SETS_MIB = (4, 8, 16, 24, 32, 48, 96)
+#: working sets timed (MiB): past the step from a last-level cache to memory on the hosts seen
+#: (32 MiB L3; on a host whose ``lscpu`` reports a 480 MiB L3, the rate stepped down between 32
+#: and 128 MB and held from 192 MB on)
+CACHE_SETS_MIB = (4, 8, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384)
 _CACHE = "micro working set"
 #: a cache is held only where the smallest working set streams at least this many times faster
 #: than the largest (below, one memory rate describes every working set)
 CACHE_MIN_SPEEDUP = 1.5
+#: two steps are two cache levels only when the larger lies at least this many times above the
+#: smaller and the working sets between them stream at a rate of their own, at least
+#: :data:`CACHE_LEVEL_SPEEDUP` times slower than below the first and faster than past the second
+CACHE_LEVEL_RATIO = 4.0
+CACHE_LEVEL_SPEEDUP = 1.2
 
 
 def _working_sets(best: Any) -> list[Observation]:
@@ -569,48 +577,118 @@ def _working_sets(best: Any) -> list[Observation]:
     return out
 
 
-def measured_cache(micro: list[Observation]) -> float | None:
-    """The cache size C in bytes (0: none) that the working sets among ``micro`` follow best under
-    the cost model's cache share ``f = min(1, C / S)`` for a working set of S bytes (None when
-    they are missing): each product's time fitted as ``f * t_cache + (1 - f) * t_memory``, the two
-    times linear, for every C from the smallest working set to half the largest in steps of 1 MiB;
-    the C with the least relative squared residual wins. No cache (0) where the smallest set does
-    not stream :data:`CACHE_MIN_SPEEDUP` times faster than the largest. (One thread on a 2-core
-    x86 host with a 32 MiB L3: 53, 53, 60, 121, 181, 216 and 221 µs a product at 4, 8, 16, 24, 32,
-    48 and 64 MiB, 229 µs at 256 MiB.)"""
+def _cache_grid(lo: float, hi: float) -> np.ndarray:
+    """Candidate cache sizes from ``lo`` to ``hi`` bytes: every MiB up to 64 MiB, every 4 MiB above."""
+    mib = float(2**20)
+    fine = np.arange(lo, min(hi, 64 * mib) + mib / 2, mib)
+    coarse = np.arange(max(lo, 64 * mib + 4 * mib), hi + mib / 2, 4 * mib)
+    return np.concatenate([fine, coarse])
+
+
+def _levels_fit(micro: list[Observation]) -> tuple[tuple[float, ...] | None, float | None]:
+    """The cache sizes in bytes that the working sets among ``micro`` follow (None when fewer than
+    three were timed; ``()`` where the smallest set does not stream :data:`CACHE_MIN_SPEEDUP`
+    times faster than the largest). Under the cost model's share ``f = min(1, C / S)`` for a
+    working set of S bytes, each product's time is fitted with one step, ``f * t_cache +
+    (1 - f) * t_memory``, and with two, ``f1 * t_1 + (f2 - f1) * t_2 + (1 - f2) * t_memory``, the
+    times linear, for every size (two sizes) from the smallest working set to half the largest;
+    the least relative squared residual wins. Two sizes are returned where they are two levels
+    (:data:`CACHE_LEVEL_RATIO` apart, the rate between them :data:`CACHE_LEVEL_SPEEDUP` times
+    apart from both sides'), else the one step's. (One thread on a 2-core x86 host with a 32 MiB
+    L3: 53, 53, 60, 121, 181, 216 and 221 µs a product at 4, 8, 16, 24, 32, 48 and 64 MiB, 229 µs
+    at 256 MiB: one level. Two threads on a 2-core Intel host: 4.2 MB, then a second step between
+    32 and 128 MB, 48.5-48.9 GB/s below it and 24.1-26.2 GB/s from 192 MB.)"""
     steps = sorted((ob for ob in micro if ob.label.startswith(_CACHE)),
                    key=lambda ob: float(ob.resident[0]))  # type: ignore[index]
     if len(steps) < 3:
-        return None
+        return None, None
     size = np.array([float(ob.resident[0]) for ob in steps])  # type: ignore[index]
     t = np.array([ob.measured_s for ob in steps])
     if not t[-1] >= CACHE_MIN_SPEEDUP * t[0]:
-        return 0.0
-    best_c, best_res = 0.0, float("inf")
-    mib = float(2**20)
-    for c in np.arange(size[0], size[-1] / 2 + mib / 2, mib):
-        f = np.minimum(1.0, c / size)
-        a = np.stack([f, 1.0 - f], axis=1) / t[:, None]
+        return (), None
+    grid = _cache_grid(size[0], size[-1] / 2)
+    shares = {float(c): np.minimum(1.0, c / size) for c in grid}
+
+    def residual(columns: list[np.ndarray]) -> tuple[float, np.ndarray]:
+        a = np.stack(columns, axis=1) / t[:, None]
         coef, *_ = np.linalg.lstsq(a, np.ones_like(t), rcond=None)
-        res = float(np.sum((a @ coef - 1.0) ** 2))
-        if res < best_res - 1e-12:
-            best_c, best_res = float(c), res
-    return best_c
+        return float(np.sum((a @ coef - 1.0) ** 2)), coef
+
+    one_c, one_res, one_tm = 0.0, float("inf"), 0.0
+    for c, f in shares.items():
+        res, coef = residual([f, 1.0 - f])
+        if res < one_res - 1e-12:
+            one_c, one_res, one_tm = c, res, coef[1]
+    two, two_res, past = None, float("inf"), 0.0
+    if len(steps) >= 5:
+        for c1, f1 in shares.items():
+            for c2, f2 in shares.items():
+                if c2 < CACHE_LEVEL_RATIO * c1:
+                    continue
+                res, coef = residual([f1, f2 - f1, 1.0 - f2])
+                t1, t2, tm = coef
+                if not (t1 > 0 and t2 >= CACHE_LEVEL_SPEEDUP * t1 and tm >= CACHE_LEVEL_SPEEDUP * t2):
+                    continue
+                if res < two_res - 1e-12:
+                    two, two_res, past = (c1, c2), res, float(tm)
+    per_byte = float(steps[0].bytes_[0])
+    if two is not None and two_res < one_res:
+        return two, past / per_byte
+    return (one_c,), float(one_tm) / per_byte
 
 
-def measured_cache_note(measured: float | None, result: FitResult) -> str:
+def cache_levels(micro: list[Observation]) -> tuple[float, ...] | None:
+    """The cache levels the working sets among ``micro`` follow (:func:`_levels_fit`)."""
+    return _levels_fit(micro)[0]
+
+
+def memory_past_cache(micro: list[Observation]) -> float | None:
+    """Seconds per byte the working sets among ``micro`` stream at past the last cache level
+    (:func:`cache_levels`; None where they show none): the memory's rate as a model larger than
+    that level reads its weights, which calibration models that mostly fit inside the level
+    cannot pin on their own."""
+    return _levels_fit(micro)[1]
+
+
+def _models_inside(cache: float, measured: list[Observation]) -> bool:
+    """Whether most of the measured phases touch no more than ``cache`` bytes (weights + KV cache)."""
+    sizes = [float(np.max(ob.resident)) for ob in measured if ob.resident is not None and len(ob.resident)]
+    return bool(sizes) and cache >= float(np.median(sizes))
+
+
+def measured_cache(micro: list[Observation]) -> float | None:
+    """The cache size C in bytes (0: none) the cost model holds, from the working sets among
+    ``micro`` (None when they are missing): the last of the :func:`cache_levels` they follow.
+    The cost model has one cache; the models it prices stream their weights once a pass, and
+    the ones larger than a first, small level (a few MB: an L2) pay the rate past the last one,
+    which is where a model of hundreds of MB stands."""
+    levels = cache_levels(micro)
+    if levels is None:
+        return None
+    return levels[-1] if levels else 0.0
+
+
+def _sets_text() -> str:
+    return f"{CACHE_SETS_MIB[0]} to {CACHE_SETS_MIB[-1]} MiB"
+
+
+def measured_cache_note(measured: float | None, result: FitResult, levels: tuple[float, ...] | None = None) -> str:
     """What became of the cache size the working sets measured (:func:`measured_cache`), as the
-    calibration prints it."""
+    calibration prints it; ``levels`` (:func:`cache_levels`) names a smaller level passed over."""
     if measured is None:
         return "none: no working sets timed"
     if not measured:
-        return f"none: the working sets of 4 to 96 MiB streamed within {CACHE_MIN_SPEEDUP}x of each other"
+        return f"none: the working sets of {_sets_text()} streamed within {CACHE_MIN_SPEEDUP}x of each other"
+    first = ("" if not levels or len(levels) < 2 else
+             f" (the last of two levels; the first, {levels[0] / 1e6:.1f} MB, not held)")
     if not result.cache_bytes:
-        return (f"{measured / 1e6:.1f} MB measured by the working sets, not held: the models' fit gave it no rate "
-                "between free and the memory's")
+        return (f"{measured / 1e6:.1f} MB measured by the working sets{first}, not held: the models' fit gave it no "
+                "rate between free and the memory's")
     k = result.coefficients
-    return (f"{result.cache_bytes / 1e6:.1f} MB measured by the working sets and held; its rate fitted on the models, "
-            f"{1e-9 / k['s_per_cached_byte']:.1f} GB/s against {1e-9 / k['s_per_byte']:.1f} GB/s from memory")
+    memory = ("from memory, as the working sets past it streamed (held)" if "s_per_byte" in result.held
+              else "from memory")
+    return (f"{result.cache_bytes / 1e6:.1f} MB measured by the working sets{first} and held; its rate fitted on the "
+            f"models, {1e-9 / k['s_per_cached_byte']:.1f} GB/s against {1e-9 / k['s_per_byte']:.1f} GB/s {memory}")
 
 
 #: Repacking sizes whose staircase residuals lie within this factor of the least one are a tie,
@@ -1364,7 +1442,14 @@ def fit_with_micro(micro: list[Observation], measured: list[Observation],
         # between 1 and 2 from one calibration to the next
         fit_kw["pack_rows"] = (pack[0],)
     micro = [ob for ob in micro if not ob.label.startswith(_STAIRCASE)]
+    levels = cache_levels(micro)
     cache = measured_cache(micro)
+    past = memory_past_cache(micro)
+    if past is not None and cache and "cache_bytes" not in fit_kw and _models_inside(cache, measured):
+        # most models stream inside the cache and leave the rate past it to the largest ones' last
+        # few bytes (fitted on them it came out at 0.2-0.4 times this rate): measured by the
+        # working sets past the cache and held
+        fit_kw["held"] = {"s_per_byte": past, **(fit_kw.get("held") or {})}
     if cache is not None:
         micro = [ob for ob in micro if not ob.label.startswith(_CACHE)]
     # measured by the working sets and held (none where they are missing) unless the caller
@@ -1389,7 +1474,7 @@ def fit_with_micro(micro: list[Observation], measured: list[Observation],
         fixed = list(micro)
         result = fit(fixed + measured, **fit_kw)
     if held_cache:
-        result.cache_note = measured_cache_note(cache, result)
+        result.cache_note = measured_cache_note(cache, result, levels)
     result.small_m_gaps = layout_gaps
     result.pack_note = pack[1] if pack is not None else None
     return result, fixed
