@@ -73,10 +73,10 @@ def test_captured_products_state_their_stored_rows() -> None:
     assert all(o.weight_rows is None for o in cap.records if o.category != "matmul")
 
 
-def _matvec(n: int, k: int, seconds: float) -> Observation:
+def _matvec(n: int, k: int, seconds: float, working_set: float = 400e6) -> Observation:
     nbytes = float(n * k * 4)
     return Observation(f"micro matrix-vector [{n}, {k}]", "micro", seconds, np.array([2.0 * n * k]),
-                       np.array([nbytes]), np.ones(1), 0.0, np.array([1.0]), resident=np.array([96e6]),
+                       np.array([nbytes]), np.ones(1), 0.0, np.array([1.0]), resident=np.array([working_set]),
                        weight_bytes=np.array([nbytes]), weight_rows=np.array([float(n)]), calls=1.0)
 
 
@@ -89,6 +89,35 @@ def test_the_pair_measures_the_cost_per_row() -> None:
     # the narrow rows not slower: no cost per row, never a negative one
     assert weight_row_cost([_matvec(n1, k1, 400e-6), _matvec(n2, k2, 450e-6)]) == 0.0
     assert weight_row_cost(pair[:1]) is None
+    # behind a cache of 100 MB, a quarter of the pair's 400 MB streams from it and pays no cost per
+    # row: the difference is that of the other three quarters' rows
+    assert weight_row_cost(pair, 100e6) == pytest.approx(600e-6 / (0.75 * (n1 - n2)))
+    # a pair whose working set fits the cache measures no row streamed from memory
+    assert weight_row_cost([_matvec(n1, k1, 1050e-6, 96e6), _matvec(n2, k2, 450e-6, 96e6)], 100e6) is None
+
+
+def test_a_weight_served_from_the_cache_pays_no_cost_per_row() -> None:
+    """The cost per stored row on the share of the weight streamed from memory, in the cost model
+    and in the calibration's fit alike."""
+    from perfsdk.simulation.costmodel import pack_time_s
+    from perfsdk.hardware.catalog import builtin_profiles
+
+    prof = builtin_profiles()["host-cpu"].model_copy(update={
+        "matmul_pack_rows": None, "matmul_pack_gbs": None, "matmul_ns_per_weight_row": 20.0,
+        "cache_mb": 100.0, "cache_bandwidth_gbs": 50.0})
+    (n, k), _ = MATVEC_PAIR
+    op = OpRecord(module_path="lm_head", op="aten.linear", category="matmul", phase="decode",
+                  input_shapes=[(1, k), (n, k)], output_shape=(1, n), flops=2 * n * k, macs=n * k,
+                  weight_bytes=4 * n * k, bytes_read=4 * n * k + 4 * k, bytes_written=4 * n, elements=n)
+    assert pack_time_s(op, prof) == pytest.approx(n * 20e-9)  # no working set said: all from memory
+    assert pack_time_s(op, prof, 60e6) == 0.0  # inside the cache
+    assert pack_time_s(op, prof, 400e6) == pytest.approx(0.75 * n * 20e-9)  # a quarter from the cache
+    no_cache = prof.model_copy(update={"cache_mb": None, "cache_bandwidth_gbs": None})
+    assert pack_time_s(op, no_cache, 60e6) == pytest.approx(n * 20e-9)
+    ob = Observation.from_ops("lm_head", "decode", 1e-3, [op])
+    assert ob.stored_rows() == n
+    assert ob.stored_rows(0.0, 100e6) == 0.0  # its 8 MiB inside the cache
+    assert ob.stored_rows(0.0, 2e6) == pytest.approx(n * (1.0 - 2e6 / (4.0 * n * k)))
 
 
 def test_micro_kernels_are_normalised_by_the_reference_around_them_and_their_median_kept() -> None:

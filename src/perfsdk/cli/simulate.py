@@ -495,6 +495,8 @@ def calibrate_command(models: tuple[str, ...], repeats: int, passes: int, max_pa
                                                        if profile.matmul_small_m_gaps else None),
                                "cache_bytes": result.cache_bytes, "cache_note": result.cache_note,
                                "pack_note": result.pack_note,
+                               "matmul_pack_fast_mb": profile.matmul_pack_fast_mb,
+                               "matmul_pack_fast_share": profile.matmul_pack_fast_share,
                                "decode_warmup_steps": result.decode_warmup_steps,
                                "drift_pct": result.drift_pct,
                                "normalised_drift_pct": result.normalised_drift_pct, "passes": result.passes,

@@ -202,6 +202,12 @@ class CalibrationRecord(_Strict):
                                             "reference_tracking")
     cache_bytes: float = Field(default=0.0, ge=0, description="Cache size the coefficients were fitted at")
     pack_rows: float = Field(default=0.0, ge=0, description="Repacking size the coefficients were fitted at")
+    pack_fast_bytes: float = Field(default=0.0, ge=0,
+                                   description="Weights of at most these bytes whose further passes the fit priced at "
+                                               "pack_fast_share of the rest's (the profile's matmul_pack_fast_mb); "
+                                               "0: none")
+    pack_fast_share: float | None = Field(default=None, gt=0, le=1,
+                                          description="That share (the profile's matmul_pack_fast_share)")
     reference: str | None = Field(default=None, description="The reference workload timed around every configuration")
     reference_s: float | None = Field(default=None, gt=0, description="Its median time, s")
     reference_tracking: float | None = Field(
@@ -352,7 +358,8 @@ class HardwareProfile(_Strict):
         description="Fixed cost of each row of a matrix product's weight as stored (the output features of a "
                     "linear layer, the input features of a Conv1D, experts reached x input features of a grouped "
                     "expert product), ns, added to its time on top of max(compute, memory): a CPU "
-                    "matrix-vector kernel pays it per stored row besides streaming the bytes. Unset: none")
+                    "matrix-vector kernel pays it per stored row besides streaming the bytes from memory "
+                    "(with cache_mb, only on the share of the weight not served from the cache). Unset: none")
     matmul_pack_rows: float | None = Field(
         default=None, ge=1,
         description="P: matrix products with at least this many rows repack their weights and stream them "
@@ -361,6 +368,18 @@ class HardwareProfile(_Strict):
                     "Unset: none")
     matmul_pack_gbs: float | None = Field(default=None, gt=0,
                                           description="Rate at which weights are repacked, GB/s (see matmul_pack_rows)")
+    matmul_pack_fast_mb: float | None = Field(
+        default=None, gt=0,
+        description="A matrix product's weight (one expert's, of a grouped product) of at most this many MB stays in "
+                    "the cores' own caches after the product's first pass over it, and its further passes "
+                    "(matmul_pack_rows) take matmul_pack_fast_share of the time matmul_pack_gbs gives them. Measured "
+                    "by perfsdk calibrate (the level-2 cache of one core times the threads); unset: every weight at "
+                    "matmul_pack_gbs")
+    matmul_pack_fast_share: float | None = Field(
+        default=None, gt=0, le=1,
+        description="The share of matmul_pack_gbs's time that a further pass over a weight of at most "
+                    "matmul_pack_fast_mb takes (measured by perfsdk calibrate: the extra time of a staircase of "
+                    "products of 1-8 rows over such a weight, against the same over a larger one)")
     cache_mb: float | None = Field(
         default=None, gt=0,
         description="Cache that holds the weights and KV cache of a forward pass, MB (10^6 bytes): a pass "

@@ -17,9 +17,12 @@ For one operation on one device (profile ``P``)::
                  (a grouped product, mixture-of-experts on a CPU, runs one product per group it
                   reaches, each with its own rows: product_rows)
     pack_s     = weight_bytes / P.matmul_pack_gbs  for a matrix product with >= P.matmul_pack_rows rows
+                 (x P.matmul_pack_fast_share for a weight of at most P.matmul_pack_fast_mb, which the
+                  first pass left in the cores' own caches: fast_pack_share)
                  + stored weight rows * P.matmul_ns_per_weight_row (each row of a matrix product's
                    weight as stored, weight_rows; with P.matmul_pack_rows set, only on products of
-                   fewer than 4 * P rows, which run without the blocked kernel: weight_row_share)
+                   fewer than 4 * P rows, which run without the blocked kernel: weight_row_share;
+                   with P.cache_mb, on the share of the weight streamed from memory only)
     time_s     = max(compute_s, memory_s) + pack_s + overhead_s
     overhead_s = P.op_overhead_s + (launches - 1) * P.launch_overhead_s
                  (launches: kernel calls the op stands for; no overhead for views and for the parts
@@ -159,6 +162,28 @@ def products_pack_passes(products: tuple[list[float], list[float]], pack_rows: f
     the groups it reaches."""
     ks, ws = products
     return sum(w * float(pack_passes(k, pack_rows)) for k, w in zip(ks, ws)) / sum(ws)
+
+
+def product_weight_bytes(weight_bytes: float, products: tuple[list[float], list[float]]) -> float:
+    """Bytes of the weight of each of the ``products`` an op runs (:func:`product_rows`): its
+    ``weight_bytes`` over the products (a grouped product's weight bytes are those of the groups it
+    reaches, one product each; a plain product runs one)."""
+    return float(weight_bytes) / max(sum(products[1]), 1.0)
+
+
+def fast_pack_share(weight_bytes: Any, fast_bytes: float | None, share: float | None) -> Any:
+    """What a further pass over a product's weight of ``weight_bytes`` (a number or a numpy array)
+    costs, as a share of a pass at the repacking rate: ``share`` where the weight fits the cores'
+    own caches (at most ``fast_bytes``: the first pass left it there), else 1. (One thread on a
+    2-core x86 host with 2 MiB of level-2 cache a core, fp32 weights cycled over 24 MB: a product of
+    4 rows took 9.6 and 15.8 µs more than one of 1 row over [768, 256] and [1024, 256], one pass at
+    82 and 66 GB/s, and 280 µs more over [4096, 512], one pass at 30 GB/s.)"""
+    import numpy as np
+
+    if not fast_bytes or not share:
+        return np.ones_like(weight_bytes, dtype=float) if isinstance(weight_bytes, np.ndarray) else 1.0
+    out = np.where(np.asarray(weight_bytes, dtype=float) <= fast_bytes, share, 1.0)
+    return out if isinstance(weight_bytes, np.ndarray) else float(out)
 
 
 def products_small_m(products: tuple[list[float], list[float]], pack_rows: float | None) -> float:
@@ -310,22 +335,31 @@ def memory_time_s(op: OpRecord, profile: HardwareProfile, resident_bytes: float 
     return t
 
 
-def pack_time_s(op: OpRecord, profile: HardwareProfile) -> float:
+def pack_time_s(op: OpRecord, profile: HardwareProfile, resident_bytes: float | None = None) -> float:
     """What a matrix product's weight layout costs on top of max(compute, memory): repacking and
-    small-M streaming (see ``matmul_pack_rows`` and :func:`pack_passes`), and the fixed cost of
+    small-M streaming (see ``matmul_pack_rows`` and :func:`pack_passes`; over a weight that stays in
+    the cores' own caches, :func:`fast_pack_share` of it), and the fixed cost of
     each row of its weight as stored (``matmul_ns_per_weight_row``: a CPU matrix-vector kernel
-    pays it per stored row on top of streaming the bytes, so a [1024, 512] weight costs more
-    than a [256, 2048] one of the same size; only on the products that walk the weight as stored,
-    :func:`weight_row_applies`)."""
+    streaming its weight from memory pays it per stored row on top of the bytes, so a [1024, 512]
+    weight costs more than a [256, 2048] one of the same size; only on the products that walk the
+    weight as stored, :func:`weight_row_applies`, and only on the share of the weight that comes
+    from memory, not from the cache, when its forward pass touches ``resident_bytes``:
+    :func:`cached_share`. One thread on a 2-core x86 host with an 80 MB cache: one-row products
+    over fp32 weights of [8192, 256], [2048, 1024] and [256, 8192] streamed 8 MB and 32 MB working
+    sets at 28.2-28.7 GB/s, whatever the rows; a 384 MB one at 13.3, 15.4 and 15.9 GB/s)."""
     if op.category != "matmul" or not op.weight_bytes:
         return 0.0
     t = 0.0
     if profile.matmul_pack_rows and profile.matmul_pack_gbs:
+        fast = (profile.matmul_pack_fast_mb or 0.0) * 1e6
         t += (products_pack_passes(product_rows(op), profile.matmul_pack_rows) * op.weight_bytes
+              * fast_pack_share(product_weight_bytes(op.weight_bytes, product_rows(op)), fast,
+                                profile.matmul_pack_fast_share)
               / (profile.matmul_pack_gbs * 1e9))
     if profile.matmul_ns_per_weight_row and op.flops:
         share = weight_row_share(product_rows(op), profile.matmul_pack_rows)
-        t += weight_rows(op) * share * profile.matmul_ns_per_weight_row * 1e-9
+        streamed = 1.0 - cached_share(profile, resident_bytes)
+        t += weight_rows(op) * share * streamed * profile.matmul_ns_per_weight_row * 1e-9
     return t
 
 
@@ -352,7 +386,7 @@ def cost_op(op: OpRecord, profile: HardwareProfile, dtype: str | None = None,
     return OpCost(
         compute_s=compute_time_s(op, profile, dtype),
         memory_s=memory_time_s(op, profile, resident_bytes),
-        pack_s=pack_time_s(op, profile),
+        pack_s=pack_time_s(op, profile, resident_bytes),
         overhead_s=overhead_time_s(op, profile),
         compute_energy_j=op.flops * profile.compute_pj_per_flop * PJ,
         memory_energy_j=nbytes * 8 * profile.memory_pj_per_bit * PJ,

@@ -207,6 +207,8 @@ def replicate_ratios(cal: CalibrationRecord, phase_ops: dict[str, list[OpRecord]
     for phase, ops in phase_ops.items():
         obs = _phase_observation(ops, phase, step_weights)
         obs.small_m_gaps = cal.layout_gaps()
+        if cal.pack_fast_bytes and cal.pack_fast_share:
+            obs.pack_fast = (cal.pack_fast_bytes, cal.pack_fast_share)
         base = obs.predict(central, 0.0, cal.cache_bytes, cal.pack_rows)
         out[phase] = np.array([obs.predict(r, 0.0, cal.cache_bytes, cal.pack_rows) / base if base > 0 else 1.0
                                for r in reps])

@@ -20,7 +20,8 @@ size ``P``, only on products of at least ``4P`` rows: below, the staircase ``pac
 them, and a term on their FLOPs would trade itself against it and against the memory rate); ``scores_i`` the
 softmax elements of attention (``x_sm`` per element); ``wrows_i`` the rows of a matrix
 product's weight as stored (:func:`~perfsdk.simulation.costmodel.weight_rows`), ``x_r`` each (a
-CPU matrix-vector kernel pays a fixed cost per stored row on top of streaming its bytes; with a
+CPU matrix-vector kernel pays a fixed cost per stored row on top of streaming its bytes from
+memory, ``wrows_i`` is taken on the ``1 - f_i`` of them that do; with a
 repacking size ``P``, only products of fewer than ``4P`` rows: the blocked kernel does not); ``f_i = min(1, C / resident_i)`` the share
 of the op's bytes served from a cache of ``C`` bytes when its forward pass touches
 ``resident_i`` bytes of weights and KV cache; ``pack_i`` the weight bytes of a matrix product
@@ -52,8 +53,9 @@ import structlog
 from perfsdk.hardware.profile import MEMORY_COEFFICIENTS, HardwareProfile, SmallMGaps
 from perfsdk.capture.ops import OpRecord
 from perfsdk.simulation.costmodel import (inner_size, matmul_rows, op_bytes, pack_passes, product_rows,
-                                          products_pack_passes, products_small_m, resident_bytes, small_m_applies,
-                                          weight_row_applies, weight_row_share, weight_rows)
+                                          fast_pack_share, product_weight_bytes, products_pack_passes,
+                                          products_small_m, resident_bytes, small_m_applies, weight_row_applies,
+                                          weight_row_share, weight_rows)
 
 log = structlog.get_logger("perfsdk.simulation.calibration")
 
@@ -95,13 +97,17 @@ class Observation:
     #: rows of the small-M slowdown each product runs without, by its weight's layout and inner
     #: size (the calibration's layout ladder: ``matmul_small_m_gaps``); None: every product alike
     small_m_gaps: SmallMGaps | None = None
+    #: (bytes, share): the further passes over a product's weight of at most these bytes take this
+    #: share of a pass at the repacking rate (the profile's ``matmul_pack_fast_mb`` and
+    #: ``matmul_pack_fast_share``); None: every weight alike
+    pack_fast: tuple[float, float] | None = None
     #: grouped products (mixture-of-experts), by op index: the row counts of the products each
     #: runs and how many of each (:func:`~perfsdk.simulation.costmodel.product_rows`)
     grouped: dict[int, tuple[list[float], list[float]]] = field(default_factory=dict)
     #: what :meth:`features` needs that does not depend on the coefficients, by cache and
     #: repacking size (a fit evaluates the features of every observation many times); emptied
     #: when a field other than the measured time is set
-    _memo: dict[tuple[str, float], Any] = field(default_factory=dict, init=False, repr=False, compare=False)
+    _memo: dict[tuple[Any, ...], Any] = field(default_factory=dict, init=False, repr=False, compare=False)
 
     def __setattr__(self, name: str, value: Any) -> None:
         if name not in ("measured_s", "_memo") and "_memo" in self.__dict__:
@@ -182,11 +188,11 @@ class Observation:
         ``x_r`` per stored weight row on top of that (the profile's ``matmul_ns_per_weight_row``).
         """
         memo = self._memo
-        key = ("rows", pack_rows)
-        if key not in memo:
-            memo[key] = (self.row_flops(pack_rows), float(self.weights @ self.packed_bytes(pack_rows)),
-                         self.stored_rows(pack_rows))
-        per_row, packed, weight_rows_sum = memo[key]
+        rows_key = ("rows", pack_rows, cache_bytes)
+        if rows_key not in memo:
+            memo[rows_key] = (self.row_flops(pack_rows), float(self.weights @ self.packed_bytes(pack_rows)),
+                              self.stored_rows(pack_rows, cache_bytes))
+        per_row, packed, weight_rows_sum = memo[rows_key]
         if ("fixed", 0.0) not in memo:
             memo[("fixed", 0.0)] = self.scores if self.scores is not None else np.zeros_like(self.flops)
         scores = memo[("fixed", 0.0)]
@@ -265,27 +271,37 @@ class Observation:
         """(Weighted) ops that make a kernel call."""
         return float(np.sum(self.weights)) if self.ops is None else self.ops
 
-    def stored_rows(self, pack_rows: float = 0.0) -> float:
+    def stored_rows(self, pack_rows: float = 0.0, cache_bytes: float = 0.0) -> float:
         """(Weighted) stored weight rows of the matrix products that pay the cost per stored row
         at ``pack_rows`` (:func:`~perfsdk.simulation.costmodel.weight_row_applies`: all of them
-        without a repacking size, else those of fewer than ``4 * pack_rows`` rows)."""
+        without a repacking size, else those of fewer than ``4 * pack_rows`` rows), each on the
+        share of its weight streamed from memory past a cache of ``cache_bytes``
+        (:meth:`cached_fraction`; a weight served from the cache pays no cost per row)."""
         if self.weight_rows is None:
             return 0.0
         rows = self.rows if self.rows is not None else np.ones_like(self.weight_rows)
         share = np.where(weight_row_applies(np.where(np.isfinite(rows), rows, 0.0), pack_rows), 1.0, 0.0)
         for i, products in self.grouped.items():  # one product per group reached
             share[i] = weight_row_share(products, pack_rows)
+        if cache_bytes:
+            share = share * (1.0 - self.cached_fraction(cache_bytes))
         return float(self.weights @ (self.weight_rows * share))
 
     def packed_bytes(self, pack_rows: float) -> np.ndarray:
         """Weight bytes each matrix product streams beyond its one pass, at ``pack_rows``
-        (:func:`~perfsdk.simulation.costmodel.pack_passes`; 0: none)."""
+        (:func:`~perfsdk.simulation.costmodel.pack_passes`; 0: none), those over a weight that
+        stays in the cores' own caches counted at their share of a pass (``pack_fast``:
+        :func:`~perfsdk.simulation.costmodel.fast_pack_share`)."""
         if not pack_rows or self.rows is None or self.weight_bytes is None:
             return np.zeros_like(self.bytes_)
         rows = np.where(np.isfinite(self.rows), self.rows, 0.0)
         passes = pack_passes(rows, pack_rows)
+        each = self.weight_bytes.astype(float)
         for i, products in self.grouped.items():  # one product per group reached
             passes[i] = products_pack_passes(products, pack_rows)
+            each[i] = product_weight_bytes(self.weight_bytes[i], products)
+        if self.pack_fast is not None:
+            passes = passes * fast_pack_share(each, *self.pack_fast)
         return passes * self.weight_bytes
 
     def predict(self, x: np.ndarray, half_rows: float = 0.0, cache_bytes: float = 0.0,
@@ -323,6 +339,9 @@ class FitResult:
     #: rows of the small-M slowdown each product runs without, by its weight's layout and inner
     #: size (measured by the micro-kernels' layout ladder; None: not measured, every product alike)
     small_m_gaps: SmallMGaps | None = None
+    #: (bytes, share) of the further passes over a weight that stays in the cores' own caches
+    #: (:attr:`Observation.pack_fast`; measured by the micro-kernels; None: not measured)
+    pack_fast: tuple[float, float] | None = None
     #: bootstrap refits' coefficients (PARAMS order), held-out errors ([prefill, decode]) and the
     #: reference workload's times relative to their median: see
     #: :class:`~perfsdk.hardware.profile.CalibrationRecord`
@@ -557,7 +576,7 @@ def _fit_once(observations: list[Observation], h: float | None, c: float = 0.0, 
                     np.sum(o.weights * o.bytes_ * o.cached_fraction(c)), np.sum(o.weights * o.packed_bytes(pr)),
                     o.extra_launches, np.sum(o.weights * o.row_flops(pr)) if h is None else 0.0,
                     np.sum(o.weights * (o.scores if o.scores is not None else 0.0)),
-                    o.stored_rows(pr), o.calls]
+                    o.stored_rows(pr, c), o.calls]
                    for o in observations])
     # an observation none of whose features is fitted here (a chain of kernel calls under the
     # per-call fixed cost) says nothing about the coefficients: left out
@@ -680,7 +699,9 @@ def profile_from_fit(result: FitResult, *, name: str = "host-calibrated", base: 
         compute_reference=result.compute_reference, compute_reference_s=result.compute_reference_s,
         drift_pct=result.drift_pct,
         normalised_drift_pct=result.normalised_drift_pct, passes=result.passes, threads=result.threads,
-        clock=result.clock, small_m_gaps=result.small_m_gaps)
+        clock=result.clock, small_m_gaps=result.small_m_gaps,
+        pack_fast_bytes=result.pack_fast[0] if result.pack_fast and result.pack_rows else 0.0,
+        pack_fast_share=result.pack_fast[1] if result.pack_fast and result.pack_rows else None)
     cached = bool(result.cache_bytes) and k.get("s_per_cached_byte", 0) > 0
     where = "this host" if machine is None else f"{cpu} in stored runs"
     return HardwareProfile(
@@ -705,6 +726,8 @@ def profile_from_fit(result: FitResult, *, name: str = "host-calibrated", base: 
         matmul_pack_rows=result.pack_rows or None,
         matmul_pack_gbs=(1e-9 / result.coefficients["s_per_packed_byte"]
                          if result.pack_rows and result.coefficients.get("s_per_packed_byte", 0) > 0 else None),
+        matmul_pack_fast_mb=(result.pack_fast[0] / 1e6 if result.pack_fast and result.pack_rows else None),
+        matmul_pack_fast_share=(result.pack_fast[1] if result.pack_fast and result.pack_rows else None),
         cache_mb=result.cache_bytes / 1e6 if cached else None,
         cache_bandwidth_gbs=1e-9 / k["s_per_cached_byte"] if cached else None,
         softmax_ns_per_element=k.get("s_per_score", 0.0) * 1e9 or None,

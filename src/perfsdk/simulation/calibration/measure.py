@@ -339,7 +339,8 @@ def micro_observations(repeats: int = 7, clock: str = "wall", estimator: str = "
     add (memory), a chain of kernels on tiny tensors (the cost of one kernel call), a pair of
     streamed one-row products that differ only in their weights' rows (the cost per stored row:
     :func:`weight_row_cost`) and a staircase of streamed products of 1-8 rows (the repacking
-    size: :func:`repacking_rows`) and one-row products cycled over working sets of 4 to 384 MiB
+    size: :func:`repacking_rows`), again over a weight that fits one core's level-2 cache (its
+    further passes: :func:`fast_pack`), and one-row products cycled over working sets of 4 to 384 MiB
     (the cache: :func:`measured_cache`) and products of 16 to 256 rows over weights of five inner
     sizes, each stored as a linear layer and as a Conv1D stores it (the small-M slowdown by layout
     and inner size: :func:`small_m_gaps`),
@@ -374,8 +375,12 @@ def micro_observations(repeats: int = 7, clock: str = "wall", estimator: str = "
 
     t_calls = best(chain)
     one = np.ones(1)
-    pair = [ob for shape in MATVEC_PAIR for ob in _streamed_products(shape, best, (1,), label=_PAIR)]
+    pair = [ob for shape in MATVEC_PAIR
+            for ob in _streamed_products(shape, best, (1,), label=_PAIR, stream_bytes=PAIR_STREAM_BYTES)]
     staircase = _streamed_products(STAIRCASE_WEIGHT, best, STAIRCASE_ROWS, label=_STAIRCASE)
+    core = core_cache_bytes()
+    if core:
+        staircase += _streamed_products(fast_staircase_weight(core), best, STAIRCASE_ROWS, label=_FAST_STAIRCASE)
     working_sets = _working_sets(best)
     layouts = _layout_products(best)
     return [
@@ -403,6 +408,37 @@ STAIRCASE_WEIGHT = (4096, 512)
 STAIRCASE_ROWS = (1, 2, 3, 4, 8)
 _STAIRCASE = "micro staircase"
 _PAIR = "micro matrix-vector"
+#: the same staircase over a weight half the size of one core's level-2 cache (at most 1 MiB):
+#: what a further pass costs over a weight the first pass left in the core's cache
+#: (:func:`fast_pack`)
+_FAST_STAIRCASE = "micro core-cache staircase"
+
+
+def core_cache_bytes() -> float | None:
+    """Bytes of one core's level-2 cache as the operating system reports it (Linux sysfs; None
+    where it does not say)."""
+    from pathlib import Path
+
+    for index in sorted(Path("/sys/devices/system/cpu/cpu0/cache").glob("index*")):
+        try:
+            level = (index / "level").read_text().strip()
+            kind = (index / "type").read_text().strip()
+            size = (index / "size").read_text().strip().upper()
+        except OSError:
+            continue
+        if level != "2" or kind not in ("Unified", "Data") or not size:
+            continue
+        unit = {"K": 2**10, "M": 2**20, "G": 2**30}.get(size[-1], 1)
+        try:
+            return float(size.rstrip("KMG")) * unit
+        except ValueError:
+            return None
+    return None
+
+
+def fast_staircase_weight(core_bytes: float) -> tuple[int, int]:
+    """The fp32 weight [out, 256] of the core-cache staircase: half of ``core_bytes``, 64 to 1024 rows."""
+    return int(min(1024, max(64, core_bytes // 2 // (256 * 4)))), 256
 
 
 def _streamed_products(shape: tuple[int, int], best: Any, rows: tuple[int, ...], *, label: str,
@@ -541,6 +577,11 @@ CACHE_WEIGHT = (1024, 1024)
 #: (32 MiB L3; on a host whose ``lscpu`` reports a 480 MiB L3, the rate stepped down between 32
 #: and 128 MB and held from 192 MB on)
 CACHE_SETS_MIB = (4, 8, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384)
+#: bytes the pair of :data:`MATVEC_PAIR` cycles over: the largest working set, past every cache the
+#: working sets can find, since the cost per stored row is paid on weights streamed from memory
+#: only (one thread on a 2-core x86 host with an 80 MB cache: [8192, 256] and [256, 8192] one-row
+#: products 28.2 and 28.1 GB/s over 32 MB, 13.3 and 15.9 GB/s over 384 MB)
+PAIR_STREAM_BYTES = float(CACHE_SETS_MIB[-1] * 2**20)
 _CACHE = "micro working set"
 #: a cache is held only where the smallest working set streams at least this many times faster
 #: than the largest (below, one memory rate describes every working set)
@@ -743,22 +784,72 @@ def repacking_choice(micro: list[Observation], grid: tuple[float, ...]) -> tuple
     return chosen, said + ")"
 
 
+def _pass_time_per_byte(steps: list[Observation], pack_rows: float) -> float | None:
+    """Seconds per weight byte of one further pass, from a staircase: its products' extra time over
+    the one-row product against their extra passes at ``pack_rows`` (least squares through 0)."""
+    from perfsdk.simulation.costmodel import pack_passes
+
+    steps = sorted(steps, key=lambda ob: float(ob.rows[0]))  # type: ignore[index]
+    if len(steps) < 2 or float(steps[0].rows[0]) != 1.0 or steps[0].weight_bytes is None:  # type: ignore[index]
+        return None
+    n = np.array([float(pack_passes(float(ob.rows[0]), pack_rows)) for ob in steps[1:]])  # type: ignore[index]
+    extra = np.array([ob.measured_s - steps[0].measured_s for ob in steps[1:]])
+    if not np.any(n):
+        return None
+    rate = float(np.sum(n * extra) / np.sum(n * n))
+    return rate / float(steps[0].weight_bytes[0]) if rate > 0 else None
+
+
+def fast_pack(micro: list[Observation], pack_rows: float, capacity: float | None) -> tuple[float, float] | None:
+    """(bytes, share) of the further passes over a weight that stays in the cores' own caches
+    (:func:`~perfsdk.simulation.costmodel.fast_pack_share`): ``capacity``, the level-2 cache of
+    the cores a product runs on, and the time per byte of a pass over the core-cache staircase's
+    weight as a share of the staircase's (over a larger weight). None where either staircase is
+    missing, no capacity is known, the larger weight fits it, or the smaller weight's passes are
+    not the faster."""
+    big = [ob for ob in micro if ob.label.startswith(_STAIRCASE)]
+    small = [ob for ob in micro if ob.label.startswith(_FAST_STAIRCASE)]
+    if not capacity or not pack_rows or not big or not small:
+        return None
+    if big[0].weight_bytes is None or float(big[0].weight_bytes[0]) <= capacity:
+        return None
+    slow, fast = _pass_time_per_byte(big, pack_rows), _pass_time_per_byte(small, pack_rows)
+    if slow is None or fast is None or fast >= slow:
+        return None
+    return capacity, fast / slow
+
+
+def fast_pack_text(pack_fast: tuple[float, float]) -> str:
+    """The core-cache passes as the calibration prints them (after the repacking size)."""
+    return (f"; over weights of at most {pack_fast[0] / 1e6:.1f} MB (the cores' level-2 caches) the further passes "
+            f"take {pack_fast[1]:.2f} of that time (the core-cache staircase)")
+
+
 def repacking_rows(micro: list[Observation], grid: tuple[float, ...]) -> float | None:
     """The repacking size :func:`repacking_choice` keeps (None when the staircase is missing)."""
     choice = repacking_choice(micro, grid)
     return None if choice is None else choice[0]
 
 
-def weight_row_cost(micro: list[Observation]) -> float | None:
+def weight_row_cost(micro: list[Observation], cache_bytes: float = 0.0) -> float | None:
     """Seconds per stored weight row, from the pair of streamed matrix-vector products among
     ``micro`` (:data:`MATVEC_PAIR`): the difference of their times over the difference of their
-    rows (None when the pair is missing; 0 when the narrow rows were not the slower)."""
+    rows, each row paid on the share of the weight streamed from memory past a cache of
+    ``cache_bytes`` (the cost model's, :func:`~perfsdk.simulation.costmodel.cached_share`, with the
+    pair's working set). None when the pair is missing or its working set fits that cache (then it
+    measures no row from memory); 0 when the narrow rows were not the slower."""
     pair = [ob for ob in micro if ob.label.startswith(_PAIR)]
     if len(pair) != 2:
         return None
     a, b = sorted(pair, key=lambda ob: -float(np.sum(ob.weight_rows)))  # type: ignore[arg-type]
     rows = float(np.sum(a.weight_rows) - np.sum(b.weight_rows))  # type: ignore[arg-type]
-    return max(0.0, (a.measured_s - b.measured_s) / rows) if rows > 0 else None
+    streamed = 1.0
+    if cache_bytes:
+        working = float(np.max(a.resident)) if a.resident is not None and len(a.resident) else 0.0
+        streamed = 1.0 - min(1.0, cache_bytes / working) if working > 0 else 0.0
+    if rows <= 0 or streamed <= 0:
+        return None
+    return max(0.0, (a.measured_s - b.measured_s) / (rows * streamed))
 
 
 DEFAULT_CALIBRATION_GRID = [(1, 16, 16), (1, 128, 16), (4, 32, 16), (8, 128, 8), (2, 256, 8)]
@@ -1427,13 +1518,25 @@ def median_micro(runs: list[tuple[list[Observation], int]], ref: ReferenceTimer 
     return out
 
 
-def fit_with_micro(micro: list[Observation], measured: list[Observation],
+def _core_capacity() -> float | None:
+    """The level-2 cache of the cores a product runs on: one core's (:func:`core_cache_bytes`)
+    times torch's threads."""
+    import torch
+
+    core = core_cache_bytes()
+    return core * torch.get_num_threads() if core else None
+
+
+def fit_with_micro(micro: list[Observation], measured: list[Observation], *, core_cache: float | None = None,
                    **fit_kw: Any) -> tuple[FitResult, list[Observation]]:
     """Fit ``measured`` with the micro-kernels ``micro``: the streaming one (bytes, no FLOPs)
     only when the fit without it leaves the memory rate unidentified (see
     :func:`micro_observations`). Returns the fit and the micro-kernels it used (what the
     bootstrap and the held-out refits keep in every fit); the fit's ``cache_note`` says what
-    became of the cache size the working sets measured, where it held that size."""
+    became of the cache size the working sets measured, where it held that size. ``core_cache``:
+    the level-2 cache of the cores a product runs on (default: this machine's, times torch's
+    threads), below which a weight's further passes take the core-cache staircase's share
+    (:func:`fast_pack`)."""
     from perfsdk.simulation.calibration.fit import PACK_ROWS_GRID
 
     pack = repacking_choice(micro, tuple(fit_kw.get("pack_rows") or PACK_ROWS_GRID))
@@ -1441,7 +1544,10 @@ def fit_with_micro(micro: list[Observation], measured: list[Observation],
         # measured by the staircase and held: chosen on the grid by the models' fit, it flipped
         # between 1 and 2 from one calibration to the next
         fit_kw["pack_rows"] = (pack[0],)
-    micro = [ob for ob in micro if not ob.label.startswith(_STAIRCASE)]
+    pack_fast = fast_pack(micro, pack[0], core_cache if core_cache is not None else _core_capacity()) if pack else None
+    for ob in measured:  # the further passes over a weight that stays in the cores' caches
+        ob.pack_fast = pack_fast
+    micro = [ob for ob in micro if not ob.label.startswith((_STAIRCASE, _FAST_STAIRCASE))]
     levels = cache_levels(micro)
     cache = measured_cache(micro)
     past = memory_past_cache(micro)
@@ -1460,7 +1566,8 @@ def fit_with_micro(micro: list[Observation], measured: list[Observation],
         fit_kw["cache_bytes"] = (cache or 0.0,)
     layout_gaps = small_m_gaps(micro)
     micro = [ob for ob in micro if not ob.label.startswith(_LAYOUT)]  # measures the gaps only
-    row_s = weight_row_cost(micro)
+    offered = tuple(fit_kw["cache_bytes"])
+    row_s = weight_row_cost(micro, offered[0] if len(offered) == 1 else (cache or 0.0))
     if row_s is not None:
         # measured by the pair, held in every fit; the pair itself stays out (its weights stream
         # at the rate of one long cycle, which a model's matrices do not reach)
@@ -1476,7 +1583,8 @@ def fit_with_micro(micro: list[Observation], measured: list[Observation],
     if held_cache:
         result.cache_note = measured_cache_note(cache, result, levels)
     result.small_m_gaps = layout_gaps
-    result.pack_note = pack[1] if pack is not None else None
+    result.pack_note = pack[1] + (fast_pack_text(pack_fast) if pack_fast else "") if pack is not None else None
+    result.pack_fast = pack_fast
     return result, fixed
 
 
