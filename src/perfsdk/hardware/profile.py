@@ -395,8 +395,8 @@ class HardwareProfile(_Strict):
                                                  "beyond its first (an eager RMSNorm is six calls), s")
     call_overhead_s: float | None = Field(
         default=None, ge=0,
-        description="Fixed cost of each ATen call a model's code makes, views and other metadata calls included "
-                    "(the Python and dispatcher time around it), s. Set by perfsdk calibrate: it then replaces "
+        description="Fixed cost of each ATen call a model's code makes that runs a kernel (the Python and "
+                    "dispatcher time around it; views and other calls that move no bytes are free), s. Set by perfsdk calibrate: it then replaces "
                     "op_overhead_s and launch_overhead_s, and predictions count the calls of the model's own code "
                     "(captured on the meta device). Unset: op_overhead_s and launch_overhead_s")
     step_overhead_s: float = Field(default=0.0, ge=0, description="Fixed cost per forward pass (framework, sampling), s")

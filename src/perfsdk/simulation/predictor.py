@@ -580,9 +580,9 @@ def simulate_model(arch: Any, hardware: HardwareProfile, *, batch_size: int = 1,
 
 
 #: What an analytic prediction on a profile priced per ATen call leaves out.
-ANALYTIC_CALLS_NOTE = ("the profile prices every ATen call of the model's code (call_overhead_s), and the analytic "
-                       "ops count kernel calls only, not views and other metadata calls: the fixed cost is a lower "
-                       "bound (predict from the model's config to count its calls)")
+ANALYTIC_CALLS_NOTE = ("the profile prices every kernel call of the model's code (call_overhead_s), and the analytic "
+                       "ops count the kernel calls the architecture description writes, not those of the model's "
+                       "own code (predict from the model's config to count its calls)")
 
 
 def simulate_config(config: Any, hardware: HardwareProfile, *, batch_size: int = 1, input_tokens: int = 128,

@@ -319,7 +319,7 @@ def observations_for(shape: Any, m: Measurement, dtype: str = "float32") -> list
 
 def captured_observations_for(config: Any, m: Measurement) -> list[Observation]:
     """Prefill and decode observations of one measurement, ops captured from the model's own code
-    on the meta device (every ATen call, views included: the fixed cost is fitted per call)."""
+    on the meta device (every ATen call: the fixed cost is fitted per kernel call)."""
     from perfsdk.flops.meta import capture_generation_ops
     from perfsdk.simulation.analytic import sampled_decode_steps
 
