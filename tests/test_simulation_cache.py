@@ -111,7 +111,7 @@ def test_the_fit_holds_the_measured_cache_and_fits_its_rate() -> None:
     resident = sorted(float(o.resident[0]) for o in obs)  # type: ignore[index]
     assert resident[0] < c < resident[-1]  # some steps fit the cache, some do not
     res, kept = fit_with_micro(_sets(20.0), obs, pack_rows=(0.0,), half_rows=(0.0,))
-    assert res.cache_bytes == pytest.approx(c)
+    assert res.cache_bytes == pytest.approx(c) and not res.cache_rate_tied  # a rate of its own
     assert kept == []  # the working sets are not fitted as observations
     assert res.coefficients["s_per_cached_byte"] == pytest.approx(truth_d["s_per_cached_byte"], rel=1e-6)
     assert res.coefficients["s_per_byte"] == pytest.approx(truth_d["s_per_byte"], rel=1e-6)
@@ -136,6 +136,29 @@ def test_the_fit_holds_the_measured_cache_and_fits_its_rate() -> None:
     assert measured_cache_note(c, FitResult(coefficients={}, errors_pct={}, iterations=0, observations=0)) == (
         "21.0 MB measured by the working sets, not held: the models' fit gave it no rate between free and the "
         "memory's")
+
+
+def test_a_cache_no_faster_than_memory_keeps_its_size_at_the_memory_rate() -> None:
+    """Steps timed with the cache's bytes slower than memory's: the fit ties the cache's rate to
+    the memory's instead of dropping the cache, so its size still divides the weights' rows
+    between the cache (free of the per-row cost) and memory."""
+    truth_d = {**TRUTH, "s_per_cached_byte": 1.3 * TRUTH["s_per_byte"], "s_per_row_flop": 0.0}
+    truth = np.array([truth_d[p] for p in PARAMS])
+    c = 20 * MIB
+    obs, _ = _observations(c, truth)
+    res, _ = fit_with_micro(_sets(20.0), obs, pack_rows=(0.0,), half_rows=(0.0,))
+    k = res.coefficients
+    assert res.cache_bytes == pytest.approx(c) and res.cache_rate_tied
+    assert k["s_per_cached_byte"] == k["s_per_byte"]
+    # one rate for every byte: between the two it was timed at
+    assert TRUTH["s_per_byte"] < k["s_per_byte"] < 1.3 * TRUTH["s_per_byte"]
+    prof = profile_from_fit(res, name="tied")
+    assert prof.cache_mb == pytest.approx(c / 1e6)
+    assert prof.cache_bandwidth_gbs == pytest.approx(prof.memory_bandwidth_gbs)
+    assert res.cache_note == (
+        f"21.0 MB measured by the working sets and held; fitted on the models, its rate came out no faster than "
+        f"the memory's or free, so it takes the memory's, {1e-9 / k['s_per_byte']:.1f} GB/s from memory: it only "
+        f"divides the weights' rows between the cache and memory")
 
 
 def test_two_levels_hold_the_memory_rate_past_the_last() -> None:

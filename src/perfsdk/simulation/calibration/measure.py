@@ -728,6 +728,11 @@ def measured_cache_note(measured: float | None, result: FitResult, levels: tuple
     k = result.coefficients
     memory = ("from memory, as the working sets past it streamed (held)" if "s_per_byte" in result.held
               else "from memory")
+    if result.cache_rate_tied:
+        return (f"{result.cache_bytes / 1e6:.1f} MB measured by the working sets{first} and held; fitted on the "
+                f"models, its rate came out no faster than the memory's or free, so it takes the memory's, "
+                f"{1e-9 / k['s_per_byte']:.1f} GB/s {memory}: it only divides the weights' rows between the "
+                f"cache and memory")
     return (f"{result.cache_bytes / 1e6:.1f} MB measured by the working sets{first} and held; its rate fitted on the "
             f"models, {1e-9 / k['s_per_cached_byte']:.1f} GB/s against {1e-9 / k['s_per_byte']:.1f} GB/s {memory}")
 
