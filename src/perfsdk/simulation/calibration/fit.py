@@ -126,13 +126,12 @@ class Observation:
         w = np.array([(step_weights or {}).get(o.step, 1.0) for o in ops], dtype=float)
         steps: dict[int, float] = {}
         resident: dict[int, float] = {}
-        calls = extra = aten = 0.0
+        calls = extra = 0.0
         for o in ops:
             sw = (step_weights or {}).get(o.step, 1.0)
             steps[o.step] = sw
             resident[o.step] = resident.get(o.step, 0.0) + resident_bytes(o)
             if o.launches > 0 and (o.flops or op_bytes(o)):
-                aten += sw * o.launches
                 calls += sw
                 extra += sw * (o.launches - 1)
         return cls(label=label, phase=phase, measured_s=measured_s,
@@ -146,7 +145,7 @@ class Observation:
                    scores=np.array([o.elements if o.category in ("attention", "softmax") else 0 for o in ops],
                                    dtype=float),
                    weight_rows=np.array([weight_rows(o) if o.flops else 0 for o in ops], dtype=float),
-                   calls=aten, captured=captured,
+                   calls=calls + extra, captured=captured,
                    in_out=np.array([o.category == "matmul" and o.weight_in_out for o in ops], dtype=bool),
                    inner=np.array([inner_size(o) for o in ops], dtype=float),
                    grouped={i: product_rows(o) for i, o in enumerate(ops)
@@ -491,8 +490,7 @@ def fit(observations: list[Observation], *, fit_step_overhead: bool = True, max_
             for h in half_rows if half_rows is not None else (None,):
                 res = _fit_cache_at(observations, h, c, pr, fit_step_overhead=fit_step_overhead,
                                     max_iter=max_iter, robust=robust, weight_row_term=weight_row_term, held=held)
-                k = res.coefficients
-                if c and not 0 < k["s_per_cached_byte"] <= k["s_per_byte"]:
+                if c and not _is_cache(res):
                     # no memory rate even with the cache's tied to it: the c = 0 fit covers that case
                     continue
                 sse = _loss(np.array(list(res.errors_pct.values())) / 100.0, robust)
@@ -545,10 +543,15 @@ def _fit_cache_at(observations: list[Observation], h: float | None, c: float = 0
     calibrations of one machine, one of which fitted the cache at 25.5 GB/s against 24.5 GB/s
     from memory and the other no faster."""
     res = _fit_at(observations, h, c, pr, **kw)
-    k = res.coefficients
-    if c and not 0 < k["s_per_cached_byte"] <= k["s_per_byte"]:
+    if c and not _is_cache(res):
         res = _fit_at(observations, h, c, pr, tie_cache=True, **kw)
     return res
+
+
+def _is_cache(res: FitResult) -> bool:
+    """Whether ``res`` prices its cached bytes above nothing and no slower than memory."""
+    k = res.coefficients
+    return 0 < k["s_per_cached_byte"] <= k["s_per_byte"]
 
 
 def _fit_at(observations: list[Observation], h: float | None, c: float = 0.0, pr: float = 0.0, *,
