@@ -21,7 +21,8 @@ from perfsdk.hardware.profile import CalibrationRecord, HardwareProfile, Hardwar
 from perfsdk.simulation.calibration import Observation, profile_from_fit
 from perfsdk.simulation.calibration.fit import PARAMS
 from perfsdk.simulation.calibration.measure import (LAYOUT_INNER, LAYOUT_OUT, LAYOUT_ROWS, _LAYOUT, fit_with_micro,
-                                                    ladder_half_rows, small_m_gaps, small_m_text)
+                                                    anchored_on_products, ladder_half_rows, small_m_gaps,
+                                                    small_m_text)
 from perfsdk.simulation.costmodel import compute_time_s, cost_op, half_rows, inner_size
 from perfsdk.simulation.uncertainty import replicate_ratios
 
@@ -270,6 +271,39 @@ def test_the_fit_prices_each_product_with_its_gap_and_the_profile_does_the_same(
     # no ladder: every product alike
     none, _ = fit_with_micro([], obs, cache_bytes=(0.0,), pack_rows=(0.0,))
     assert none.small_m_gaps is None and profile_from_fit(none, name="n").matmul_small_m_gaps is None
+
+
+def test_the_anchor_is_the_h_the_ladder_measured_at_the_calibrations_own_products() -> None:
+    """Two threads on the x86 host: the ladder's median [out, in] h (15 rows, at K = 768) is not
+    that of the products the models run (K = 512, 25 rows); taken from theirs, a K = 768 product
+    keeps 15/25 of the fitted h rather than all of it."""
+    h = _flat({256: 10.0, 384: 12.0, 512: 25.0, 768: 15.0, 1024: 20.0}, dict.fromkeys(LAYOUT_INNER, 8.0))
+    ladder = small_m_gaps(_ladder(h))
+    assert ladder is not None and ladder.anchor == pytest.approx(15.0, rel=1e-9)
+    # the models: three 512-wide products of 32 rows, the MLP's way out at K = 1408 (held at 1024's
+    # 20 rows), a Conv1D one; FLOPs per row 2 * K * N weigh each
+    ops = [_product(32, False, k=512, n=1536), _product(32, False, k=512, n=512), _product(32, False, k=512, n=512),
+           _product(32, False, k=1408, n=512), _product(32, True, k=256, n=256)]
+    models = [Observation.from_ops("model", "prefill", 1.0, ops)]
+    table = anchored_on_products(ladder, models)
+    assert table is not None and table.anchor == pytest.approx(25.0, rel=1e-9)
+    # each size's own h is what it was: only the rows it is taken from moved
+    for k in (256, 512, 768, 1024, 2048):
+        for io in (False, True):
+            assert table.anchor - table.gap(k, io) == pytest.approx(ladder.anchor - ladder.gap(k, io), abs=1e-9)
+    assert table.scale(768, False) == pytest.approx(15.0 / 25.0) and table.scale(512, False) == pytest.approx(1.0)
+    assert ladder.scale(768, False) == pytest.approx(1.0)  # before: all of the fitted h
+    # the weights follow the FLOPs per row: with the 1408-wide product four times over, it leads
+    heavy = [Observation.from_ops("model", "prefill", 1.0, ops[:1] + [ops[3]] * 4)]
+    assert anchored_on_products(ladder, heavy).anchor == pytest.approx(20.0, rel=1e-9)  # type: ignore[union-attr]
+    # products the small-M term leaves alone (fewer than 4 * pack_rows rows) do not count
+    decode = [Observation.from_ops("model", "decode", 1.0, [_product(2, False, k=512)])]
+    assert anchored_on_products(ladder, decode, pack_rows=4.0) == ladder
+    assert anchored_on_products(ladder, models + decode, pack_rows=4.0).anchor == pytest.approx(25.0)  # type: ignore[union-attr]
+    # no anchor (gaps subtracted), no ladder, no products: unchanged
+    plain = ladder.model_copy(update={"anchor": None})
+    assert anchored_on_products(plain, models) == plain and anchored_on_products(None, models) is None
+    assert anchored_on_products(ladder, []) == ladder
 
 
 def test_the_calibration_says_what_the_ladder_measured() -> None:

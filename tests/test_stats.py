@@ -2,7 +2,7 @@ import math
 
 import pytest
 
-from perfsdk.stats import percentile, rms, summarize
+from perfsdk.stats import percentile, rms, summarize, weighted_median
 
 
 def test_summarize_exact_values():
@@ -39,3 +39,14 @@ def test_rms_is_about_zero_not_the_mean() -> None:
     assert rms([2.0, 2.0, 2.0]) == 2.0  # a constant's rms is itself; its spread about the mean would be 0
     with pytest.raises(ValueError, match="empty"):
         rms([])
+
+
+def test_weighted_median_is_where_half_the_weight_is_reached() -> None:
+    assert weighted_median([25.0, 15.0, 20.0], [3.0, 1.0, 1.0]) == 25.0
+    assert weighted_median([25.0, 15.0, 20.0], [1.0, 1.0, 1.0]) == 20.0
+    assert weighted_median([1.0, 2.0], [1.0, 1.0]) == 1.0  # the lower of two halves
+    assert weighted_median([5.0, 9.0, 7.0], [0.0, -2.0, 4.0]) == 7.0  # no weight, no say
+    with pytest.raises(ValueError, match="no positive weight"):
+        weighted_median([1.0], [0.0])
+    with pytest.raises(ValueError, match="no positive weight"):
+        weighted_median([], [])

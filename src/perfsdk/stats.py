@@ -54,6 +54,21 @@ def rms(values: Iterable[float]) -> float:
     return math.sqrt(sum(v * v for v in vals) / len(vals))
 
 
+def weighted_median(values: Iterable[float], weights: Iterable[float]) -> float:
+    """The value at which the cumulative weight of ``values``, sorted, first reaches half the
+    total (the lower weighted median; zero and negative weights count as none)."""
+    pairs = sorted((float(v), max(0.0, float(w))) for v, w in zip(values, weights))
+    total = sum(w for _, w in pairs)
+    if not pairs or not total > 0:
+        raise ValueError("weighted median of no positive weight")
+    acc = 0.0
+    for v, w in pairs:
+        acc += w
+        if acc >= total / 2.0:
+            return v
+    return pairs[-1][0]
+
+
 def summarize(values: Iterable[float]) -> Stats:
     """Compute :class:`Stats`; an empty input gives ``count=0`` and ``None`` everywhere."""
     vals = sorted(float(v) for v in values)

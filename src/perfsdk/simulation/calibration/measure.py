@@ -540,7 +540,8 @@ def small_m_gaps(micro: list[Observation]) -> SmallMGaps | None:
     """The gaps of :class:`~perfsdk.hardware.profile.SmallMGaps` from the layout ladder among
     ``micro`` (None where it is missing): each (layout, inner size)'s ``h``
     (:func:`ladder_half_rows`) taken from the anchor, the median ``h`` of the [out, in] products
-    over the inner sizes. The fit's ``h`` is that of a product at the anchor; a product then
+    over the inner sizes (:func:`anchored_on_products` takes it from the calibration's own
+    products instead). The fit's ``h`` is that of a product at the anchor; a product then
     keeps the share of it its own measured ``h`` is of the anchor (none at or below 0 rows, all
     of it at or above the anchor). An anchor of 0 rows or less (no slowdown at the median) leaves
     the gaps to be subtracted."""
@@ -551,6 +552,43 @@ def small_m_gaps(micro: list[Observation]) -> SmallMGaps | None:
     anchor = float(statistics.median(h[("[out, in]", k)] for k in inner))
     return SmallMGaps(inner=inner, out_in=[anchor - h[("[out, in]", k)] for k in inner],
                       in_out=[anchor - h[("[in, out]", k)] for k in inner], anchor=anchor if anchor > 0 else None)
+
+
+def anchored_on_products(gaps: SmallMGaps | None, measured: list[Observation],
+                         pack_rows: float = 0.0) -> SmallMGaps | None:
+    """``gaps`` taken from the ``h`` the ladder measured at the calibration's own products: the
+    weighted median of each product's ladder ``h`` (its layout and inner size) over the matrix
+    products of ``measured`` the small-M term applies to at ``pack_rows``, each weighted by its
+    FLOPs per output row (what it adds to the fitted ``h``'s column). The fitted ``h`` is that
+    of the products the fit saw, so a product keeps the share of it its own ladder ``h`` is of
+    theirs. Taken from the ladder's own median instead, a size the models do not use could stand
+    as the anchor: on a 2-core x86 host with two threads the ladder measured ``h`` of 25 rows at
+    K = 512, where the calibration's models lie, and 15 at K = 768, the anchor then, so every
+    product of K = 768 kept all of the fitted 47 rows, and a 768-wide model's 32-row prefill
+    products came out 36 % slower than the profiler timed them. ``gaps`` unchanged without an
+    anchor or such products."""
+    from perfsdk.stats import weighted_median
+
+    if gaps is None or gaps.anchor is None:
+        return gaps
+    hs: list[float] = []
+    ws: list[float] = []
+    for ob in measured:
+        if ob.phase == "micro" or ob.rows is None or ob.inner is None:
+            continue
+        in_out = ob.in_out if ob.in_out is not None else np.zeros(len(ob.flops), dtype=bool)
+        for k, io, w in zip(ob.inner, in_out, ob.weights * ob.row_flops(pack_rows)):
+            if w > 0 and k > 0:
+                hs.append(gaps.anchor - gaps.gap(float(k), bool(io)))
+                ws.append(float(w))
+    if not ws:
+        return gaps
+    anchor = weighted_median(hs, ws)
+    if not anchor > 0:
+        return gaps
+    shift = anchor - gaps.anchor
+    return SmallMGaps(inner=gaps.inner, out_in=[g + shift for g in gaps.out_in],
+                      in_out=[g + shift for g in gaps.in_out], anchor=anchor)
 
 
 def small_m_text(gaps: SmallMGaps, profile: HardwareProfile) -> str:
@@ -1569,7 +1607,7 @@ def fit_with_micro(micro: list[Observation], measured: list[Observation], *, cor
     held_cache = "cache_bytes" not in fit_kw
     if held_cache:
         fit_kw["cache_bytes"] = (cache or 0.0,)
-    layout_gaps = small_m_gaps(micro)
+    layout_gaps = anchored_on_products(small_m_gaps(micro), measured, pack[0] if pack is not None else 0.0)
     micro = [ob for ob in micro if not ob.label.startswith(_LAYOUT)]  # measures the gaps only
     offered = tuple(fit_kw["cache_bytes"])
     row_s = weight_row_cost(micro, offered[0] if len(offered) == 1 else (cache or 0.0))
