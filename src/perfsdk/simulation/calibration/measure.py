@@ -574,21 +574,19 @@ def anchored_on_products(gaps: SmallMGaps | None, measured: list[Observation],
     hs: list[float] = []
     ws: list[float] = []
     for ob in measured:
-        if ob.phase == "micro" or ob.rows is None or ob.inner is None:
+        if ob.inner is None:
             continue
         in_out = ob.in_out if ob.in_out is not None else np.zeros(len(ob.flops), dtype=bool)
         for k, io, w in zip(ob.inner, in_out, ob.weights * ob.row_flops(pack_rows)):
             if w > 0 and k > 0:
                 hs.append(gaps.anchor - gaps.gap(float(k), bool(io)))
                 ws.append(float(w))
-    if not ws:
-        return gaps
-    anchor = weighted_median(hs, ws)
+    anchor = weighted_median(hs, ws) if ws else 0.0
     if not anchor > 0:
         return gaps
     shift = anchor - gaps.anchor
-    return SmallMGaps(inner=gaps.inner, out_in=[g + shift for g in gaps.out_in],
-                      in_out=[g + shift for g in gaps.in_out], anchor=anchor)
+    return gaps.model_copy(update={"out_in": [g + shift for g in gaps.out_in],
+                                   "in_out": [g + shift for g in gaps.in_out], "anchor": anchor})
 
 
 def small_m_text(gaps: SmallMGaps, profile: HardwareProfile) -> str:
