@@ -69,7 +69,7 @@ def test_fit_finds_the_cost_per_call_from_captured_ops_and_leaves_the_kernel_cha
     assert prof.call_overhead_s == pytest.approx(4e-6, rel=1e-3)
     assert (prof.op_overhead_s, prof.launch_overhead_s) == (0.0, 0.0)
     assert prof.calibration is not None and prof.calibration.params == list(PARAMS)
-    assert prof.calibration.params[-1] == "call_overhead_s"
+    assert prof.calibration.params[-2:] == ["call_overhead_s", "s_per_fresh_byte"]
 
 
 def test_analytic_observations_keep_the_per_operation_fit() -> None:

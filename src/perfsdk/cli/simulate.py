@@ -478,6 +478,12 @@ def calibrate_command(models: tuple[str, ...], repeats: int, passes: int, max_pa
         if result.pack_note:
             click.echo(f"repacking: {result.pack_note}", err=True)
         profile = profile_from_fit(result, name=name, note=note)
+        if profile.fresh_write_gbs:
+            click.echo(f"fresh memory: {profile.fresh_write_gbs:.1f} GB/s on top of the bytes' own time, written by "
+                       "decode steps into outputs that grow with the context (the KV cache concatenated one "
+                       "position longer: the allocator maps new pages and each is faulted in)", err=True)
+        else:
+            click.echo("fresh memory: no cost fitted for outputs that grow with the context", err=True)
         if result.small_m_gaps is not None:
             click.echo(f"layouts: {small_m_text(result.small_m_gaps, profile)}", err=True)
     except ValueError as exc:

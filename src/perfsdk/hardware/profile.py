@@ -380,6 +380,12 @@ class HardwareProfile(_Strict):
         description="The share of matmul_pack_gbs's time that a further pass over a weight of at most "
                     "matmul_pack_fast_mb takes (measured by perfsdk calibrate: the extra time of a staircase of "
                     "products of 1-8 rows over such a weight, against the same over a larger one)")
+    fresh_write_gbs: float | None = Field(
+        default=None, gt=0,
+        description="Rate, GB/s, at which a decode step writes an output that outgrows every buffer freed before "
+                    "it (the KV cache concatenated one position longer each step, tensors of 128 KiB and more): "
+                    "the allocator maps new pages and each is faulted in on its first write, on top of the "
+                    "bytes' own time. Set by perfsdk calibrate; unset: none (a caching allocator, a static cache)")
     cache_mb: float | None = Field(
         default=None, gt=0,
         description="Cache that holds the weights and KV cache of a forward pass, MB (10^6 bytes): a pass "

@@ -5,7 +5,8 @@ Each observation is one phase of one measured ``generate`` call: the operations 
 decode time for the decode steps). The model being fitted is the simulation's own::
 
     time = sum_i [max(flops_i * x_f + row_i * x_h + scores_i * x_sm,
-                      bytes_i * ((1 - f_i) * x_b + f_i * x_c)) + pack_i * x_k + wrows_i * x_r]
+                      bytes_i * ((1 - f_i) * x_b + f_i * x_c)) + pack_i * x_k + wrows_i * x_r
+                  + fresh_i * x_w]
            + ops * x_o + calls * x_l + forward_passes * x_s + [prefill] * x_p
 
 or, when the ops are captured from the model's own code (every ATen call), with
@@ -32,7 +33,9 @@ with at least ``P`` rows (the blocked BLAS path repacks its weights); ``x_f = 1 
 ``x_b`` and ``x_c`` seconds per byte from memory and from cache, ``x_k`` per repacked byte, ``x_o`` the per-op overhead, ``x_l``
 the overhead of each further kernel call an op stands for (``calls``: ``launches - 1`` summed
 over the ops; an eager RMSNorm is six calls), ``x_s`` the per-forward-pass overhead and ``x_p``
-the once-per-``generate`` set-up cost (prefill only). ``C`` and ``P`` are chosen on small grids.
+the once-per-``generate`` set-up cost (prefill only); ``fresh_i`` the bytes a decode step writes
+into fresh memory (:func:`~perfsdk.simulation.costmodel.fresh_bytes`: the KV cache concatenated
+one position longer), ``x_w`` each. ``C`` and ``P`` are chosen on small grids.
 
 The ``max`` makes it piecewise linear, so the fit alternates: label every op compute- or
 memory-bound with the current estimate, solve the linear least-squares problem (numpy, rows
@@ -55,7 +58,7 @@ import structlog
 
 from perfsdk.hardware.profile import MEMORY_COEFFICIENTS, HardwareProfile, SmallMGaps
 from perfsdk.capture.ops import OpRecord
-from perfsdk.simulation.costmodel import (inner_size, matmul_rows, op_bytes, pack_passes, product_rows,
+from perfsdk.simulation.costmodel import (fresh_bytes, inner_size, matmul_rows, op_bytes, pack_passes, product_rows,
                                           fast_pack_share, product_weight_bytes, products_pack_passes,
                                           products_small_m, resident_bytes, small_m_applies, weight_row_applies,
                                           weight_row_share, weight_rows)
@@ -64,7 +67,7 @@ log = structlog.get_logger("perfsdk.simulation.calibration")
 
 PARAMS = ("s_per_flop", "s_per_byte", "op_overhead_s", "step_overhead_s", "prefill_overhead_s", "s_per_cached_byte",
           "s_per_packed_byte", "launch_overhead_s", "s_per_row_flop", "s_per_score", "s_per_weight_row",
-          "call_overhead_s")
+          "call_overhead_s", "s_per_fresh_byte")
 #: coefficients of the fixed costs per operation: per module-level op and further launch (ops
 #: from the analytic generator), or per ATen call (ops captured from the model's own code)
 _OP_TERMS = [2, 7]
@@ -94,6 +97,7 @@ class Observation:
     scores: np.ndarray | None = None  # softmax elements: attention scores, softmax outputs (0 for other ops)
     weight_rows: np.ndarray | None = None  # rows of each matrix product's weight as stored (0 for other ops)
     calls: float = 0.0  # (weighted) kernel calls the ops stand for (the launches of the ops that move bytes)
+    fresh: float = 0.0  # (weighted) bytes written into fresh memory (:func:`~perfsdk.simulation.costmodel.fresh_bytes`)
     captured: bool = False  # the ops are every ATen call of the model's own code (captured)
     in_out: np.ndarray | None = None  # matrix products whose weight is stored [in, out] (a Conv1D)
     inner: np.ndarray | None = None  # inner size K of each matrix product (0 for other ops)
@@ -145,7 +149,8 @@ class Observation:
                    scores=np.array([o.elements if o.category in ("attention", "softmax") else 0 for o in ops],
                                    dtype=float),
                    weight_rows=np.array([weight_rows(o) if o.flops else 0 for o in ops], dtype=float),
-                   calls=calls + extra, captured=captured,
+                   calls=calls + extra, captured=captured, fresh=float(sum(
+                       (step_weights or {}).get(o.step, 1.0) * fresh_bytes(o) for o in ops)),
                    in_out=np.array([o.category == "matmul" and o.weight_in_out for o in ops], dtype=bool),
                    inner=np.array([inner_size(o) for o in ops], dtype=float),
                    grouped={i: product_rows(o) for i, o in enumerate(ops)
@@ -174,7 +179,8 @@ class Observation:
         """The linear features of :data:`PARAMS` at this estimate: [compute-bound FLOPs,
         memory-bound bytes from memory, op count, forward passes, prefill, memory-bound bytes
         from cache, weight bytes repacked, further kernel calls, compute-bound FLOPs per output
-        row, compute-bound softmax elements, compute-bound weight rows].
+        row, compute-bound softmax elements, compute-bound weight rows, kernel calls, bytes written
+        into fresh memory].
 
         The small-M slowdown of a matrix product, ``(rows + h) / rows`` on its FLOPs, is
         ``flops * x_f + (flops / rows) * x_h`` with ``x_h = h * x_f``: linear in a coefficient of
@@ -188,7 +194,7 @@ class Observation:
         ``pack_rows`` rows repack their weights (a pass over them on top of max(compute,
         memory)). Attention also computes a softmax over its score elements (``x_s`` seconds
         each, the profile's ``softmax_ns_per_element``), and a matrix product with weights
-        ``x_r`` per stored weight row on top of that (the profile's ``matmul_ns_per_weight_row``).
+        ``x_r`` per stored weight row on top of that (the profile's ``matmul_ns_per_weight_row``), and the bytes written into fresh memory ``x_w`` each (the profile's ``fresh_write_gbs``).
         """
         memo = self._memo
         rows_key = ("rows", pack_rows, cache_bytes)
@@ -240,6 +246,7 @@ class Observation:
             float(wc @ scores),
             weight_rows_sum,
             self.calls,
+            self.fresh,
         ])
 
     def gap_rows(self) -> np.ndarray | None:
@@ -593,6 +600,8 @@ def _fit_once(observations: list[Observation], h: float | None, c: float = 0.0, 
     free += _CALL_TERMS if per_call_fit(observations) else _OP_TERMS
     if weight_row_term:
         free.append(10)
+    if any(o.fresh for o in observations):
+        free.append(12)
     tie = bool(c) and tie_cache
     if c and not tie:
         free.append(5)
@@ -614,7 +623,7 @@ def _fit_once(observations: list[Observation], h: float | None, c: float = 0.0, 
                     np.sum(o.weights * o.bytes_ * o.cached_fraction(c)), np.sum(o.weights * o.packed_bytes(pr)),
                     o.extra_launches, np.sum(o.weights * o.row_flops(pr)) if h is None else 0.0,
                     np.sum(o.weights * (o.scores if o.scores is not None else 0.0)),
-                    o.stored_rows(pr, c), o.calls]
+                    o.stored_rows(pr, c), o.calls, o.fresh]
                    for o in observations])
     if tie:
         a0 = _tied(a0)
@@ -778,6 +787,7 @@ def profile_from_fit(result: FitResult, *, name: str = "host-calibrated", base: 
         cache_bandwidth_gbs=1e-9 / k["s_per_cached_byte"] if cached else None,
         softmax_ns_per_element=k.get("s_per_score", 0.0) * 1e9 or None,
         matmul_ns_per_weight_row=k.get("s_per_weight_row", 0.0) * 1e9 or None,
+        fresh_write_gbs=1e-9 / k["s_per_fresh_byte"] if k.get("s_per_fresh_byte", 0.0) > 0 else None,
         calibration=record,
     )
 
