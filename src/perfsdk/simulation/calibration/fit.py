@@ -194,7 +194,8 @@ class Observation:
         ``pack_rows`` rows repack their weights (a pass over them on top of max(compute,
         memory)). Attention also computes a softmax over its score elements (``x_s`` seconds
         each, the profile's ``softmax_ns_per_element``), and a matrix product with weights
-        ``x_r`` per stored weight row on top of that (the profile's ``matmul_ns_per_weight_row``), and the bytes written into fresh memory ``x_w`` each (the profile's ``fresh_write_gbs``).
+        ``x_r`` per stored weight row on top of that (the profile's ``matmul_ns_per_weight_row``),
+        and the bytes written into fresh memory ``x_w`` each (the profile's ``fresh_write_gbs``).
         """
         memo = self._memo
         rows_key = ("rows", pack_rows, cache_bytes)
