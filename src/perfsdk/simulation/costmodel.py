@@ -383,9 +383,7 @@ def fresh_bytes(op: OpRecord) -> int:
     [8, 8, 128..192, 64] fp32 cache one position longer wrote 4.2 GB/s into fresh memory with
     329k page faults, 24 GB/s into the same size again. 0 for other ops, in the prefill, and for a
     sliding-window cache that stays one size."""
-    if op.phase != "decode" or not op.context_len or not op.output_shape or not op.bytes_written:
-        return 0
-    if op.context_len not in op.output_shape:
+    if op.phase != "decode" or not op.context_len or not op.output_shape or op.context_len not in op.output_shape:
         return 0
     return op.bytes_written if op.bytes_written >= FRESH_MIN_BYTES * max(1, op.launches) else 0
 

@@ -130,11 +130,12 @@ class Observation:
         w = np.array([(step_weights or {}).get(o.step, 1.0) for o in ops], dtype=float)
         steps: dict[int, float] = {}
         resident: dict[int, float] = {}
-        calls = extra = 0.0
+        calls = extra = fresh = 0.0
         for o in ops:
             sw = (step_weights or {}).get(o.step, 1.0)
             steps[o.step] = sw
             resident[o.step] = resident.get(o.step, 0.0) + resident_bytes(o)
+            fresh += sw * fresh_bytes(o)
             if o.launches > 0 and (o.flops or op_bytes(o)):
                 calls += sw
                 extra += sw * (o.launches - 1)
@@ -149,8 +150,7 @@ class Observation:
                    scores=np.array([o.elements if o.category in ("attention", "softmax") else 0 for o in ops],
                                    dtype=float),
                    weight_rows=np.array([weight_rows(o) if o.flops else 0 for o in ops], dtype=float),
-                   calls=calls + extra, captured=captured, fresh=float(sum(
-                       (step_weights or {}).get(o.step, 1.0) * fresh_bytes(o) for o in ops)),
+                   calls=calls + extra, captured=captured, fresh=fresh,
                    in_out=np.array([o.category == "matmul" and o.weight_in_out for o in ops], dtype=bool),
                    inner=np.array([inner_size(o) for o in ops], dtype=float),
                    grouped={i: product_rows(o) for i, o in enumerate(ops)
