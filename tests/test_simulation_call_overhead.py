@@ -69,7 +69,46 @@ def test_fit_finds_the_cost_per_call_from_captured_ops_and_leaves_the_kernel_cha
     assert prof.call_overhead_s == pytest.approx(4e-6, rel=1e-3)
     assert (prof.op_overhead_s, prof.launch_overhead_s) == (0.0, 0.0)
     assert prof.calibration is not None and prof.calibration.params == list(PARAMS)
-    assert prof.calibration.params[-2:] == ["call_overhead_s", "s_per_fresh_byte"]
+    assert prof.calibration.params[-3:] == ["call_overhead_s", "s_per_fresh_byte", "prefill_call_overhead_s"]
+    # decode steps only: a prompt's calls take the decode step's cost
+    assert k["prefill_call_overhead_s"] == k["call_overhead_s"]
+    assert prof.prefill_call_overhead_s == prof.call_overhead_s
+
+
+def _phase_observation(i: int, layers: int, phase: str, x: dict[str, float]) -> Observation:
+    n = 64 * (i + 1)
+    ops = [OpRecord(**{**ADD, "phase": phase, "bytes_read": 8 * n, "bytes_written": 4 * n}, step=0)
+           for _ in range(4 * layers)]
+    ops += [OpRecord(**{**VIEW, "phase": phase}, step=0) for _ in range(3 * layers)]
+    o = Observation.from_ops(f"{phase}{i}", phase, 1.0, ops, captured=True)
+    per_call = x["prefill_call_overhead_s"] if phase == "prefill" else x["call_overhead_s"]
+    o.measured_s = (12 * n * 4 * layers * x["s_per_byte"] + 4 * layers * per_call + x["step_overhead_s"]
+                    + (x["prefill_overhead_s"] if phase == "prefill" else 0.0))
+    return o
+
+
+def test_a_prompts_calls_and_a_decode_steps_each_have_their_own_cost() -> None:
+    truth = {"s_per_byte": 1e-10, "call_overhead_s": 4e-6, "prefill_call_overhead_s": 6.5e-6,
+             "step_overhead_s": 2e-4, "prefill_overhead_s": 1e-3}
+    layers = [1, 2, 4, 8, 3, 6]
+    obs = [_phase_observation(i, n, ph, truth) for ph in ("prefill", "decode") for i, n in enumerate(layers)]
+    assert obs[0].whole_input and not obs[-1].whole_input
+    res = fit(obs, cache_bytes=(0.0,), pack_rows=(0.0,), half_rows=(0.0,))
+    k = res.coefficients
+    assert k["call_overhead_s"] == pytest.approx(4e-6, rel=1e-3)
+    assert k["prefill_call_overhead_s"] == pytest.approx(6.5e-6, rel=1e-3)
+    assert k["prefill_overhead_s"] == pytest.approx(1e-3, rel=1e-3)
+    assert max(abs(e) for e in res.errors_pct.values()) < 1e-6
+    prof = profile_from_fit(res)
+    assert prof.prefill_call_overhead_s == pytest.approx(6.5e-6, rel=1e-3)
+    # the profile prices each call at its phase's cost; an encoder's pass and a single forward as a prompt's
+    add = dict(ADD, launches=2)
+    assert cost_op(OpRecord(**add), prof).overhead_s == pytest.approx(2 * 4e-6, rel=1e-3)
+    for phase in ("prefill", "encode", "forward"):
+        assert cost_op(OpRecord(**{**add, "phase": phase}), prof).overhead_s == pytest.approx(2 * 6.5e-6, rel=1e-3)
+    # a profile without the prompt's own cost prices every call at call_overhead_s
+    assert cost_op(OpRecord(**{**add, "phase": "prefill"}), _profile(call_overhead_s=4e-6)).overhead_s == \
+        pytest.approx(8e-6)
 
 
 def test_analytic_observations_keep_the_per_operation_fit() -> None:

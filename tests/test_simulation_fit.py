@@ -39,7 +39,7 @@ def _add(n: int, step: int) -> OpRecord:
 TRUTH = {"s_per_flop": 1e-11, "s_per_byte": 2.5e-11, "op_overhead_s": 5e-6, "step_overhead_s": 1e-4,
          "prefill_overhead_s": 0.0, "s_per_cached_byte": 0.0, "s_per_packed_byte": 0.0, "launch_overhead_s": 0.0,
          "s_per_row_flop": 7.3e-11, "s_per_score": 1.5e-9, "s_per_weight_row": 4e-8,
-         "call_overhead_s": 0.0, "s_per_fresh_byte": 0.0}
+         "call_overhead_s": 0.0, "s_per_fresh_byte": 0.0, "prefill_call_overhead_s": 0.0}
 
 
 def _observations(rng: np.random.Generator, n: int = 24) -> tuple[list[Observation], list[list[OpRecord]]]:

@@ -329,6 +329,31 @@ def test_calibration_record_round_trips_through_the_profile_yaml() -> None:
         CalibrationRecord(host="h", fitted_at="now", params=["a", "b"], coefficients=[1.0])
 
 
+def test_a_calibration_recorded_before_the_prompts_own_call_cost_prices_those_calls_as_before() -> None:
+    from perfsdk.simulation.uncertainty import _vectors
+
+    prof = _calibrated([[0.1, -0.05], [-0.2, 0.15]], [0.95, 1.0, 1.05], replicates=3)
+    cal = prof.calibration
+    assert cal is not None
+    at_call, at_prompt = PARAMS.index("call_overhead_s"), PARAMS.index("prefill_call_overhead_s")
+    # the record as written before the coefficient existed: its name, value and replicates' values gone
+    keep = [i for i, p in enumerate(cal.params) if p != "prefill_call_overhead_s"]
+    old = cal.model_copy(update={"params": [cal.params[i] for i in keep],
+                                 "coefficients": [cal.coefficients[i] for i in keep],
+                                 "replicates": [[r[i] for i in keep] for r in cal.replicates]})
+    central, reps = _vectors(old)
+    assert central[at_prompt] == central[at_call] == cal.coefficients[cal.params.index("call_overhead_s")]
+    assert [r[at_prompt] for r in reps] == [r[at_call] for r in reps]
+    # and the profile without the field prices a prompt's calls at call_overhead_s
+    before = prof.model_copy(update={"call_overhead_s": 5e-6, "prefill_call_overhead_s": None, "calibration": old})
+    same, dearer = (prof.model_copy(update={"call_overhead_s": 5e-6, "prefill_call_overhead_s": x, "calibration": old})
+                    for x in (5e-6, 9e-6))
+    a, b, c = (simulate_config(tiny_llama_config("tiny-llama"), p, batch_size=1, input_tokens=16, output_tokens=9,
+                               dtype="float32") for p in (before, same, dearer))
+    assert a.ttft_s == pytest.approx(b.ttft_s, rel=1e-12) and a.tpot_s == pytest.approx(b.tpot_s, rel=1e-12)
+    assert c.ttft_s > a.ttft_s and c.tpot_s == pytest.approx(a.tpot_s, rel=1e-12)
+
+
 def test_interval_is_the_central_share_of_prediction_over_one_plus_error_times_level() -> None:
     # no parameter spread; held-out errors +25 % and 0 % (prefill), -20 % and 0 % (decode); levels 0.9 and 1.1
     prof = _calibrated([[0.25, -0.2], [0.0, 0.0]], [0.9, 1.1])

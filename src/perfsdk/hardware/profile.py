@@ -405,6 +405,11 @@ class HardwareProfile(_Strict):
                     "dispatcher time around it; views and other calls that move no bytes are free), s. Set by perfsdk calibrate: it then replaces "
                     "op_overhead_s and launch_overhead_s, and predictions count the calls of the model's own code "
                     "(captured on the meta device). Unset: op_overhead_s and launch_overhead_s")
+    prefill_call_overhead_s: float | None = Field(
+        default=None, ge=0,
+        description="With call_overhead_s: the fixed cost of each such call in a pass over a whole input (the "
+                    "prefill, an encoder's pass, a single forward), where its tensors are the prompt's, s. Set by "
+                    "perfsdk calibrate. Unset: call_overhead_s")
     step_overhead_s: float = Field(default=0.0, ge=0, description="Fixed cost per forward pass (framework, sampling), s")
     prefill_overhead_s: float = Field(default=0.0, ge=0,
                                       description="Fixed cost once per generate call, in the prefill (input "

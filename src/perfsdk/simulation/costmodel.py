@@ -31,7 +31,9 @@ For one operation on one device (profile ``P``)::
                  (launches: kernel calls the op stands for; no overhead for views and for the parts
                   of a fused call, launches = 0)
                = launches * P.call_overhead_s on a profile that sets it (a calibrated host: every
-                 ATen call of the model's code that runs a kernel costs the same; views are free)
+                 ATen call of the model's code that runs a kernel costs the same; views are free;
+                 a call of a pass over a whole input, the prefill, an encoder's or a single forward,
+                 P.prefill_call_overhead_s where that is set)
     energy_j   = flops * P.compute_pj_per_flop + 8 * bytes * P.memory_pj_per_bit   (dynamic)
                  + P.static_power_w * time_s                                          (static)
 
@@ -409,7 +411,10 @@ def overhead_time_s(op: OpRecord, profile: HardwareProfile) -> float:
     if not (op_bytes(op) or op.flops) or op.launches <= 0:
         return 0.0
     if profile.call_overhead_s is not None:
-        return op.launches * profile.call_overhead_s
+        each = profile.call_overhead_s
+        if op.phase != "decode" and profile.prefill_call_overhead_s is not None:
+            each = profile.prefill_call_overhead_s
+        return op.launches * each
     return profile.op_overhead_s + (op.launches - 1) * profile.launch_overhead_s
 
 

@@ -186,9 +186,14 @@ def model_error_basis(cal: CalibrationRecord, family: str | None) -> str:
 def _vectors(cal: CalibrationRecord) -> tuple[np.ndarray, list[np.ndarray]]:
     """The central coefficients and the bootstrap replicates' (or the central alone), in
     :data:`~perfsdk.simulation.calibration.fit.PARAMS` order."""
-    from perfsdk.simulation.calibration.fit import PARAMS
+    from perfsdk.simulation.calibration.fit import COEFFICIENT_FALLBACK, PARAMS
 
-    order = [cal.params.index(p) if p in cal.params else None for p in PARAMS]
+    def at(p: str) -> int | None:
+        if p in cal.params:
+            return cal.params.index(p)
+        return at(COEFFICIENT_FALLBACK[p]) if p in COEFFICIENT_FALLBACK else None
+
+    order = [at(p) for p in PARAMS]
 
     def vec(values: list[float]) -> np.ndarray:
         return np.array([values[i] if i is not None else 0.0 for i in order])

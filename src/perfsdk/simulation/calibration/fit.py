@@ -67,11 +67,16 @@ log = structlog.get_logger("perfsdk.simulation.calibration")
 
 PARAMS = ("s_per_flop", "s_per_byte", "op_overhead_s", "step_overhead_s", "prefill_overhead_s", "s_per_cached_byte",
           "s_per_packed_byte", "launch_overhead_s", "s_per_row_flop", "s_per_score", "s_per_weight_row",
-          "call_overhead_s", "s_per_fresh_byte")
+          "call_overhead_s", "s_per_fresh_byte", "prefill_call_overhead_s")
 #: coefficients of the fixed costs per operation: per module-level op and further launch (ops
-#: from the analytic generator), or per ATen call (ops captured from the model's own code)
+#: from the analytic generator); ops captured from the model's own code take a cost per ATen
+#: call instead, a decode step's (11) and a pass over a whole prompt's (13)
 _OP_TERMS = [2, 7]
-_CALL_TERMS = [11]
+#: the phases that pass over a whole input (a prompt, an encoder's input, one forward): their
+#: ATen calls are priced at ``prefill_call_overhead_s``, a decode step's at ``call_overhead_s``
+WHOLE_INPUT_PHASES = ("prefill", "encode", "forward")
+#: a coefficient a calibration recorded before another existed takes that one's value
+COEFFICIENT_FALLBACK = {"prefill_call_overhead_s": "call_overhead_s"}
 #: coefficients of the bytes streamed from memory (the memory-bound bytes and the weights
 #: repacked): the profile's ``memory_bandwidth_gbs`` and ``matmul_pack_gbs``, which a re-timing
 #: scales by the memory's own exponent (:attr:`FitResult.memory_tracking`)
@@ -179,8 +184,8 @@ class Observation:
         """The linear features of :data:`PARAMS` at this estimate: [compute-bound FLOPs,
         memory-bound bytes from memory, op count, forward passes, prefill, memory-bound bytes
         from cache, weight bytes repacked, further kernel calls, compute-bound FLOPs per output
-        row, compute-bound softmax elements, compute-bound weight rows, kernel calls, bytes written
-        into fresh memory].
+        row, compute-bound softmax elements, compute-bound weight rows, a decode step's kernel
+        calls, bytes written into fresh memory, the kernel calls of a pass over a whole input].
 
         The small-M slowdown of a matrix product, ``(rows + h) / rows`` on its FLOPs, is
         ``flops * x_f + (flops / rows) * x_h`` with ``x_h = h * x_f``: linear in a coefficient of
@@ -246,9 +251,16 @@ class Observation:
             float(wc @ per_row),
             float(wc @ scores),
             weight_rows_sum,
-            self.calls,
+            0.0 if self.whole_input else self.calls,
             self.fresh,
+            self.calls if self.whole_input else 0.0,
         ])
+
+    @property
+    def whole_input(self) -> bool:
+        """Whether the observation is of a pass over a whole input (:data:`WHOLE_INPUT_PHASES`),
+        whose kernel calls take ``prefill_call_overhead_s``."""
+        return self.phase in WHOLE_INPUT_PHASES
 
     def gap_rows(self) -> np.ndarray | None:
         """Each op's gap from ``small_m_gaps`` (0 for ops other than matrix products; None
@@ -598,7 +610,16 @@ def _fit_once(observations: list[Observation], h: float | None, c: float = 0.0, 
     if len(observations) < 3:
         raise ValueError(f"need at least 3 observations to calibrate, got {len(observations)}")
     free = [0, 1, 3, 4, 9] if fit_step_overhead else [0, 1, 4, 9]
-    free += _CALL_TERMS if per_call_fit(observations) else _OP_TERMS
+    per_call = per_call_fit(observations)
+    # the calls of a pass over a whole input and a decode step's each have their own cost where
+    # both are observed; where one kind is missing it takes the other's
+    whole = per_call and any(o.whole_input and o.calls for o in observations)
+    steps = per_call and any(not o.whole_input and o.calls for o in observations)
+    if per_call:
+        free += [11] if steps or not whole else []
+        free += [13] if whole else []
+    else:
+        free += _OP_TERMS
     if weight_row_term:
         free.append(10)
     if any(o.fresh for o in observations):
@@ -624,7 +645,8 @@ def _fit_once(observations: list[Observation], h: float | None, c: float = 0.0, 
                     np.sum(o.weights * o.bytes_ * o.cached_fraction(c)), np.sum(o.weights * o.packed_bytes(pr)),
                     o.extra_launches, np.sum(o.weights * o.row_flops(pr)) if h is None else 0.0,
                     np.sum(o.weights * (o.scores if o.scores is not None else 0.0)),
-                    o.stored_rows(pr, c), o.calls, o.fresh]
+                    o.stored_rows(pr, c), 0.0 if o.whole_input else o.calls, o.fresh,
+                    o.calls if o.whole_input else 0.0]
                    for o in observations])
     if tie:
         a0 = _tied(a0)
@@ -669,6 +691,10 @@ def _fit_once(observations: list[Observation], h: float | None, c: float = 0.0, 
         if new_labels == labels and np.allclose(new_w, w, rtol=1e-3, atol=1e-4):
             break
         labels, w = new_labels, new_w
+    if per_call and not whole:
+        x[13] = x[11]
+    elif whole and not steps:
+        x[11] = x[13]
     errors = {o.label: 100.0 * (o.predict(x, hf, c, pr) - o.measured_s) / o.measured_s for o in observations}
     if h is None:
         h_fit = float(x[8] / x[0]) if x[0] > 0 else 0.0
@@ -678,7 +704,7 @@ def _fit_once(observations: list[Observation], h: float | None, c: float = 0.0, 
                      observations=len(observations),
                      fixed=([] if fit_step_overhead else ["step_overhead_s"])
                      + ([] if weight_row_term else ["s_per_weight_row"]),
-                     matmul_half_rows=h_fit, cache_bytes=c, pack_rows=pr, per_call=per_call_fit(observations),
+                     matmul_half_rows=h_fit, cache_bytes=c, pack_rows=pr, per_call=per_call,
                      held=held, cache_rate_tied=tie)
 
 
@@ -775,6 +801,7 @@ def profile_from_fit(result: FitResult, *, name: str = "host-calibrated", base: 
         op_overhead_s=result.coefficients["op_overhead_s"],
         launch_overhead_s=result.coefficients.get("launch_overhead_s", 0.0), step_overhead_s=result.coefficients["step_overhead_s"],
         call_overhead_s=k.get("call_overhead_s", 0.0) if result.per_call else None,
+        prefill_call_overhead_s=k.get("prefill_call_overhead_s", 0.0) if result.per_call else None,
         prefill_overhead_s=result.coefficients["prefill_overhead_s"],
         decode_warmup_steps=result.decode_warmup_steps,
         matmul_half_rows=result.matmul_half_rows or None,
