@@ -6,7 +6,8 @@ model's forward, which splits the time to the first token into what ``generate``
 do before the prefill's forward, the forward itself, and what follows it until the first token is
 stamped. Beside it, the prediction of the same configuration from a calibrated profile: the
 prefill's fixed costs (``step_overhead_s + prefill_overhead_s``), its kernel calls
-(``call_overhead_s`` each) and the rest of its operations.
+(``prefill_call_overhead_s`` each) and the rest of its operations, as the central fit prices
+them (the predicted TTFT is their sum times the bootstrap refits' median factor).
 
     PYTHONPATH=src python benchmarks/ttft_parts.py host.yaml family:gpt2 builtin:tiny-llama-small
     PYTHONPATH=src python benchmarks/ttft_parts.py host.yaml family:mixtral-swa --threads 1 --batches 1
@@ -94,9 +95,13 @@ def main(argv: list[str] | None = None) -> int:
         model = build_model(spec)
         for b in (int(x) for x in args.batches.split(",")):
             m = measure(model, spec, b, args.input_tokens, args.output_tokens, args.calls)
-            r = simulate_config(model.config, prof, batch_size=b, input_tokens=args.input_tokens,  # type: ignore[attr-defined]
-                                output_tokens=args.output_tokens, dtype="float32")
-            pf = r.phases["prefill"]
+            kw = dict(batch_size=b, input_tokens=args.input_tokens, output_tokens=args.output_tokens, dtype="float32")
+            r = simulate_config(model.config, prof, **kw)  # type: ignore[attr-defined, arg-type]
+            # the parts from the central fit (without the calibration record: no bootstrap median
+            # scaling every part), the TTFT as predicted
+            central = simulate_config(model.config, prof.model_copy(update={"calibration": None}),  # type: ignore[attr-defined]
+                                      **kw)  # type: ignore[arg-type]
+            pf = central.phases["prefill"]
             calls = pf.overhead_s - fixed
             ttft = (r.ttft_s or 0.0) * 1e3
             print(f"{spec} | {b} | {m['ttft']:.2f} | {ttft:.2f} ({100 * (ttft / m['ttft'] - 1):+.1f} %) | "

@@ -51,6 +51,9 @@ from perfsdk.hardware.profile import HardwareProfile, HardwareProfileError
 from perfsdk.capture.ops import OpRecord
 
 PJ = 1e-12
+#: the phases that pass over a whole input (a prompt, an encoder's input, one forward): on a
+#: calibrated host their ATen calls cost ``prefill_call_overhead_s``, a decode step's ``call_overhead_s``
+WHOLE_INPUT_PHASES = ("prefill", "encode", "forward")
 
 
 @dataclass
@@ -412,7 +415,7 @@ def overhead_time_s(op: OpRecord, profile: HardwareProfile) -> float:
         return 0.0
     if profile.call_overhead_s is not None:
         each = profile.call_overhead_s
-        if op.phase != "decode" and profile.prefill_call_overhead_s is not None:
+        if op.phase in WHOLE_INPUT_PHASES and profile.prefill_call_overhead_s is not None:
             each = profile.prefill_call_overhead_s
         return op.launches * each
     return profile.op_overhead_s + (op.launches - 1) * profile.launch_overhead_s

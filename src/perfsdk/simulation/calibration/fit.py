@@ -58,7 +58,7 @@ import structlog
 
 from perfsdk.hardware.profile import MEMORY_COEFFICIENTS, HardwareProfile, SmallMGaps
 from perfsdk.capture.ops import OpRecord
-from perfsdk.simulation.costmodel import (fresh_bytes, inner_size, matmul_rows, op_bytes, pack_passes, product_rows,
+from perfsdk.simulation.costmodel import (WHOLE_INPUT_PHASES, fresh_bytes, inner_size, matmul_rows, op_bytes, pack_passes, product_rows,
                                           fast_pack_share, product_weight_bytes, products_pack_passes,
                                           products_small_m, resident_bytes, small_m_applies, weight_row_applies,
                                           weight_row_share, weight_rows)
@@ -72,9 +72,6 @@ PARAMS = ("s_per_flop", "s_per_byte", "op_overhead_s", "step_overhead_s", "prefi
 #: from the analytic generator); ops captured from the model's own code take a cost per ATen
 #: call instead, a decode step's (11) and a pass over a whole prompt's (13)
 _OP_TERMS = [2, 7]
-#: the phases that pass over a whole input (a prompt, an encoder's input, one forward): their
-#: ATen calls are priced at ``prefill_call_overhead_s``, a decode step's at ``call_overhead_s``
-WHOLE_INPUT_PHASES = ("prefill", "encode", "forward")
 #: a coefficient a calibration recorded before another existed takes that one's value
 COEFFICIENT_FALLBACK = {"prefill_call_overhead_s": "call_overhead_s"}
 #: coefficients of the bytes streamed from memory (the memory-bound bytes and the weights
