@@ -14,7 +14,7 @@ from perfsdk.hardware.profile import HardwareProfile
 from perfsdk.simulation.calibration import Observation, captured_observations_for, fit, profile_from_fit
 from perfsdk.simulation.calibration.fit import PARAMS, per_call_fit
 from perfsdk.simulation.calibration.measure import Measurement
-from perfsdk.simulation.costmodel import cost_op
+from perfsdk.simulation.costmodel import cost_op, product_rows
 from perfsdk.simulation.predictor import ANALYTIC_CALLS_NOTE, simulate_config, simulate_model
 
 transformers = pytest.importorskip("transformers")
@@ -165,6 +165,11 @@ def test_grouped_product_reads_the_experts_its_rows_reach() -> None:
     meta = torch.empty(4, dtype=torch.int32, device="meta")
     assert grouped_weight_share((x, w, meta), {}) == pytest.approx(1 - 0.75 ** 2)  # expected share of 2 rows
     assert grouped_weight_share((x, w[0], two), {}) == 1.0  # not a grouped [E, ...] weight
+    # a top-2 router: the two rows are one token's, sent to two different experts
+    assert grouped_weight_share((x, w, meta), {}, picks=2) == pytest.approx(0.5)
+    assert grouped_weight_share((x, w, two), {}, picks=2) == 0.5  # a real run's offsets decide
+    x8 = torch.randn(8, 16)  # four tokens, top-2: an expert missed by all four with probability 1/16
+    assert grouped_weight_share((x8, w, meta), {}, picks=2) == pytest.approx(1 - 0.5 ** 4)
 
 
 class _Experts(torch.nn.Module):
@@ -174,6 +179,46 @@ class _Experts(torch.nn.Module):
 
     def forward(self, x: torch.Tensor, offs: torch.Tensor) -> torch.Tensor:
         return torch._grouped_mm(x, self.weight, offs=offs)
+
+
+class _SparseBlock(torch.nn.Module):
+    """A mixture-of-experts block as transformers writes one: its ``top_k`` on the block."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.top_k = 2
+        self.experts = _Experts()
+
+    def forward(self, x: torch.Tensor, offs: torch.Tensor) -> torch.Tensor:
+        return self.experts(x, offs)
+
+
+def test_capture_of_a_grouped_product_reads_the_routers_top_k() -> None:
+    block = _SparseBlock()
+    # the meta device's grouped product takes bf16 operands
+    meta_x = torch.empty(2, 16, device="meta", dtype=torch.bfloat16)
+    meta_offs = torch.empty(4, dtype=torch.int32, device="meta")
+    with torch.inference_mode(), OperationCapture(block.to("meta", torch.bfloat16)) as cap:
+        block(meta_x, meta_offs)
+    rec = next(r for r in cap.records if r.op == "aten._grouped_mm")
+    assert rec.group_picks == 2 and rec.groups == 4 and rec.group_rows is None
+    assert rec.weight_bytes == 4 * 16 * 8 * 2 // 2  # one token's two rows: two experts of four
+    assert product_rows(rec) == ([1.0], [pytest.approx(2.0)])
+
+
+def test_meta_capture_of_mixtral_states_its_top_k() -> None:
+    from transformers import MixtralConfig
+
+    from perfsdk.flops.meta import capture_generation_ops
+
+    cfg = MixtralConfig(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                        num_attention_heads=4, num_key_value_heads=2, num_local_experts=4,
+                        num_experts_per_tok=2, max_position_embeddings=128)
+    cap = capture_generation_ops(cfg, 1, 8, 3, [1])
+    grouped = [o for o in cap.ops if o.op == "aten._grouped_mm" and o.phase == "decode"]
+    assert grouped and all(o.group_picks == 2 and o.groups == 4 for o in grouped)
+    # a decode step of one sequence: one token to two of the four experts, each with its one row
+    assert all(product_rows(o) == ([1.0], [pytest.approx(2.0)]) for o in grouped)
 
 
 def test_capture_of_a_grouped_product_counts_the_weights_read() -> None:

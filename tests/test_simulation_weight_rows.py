@@ -302,6 +302,28 @@ def test_a_grouped_product_is_priced_as_one_product_per_group_it_reaches() -> No
     assert ob.row_flops(1.0)[0] == pytest.approx(meta.flops / 8 * slowed, rel=1e-6)
 
 
+def test_a_routers_top_k_sends_each_tokens_rows_to_different_groups() -> None:
+    """With the router's top-k known (``group_picks``), a group receives each token's row with
+    probability k/E and at most one: E * Binomial(j; M/k, k/E) groups with j rows."""
+    from math import comb
+
+    # one token, top-2 of 4 experts: exactly two experts, one row each (rows picking on their own
+    # would reach 1.75 experts, one of them with both rows a quarter of the time)
+    one = replace(_grouped_op(2, 4, None, reached=2), group_picks=2)
+    assert product_rows(one) == ([1.0], [pytest.approx(2.0)])
+    assert product_rows(replace(one, group_picks=None)) == ([1.0, 2.0], [pytest.approx(1.5), pytest.approx(0.25)])
+    # four tokens (eight routed rows), top-2 of 4: Binomial(j; 4, 1/2) per expert
+    four = replace(_grouped_op(8, 4, None, reached=4 * (1 - 0.5 ** 4)), group_picks=2)
+    ks, ws = product_rows(four)
+    assert ks == [1.0, 2.0, 3.0, 4.0]
+    assert ws == pytest.approx([4 * comb(4, j) * 0.5 ** 4 for j in (1, 2, 3, 4)], rel=1e-12)
+    assert sum(ws) == pytest.approx(3.75)
+    # every expert picked by every token (top-4 of 4): four products of the tokens' rows
+    assert product_rows(replace(four, group_picks=4)) == ([2.0], [4.0])
+    # a top-k larger than the groups says nothing: each row picks on its own
+    assert product_rows(replace(four, group_picks=8)) == product_rows(replace(four, group_picks=None))
+
+
 def _linear_op(rows: int, out_f: int = 4096, in_f: int = 512, *, conv1d: bool = False) -> OpRecord:
     """A product of ``rows`` rows over an fp32 weight of ``out_f`` x ``in_f``, stored [out, in]
     as a linear layer does or [in, out] as a Conv1D does."""

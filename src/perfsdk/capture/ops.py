@@ -62,3 +62,7 @@ class OpRecord:
     # product per group that has rows: see perfsdk.simulation.costmodel.product_rows
     groups: int | None = None
     group_rows: list[int] | None = None
+    # groups each token's rows go to, all different (a mixture-of-experts router's top-k): on the
+    # meta device a group then receives each token's rows with probability picks / groups, at
+    # most one row a token. None: each row picks a group on its own
+    group_picks: int | None = None

@@ -461,6 +461,7 @@ class OperationCapture:
         in_out = False  # ... and whether it is stored [in, out]
         groups: int | None = None  # groups of a grouped product's weight, and the rows of each
         group_rows: list[int] | None = None
+        picks: int | None = None  # ... and the groups each token's rows go to (the router's top-k)
         if is_view:
             bytes_read = bytes_written = weight_bytes = 0
         elif category == "embedding":
@@ -478,7 +479,8 @@ class OperationCapture:
                 grouping = grouped_rows(args, kwargs)
                 if grouping is not None:
                     groups, group_rows = grouping
-                    share = reached_share(groups, group_rows, int(args[0].shape[0]))
+                    picks = self._routing_picks()
+                    share = reached_share(groups, group_rows, int(args[0].shape[0]), picks)
                 unread = int(weight_bytes * (1.0 - share))
                 bytes_read, weight_bytes = bytes_read - unread, weight_bytes - unread
             if category == "matmul" and weight_in:
@@ -514,9 +516,32 @@ class OperationCapture:
                 weight_in_out=in_out,
                 groups=groups,
                 group_rows=group_rows,
+                group_picks=picks,
                 launches=1 + (unfused[2] if unfused is not None else 0),
             )
         )
+
+    def _routing_picks(self) -> int | None:
+        """Groups each token's rows go to in a grouped product (a mixture-of-experts router's
+        top-k): the ``top_k`` or ``num_experts_per_tok`` of the innermost module around the op that
+        has one (the sparse block or its router), else the model config's ``num_experts_per_tok``
+        (or its text model's); None where none says."""
+        def picks(obj: Any, names: tuple[str, ...]) -> int | None:
+            for name in names:
+                v = getattr(obj, name, None)
+                if isinstance(v, int) and not isinstance(v, bool) and v >= 1:
+                    return v
+            return None
+
+        for frame in reversed(self._stack):
+            found = picks(frame.module, ("top_k", "num_experts_per_tok"))
+            if found is not None:
+                return found
+        cfg = getattr(self.model, "config", None)
+        if cfg is None:
+            return None
+        text = cfg.get_text_config() if hasattr(cfg, "get_text_config") else None
+        return picks(cfg, ("num_experts_per_tok",)) or (picks(text, ("num_experts_per_tok",)) if text is not None else None)
 
     @staticmethod
     def _matmul_macs(name: str, args: tuple[Any, ...], outs: list[torch.Tensor]) -> int:
@@ -589,22 +614,28 @@ def grouped_rows(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[int, li
     return groups, None
 
 
-def grouped_weight_share(args: tuple[Any, ...], kwargs: dict[str, Any]) -> float:
+def grouped_weight_share(args: tuple[Any, ...], kwargs: dict[str, Any], picks: int | None = None) -> float:
     """Share of a grouped product's ``[E, ...]`` weights its rows reach (mixture-of-experts):
     the groups with rows, read off the offsets of a real run; on the meta device, where the
-    offsets have no values, the expected share when each of its M rows picks one of the E groups
-    at random, ``1 - (1 - 1/E)^M``."""
+    offsets have no values, the expected share (:func:`reached_share`; ``picks``: the groups each
+    token's rows go to, the router's top-k)."""
     grouping = grouped_rows(args, kwargs)
-    return 1.0 if grouping is None else reached_share(*grouping, int(args[0].shape[0]))
+    return 1.0 if grouping is None else reached_share(*grouping, int(args[0].shape[0]), picks)
 
 
-def reached_share(groups: int, group_rows: list[int] | None, rows: int) -> float:
+def reached_share(groups: int, group_rows: list[int] | None, rows: int, picks: int | None = None) -> float:
     """Share of ``groups`` reached by a grouped product of ``rows`` routed rows: the groups with
-    rows (``group_rows``, from a real run), else the expected share ``1 - (1 - 1/E)^M``."""
+    rows (``group_rows``, from a real run), else the expected share. A router sends each of the
+    ``rows / k`` tokens to ``k = picks`` different groups, so a group is missed by all of them with
+    probability ``(1 - k/E)^(M/k)``; without ``picks`` each row picks one of the E groups on its
+    own, ``(1 - 1/E)^M``. (Top-2 of 4 groups, one token: 2 groups of 4 reached, where rows picking
+    on their own would reach 1.75.)"""
     if groups <= 1:
         return 1.0
     if group_rows is not None:
         return float(sum(1 for r in group_rows if r > 0)) / groups
+    if picks and picks <= groups:
+        return 1.0 - (1.0 - picks / groups) ** (rows / picks)
     return 1.0 - (1.0 - 1.0 / groups) ** rows
 
 

@@ -141,19 +141,25 @@ def product_rows(op: OpRecord) -> tuple[list[float], list[float]]:
     A plain product is one product of :func:`matmul_rows` rows. A grouped product (mixture-of-
     experts weights stored as one ``[E, ...]`` tensor, ``op.groups``) runs, on a CPU, one product
     per group that has rows: the rows of each, where a real run's offsets said
-    (``op.group_rows``); on the meta device, where the routing has no values, each of the M rows
-    picks one of the E groups at random, so ``E * Binomial(k; M, 1/E)`` groups are expected to
-    have k rows. (One thread, a 2-core x86 host: a batch-4 decode step of a 4-expert top-2 model
-    priced as one product of all eight routed rows came out 9-17 % under the measured TPOT; the
-    experts' products of one to three rows each stream their weights once more per row.)"""
+    (``op.group_rows``); on the meta device, where the routing has no values, a router sends each
+    of the ``M / K`` tokens to ``K`` different groups (``op.group_picks``, its top-k), so ``E *
+    Binomial(k; M / K, K / E)`` groups are expected to have k rows (without ``group_picks`` each row
+    picks one of the E groups on its own: ``E * Binomial(k; M, 1/E)``). (One thread, a 2-core x86
+    host: a batch-4 decode step of a 4-expert top-2 model priced as one product of all eight routed
+    rows came out 9-17 % under the measured TPOT; the experts' products of one to three rows each
+    stream their weights once more per row.)"""
     rows = matmul_rows(op)
     if not op.groups or op.groups <= 1:
         return [rows], [1.0]
     if op.group_rows is not None:
         sizes = [float(r) for r in op.group_rows if r > 0]
         return (sizes, [1.0] * len(sizes)) if sizes else ([rows], [1.0])
-    m, e = int(round(rows)), op.groups
-    p = 1.0 / e
+    e = op.groups
+    picks = op.group_picks if op.group_picks and op.group_picks <= e else 1
+    m = max(1, int(round(rows / picks)))
+    p = picks / e
+    if p >= 1.0:  # every group receives every token's row
+        return [float(m)], [float(e)]
     ks, ws = [], []
     pk = (1.0 - p) ** m  # Binomial(0; m, p), then the recurrence P(k) = P(k-1) (m-k+1)/k p/(1-p)
     for k in range(1, m + 1):
