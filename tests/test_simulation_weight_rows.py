@@ -324,6 +324,47 @@ def test_a_routers_top_k_sends_each_tokens_rows_to_different_groups() -> None:
     assert product_rows(replace(four, group_picks=8)) == product_rows(replace(four, group_picks=None))
 
 
+def test_a_grouped_products_products_each_wait_on_their_own_bound() -> None:
+    """The products of a grouped product run one after another: those of few rows stream their
+    group's weights (memory-bound), those of many rows compute; the op takes the sum of each
+    product's own bound, more than the larger of its totals. The calibration's features split the
+    op the same way."""
+    from perfsdk.hardware.catalog import builtin_profiles
+    from perfsdk.simulation.costmodel import compute_time_s, memory_time_s, pack_time_s, serial_products
+
+    base = builtin_profiles()["host-cpu"]
+    prof = type(base).model_validate({**base.model_dump(), "matmul_pack_rows": 1.0, "matmul_pack_gbs": 20.0,
+                                      "matmul_half_rows": 16.0, "matmul_ns_per_weight_row": None,
+                                      "softmax_ns_per_element": None, "cache_mb": None, "call_overhead_s": None,
+                                      "memory_bandwidth_gbs": base.memory_bandwidth_gbs * 4})
+    # rows 1 and 7 over two of four experts: 8 rows, the 7-row product slowed by (7 + 16) / 7
+    op = _grouped_op(8, 4, [1, 0, 0, 7], reached=2)
+    compute, memory = compute_time_s(op, prof), memory_time_s(op, prof)
+    per_row = compute / (8 + 16)
+    one, seven = per_row * 1, per_row * (7 + 16)  # each product's compute
+    assert compute == pytest.approx(one + seven)
+    mem_each = memory / 2  # each reads one expert's weights
+    assert one < mem_each < seven  # the 1-row product streams, the 7-row one computes
+    expected = mem_each + seven
+    assert expected > max(compute, memory)
+    c = cost_op(op, prof)
+    assert c.compute_s == pytest.approx(compute) and c.memory_s == pytest.approx(memory)
+    assert c.serial_s == pytest.approx(expected - max(compute, memory))
+    assert c.time_s == pytest.approx(expected + pack_time_s(op, prof) + c.overhead_s)
+    t, c_share, m_share = serial_products(product_rows(op), 1.0, 16.0, compute, memory)
+    assert (t, c_share, m_share) == (pytest.approx(expected), pytest.approx(seven / compute), pytest.approx(0.5))
+    # a plain product is one product: the larger of its terms, nothing on top
+    plain = replace(op, groups=None, group_rows=None)
+    assert cost_op(plain, prof).serial_s == 0.0
+    assert serial_products(product_rows(plain), 1.0, 16.0, 2.0, 3.0) == (3.0, 0.0, 1.0)
+    # the calibration's features: the compute-bound product's FLOPs, the memory-bound one's bytes
+    ob = Observation.from_ops("moe", "decode", 1.0, [op])
+    x_f, x_b = compute / (op.flops * (8 + 16) / 8), 1.0 / prof.effective_bandwidth_bytes_per_s
+    f = ob.features(x_f, x_b, 16.0, pack_rows=1.0)
+    assert f[0] == pytest.approx(op.flops * (1 + 16 / 8) * seven / compute, rel=1e-9)
+    assert f[1] == pytest.approx(0.5 * (op.bytes_read + op.bytes_written), rel=1e-9)
+
+
 def _linear_op(rows: int, out_f: int = 4096, in_f: int = 512, *, conv1d: bool = False) -> OpRecord:
     """A product of ``rows`` rows over an fp32 weight of ``out_f`` x ``in_f``, stored [out, in]
     as a linear layer does or [in, out] as a Conv1D does."""

@@ -294,7 +294,7 @@ class Simulator:
             for acc in (phases[ph], layers[(op.module_path, ph)]):
                 acc.time_s += t
                 acc.compute_s += c.compute_s * w_t
-                acc.memory_s += (c.memory_s + c.pack_s + c.alloc_s) * w_t
+                acc.memory_s += (c.memory_s + c.serial_s + c.pack_s + c.alloc_s) * w_t
                 acc.transfer_s += c.transfer_s * w_t
                 acc.overhead_s += c.overhead_s * w_t
                 acc.dyn_j += c.dynamic_energy_j * w

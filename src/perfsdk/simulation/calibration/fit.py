@@ -60,8 +60,8 @@ from perfsdk.hardware.profile import MEMORY_COEFFICIENTS, HardwareProfile, Small
 from perfsdk.capture.ops import OpRecord
 from perfsdk.simulation.costmodel import (WHOLE_INPUT_PHASES, fresh_bytes, inner_size, matmul_rows, op_bytes, pack_passes, product_rows,
                                           fast_pack_share, product_weight_bytes, products_pack_passes,
-                                          products_small_m, resident_bytes, small_m_applies, weight_row_applies,
-                                          weight_row_share, weight_rows)
+                                          products_small_m, resident_bytes, serial_products, small_m_applies,
+                                          weight_row_applies, weight_row_share, weight_rows)
 
 log = structlog.get_logger("perfsdk.simulation.calibration")
 
@@ -232,9 +232,16 @@ class Observation:
         else:
             f = None
             mem_rate = x_b
-        compute_bound = flops * x_f + per_row * x_h + scores * x_s >= self.bytes_ * mem_rate
-        wc = self.weights * compute_bound
-        mem = (self.weights - wc) * self.bytes_
+        compute_s = flops * x_f + per_row * x_h + scores * x_s
+        memory_s = self.bytes_ * mem_rate
+        compute_share = (compute_s >= memory_s).astype(float)
+        memory_share = 1.0 - compute_share
+        for i, products in self.grouped.items():
+            # one product per group reached, each bound by its own compute or memory
+            _, compute_share[i], memory_share[i] = serial_products(
+                products, pack_rows, h_now, float(compute_s[i]), float(memory_s[i]))
+        wc = self.weights * compute_share
+        mem = self.weights * memory_share * self.bytes_
         from_memory = float(mem @ (1.0 - f)) if f is not None else float(mem.sum())
         return np.array([
             float(wc @ flops),
