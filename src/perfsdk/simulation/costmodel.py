@@ -193,8 +193,9 @@ def serial_products(products: tuple[list[float], list[float]], pack_rows: float 
     539 µs with the larger of the totals, 660 µs product by product.)"""
     ks, ws = products
     n = sum(ws)
-    if len(ks) < 2 or n <= 0 or (compute_s <= 0.0 and memory_s <= 0.0):
-        return max(compute_s, memory_s), (1.0 if compute_s >= memory_s else 0.0), (0.0 if compute_s >= memory_s else 1.0)
+    if len(ks) < 2 or n <= 0:
+        compute_bound = float(compute_s >= memory_s)
+        return max(compute_s, memory_s), compute_bound, 1.0 - compute_bound
     slow = [half if small_m_applies(k, pack_rows) else 0.0 for k in ks]
     denom = sum(w * (k + h) for k, w, h in zip(ks, ws, slow))
     t = c_share = m_share = 0.0
