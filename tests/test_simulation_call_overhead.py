@@ -221,6 +221,49 @@ def test_meta_capture_of_mixtral_states_its_top_k() -> None:
     assert all(product_rows(o) == ([1.0], [pytest.approx(2.0)]) for o in grouped)
 
 
+def test_a_bfloat16_capture_predicted_in_float32_leaves_out_the_casts_a_float32_run_does_not_make() -> None:
+    from dataclasses import replace
+
+    from transformers import AutoModelForCausalLM, MixtralConfig
+
+    from perfsdk.flops.meta import capture_generation_ops
+    from perfsdk.simulation.predictor import rescale_ops
+
+    cfg = MixtralConfig(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                        num_attention_heads=4, num_key_value_heads=2, num_local_experts=4,
+                        num_experts_per_tok=2, max_position_embeddings=128)
+    cap = capture_generation_ops(cfg, 1, 8, 3, [1])  # on the meta device in bfloat16 (the grouped product)
+    assert cap.element_bytes == 2
+
+    def casts(ops: list[OpRecord], path: str) -> int:
+        return sum(1 for o in ops if o.phase == "decode" and o.step == 1 and o.op == "aten._to_copy"
+                   and path in o.module_path)
+
+    # every RMSNorm casts to float32 and back: two calls a norm, five norms
+    assert casts(cap.ops, "norm") == 10
+    as_fp32 = rescale_ops(cap.ops, "float32")
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32).eval()
+    ids = torch.randint(0, 256, (1, 8))
+    with torch.inference_mode(), OperationCapture(model, auto_phase=True) as real:
+        model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=3, min_new_tokens=3, do_sample=False,
+                       pad_token_id=0)
+    assert casts(real.records, "norm") == casts(as_fp32, "norm") == 0
+    assert casts(real.records, "") == casts(as_fp32, "")
+    # the norms' own calls, in float32 in both, keep their bytes; the bfloat16 ones double theirs
+    norm = [o for o in cap.ops if o.phase == "decode" and o.module_path.endswith("model.norm")]
+    kept = [o for o in as_fp32 if o.phase == "decode" and o.module_path.endswith("model.norm")]
+    assert [o.op for o in kept] == [o.op for o in norm if o.op != "aten._to_copy"]
+    for before, after in zip([o for o in norm if o.op != "aten._to_copy"], kept):
+        assert after.bytes_read == (before.bytes_read * 2 if before.dtype == "bfloat16" else before.bytes_read)
+    # predicted in bfloat16, the casts a bfloat16 run makes stay, and the float32 ops keep their bytes
+    same = rescale_ops(cap.ops, "bfloat16")
+    assert casts(same, "norm") == 10 and [o.bytes_read for o in same] == [o.bytes_read for o in cap.ops]
+    # a conversion that is not between two floating-point dtypes is never left out
+    index = replace(norm[0], op="aten._to_copy", dtype="float32", input_dtype="int64")
+    assert rescale_ops([index], "float32") == [index]
+
+
 def test_capture_of_a_grouped_product_counts_the_weights_read() -> None:
     mod = _Experts()
     x = torch.randn(2, 16)

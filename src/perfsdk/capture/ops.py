@@ -66,3 +66,7 @@ class OpRecord:
     # meta device a group then receives each token's rows with probability picks / groups, at
     # most one row a token. None: each row picks a group on its own
     group_picks: int | None = None
+    # the dtype a conversion (aten._to_copy) reads; None for other ops. A conversion between two
+    # floating-point dtypes that a run in another dtype would not make (the casts of a bfloat16
+    # capture predicted in float32) is left out there: see perfsdk.simulation.predictor.rescale_ops
+    input_dtype: str | None = None

@@ -517,6 +517,8 @@ class OperationCapture:
                 groups=groups,
                 group_rows=group_rows,
                 group_picks=picks,
+                input_dtype=(str(ins[0].dtype).replace("torch.", "") if name == "aten::_to_copy" and ins
+                             else None),
                 launches=1 + (unfused[2] if unfused is not None else 0),
             )
         )
