@@ -529,10 +529,10 @@ def as_module_calls(ops: list[OpRecord]) -> list[OpRecord]:
 _FLOAT_DTYPES = {"float32", "float16", "bfloat16", "float8_e4m3fn", "float8_e5m2"}
 
 
-def rescale_ops(ops: list[OpRecord], dtype: str, source: str | None = None) -> list[OpRecord]:
-    """Copies of ``ops`` as if run in ``dtype`` rather than ``source``, the dtype the model ran in
-    (default: that of the matrix products' weights, else the most frequent floating-point dtype of
-    the ops): the ops in ``source`` get the new dtype and their byte counts scaled by the
+def rescale_ops(ops: list[OpRecord], dtype: str) -> list[OpRecord]:
+    """Copies of ``ops`` as if run in ``dtype`` rather than the dtype the model ran in (that of the
+    matrix products' weights, else the most frequent floating-point dtype of the ops): the ops in
+    that dtype get the new dtype and their byte counts scaled by the
     element-size ratio; ops in another dtype (the float32 a bfloat16 model's norms compute in),
     integer and index ops are left alone. A conversion between two floating-point dtypes that
     become one in ``dtype`` (a bfloat16 capture's casts to float32 and back, predicted in float32)
@@ -542,10 +542,9 @@ def rescale_ops(ops: list[OpRecord], dtype: str, source: str | None = None) -> l
 
     from perfsdk.simulation.analytic import dtype_bytes
 
-    if source is None:
-        weighted = Counter(o.dtype for o in ops if o.weight_bytes and o.dtype in _FLOAT_DTYPES)
-        counts = weighted or Counter(o.dtype for o in ops if o.dtype in _FLOAT_DTYPES)
-        source = counts.most_common(1)[0][0] if counts else dtype
+    weighted = Counter(o.dtype for o in ops if o.weight_bytes and o.dtype in _FLOAT_DTYPES)
+    counts = weighted or Counter(o.dtype for o in ops if o.dtype in _FLOAT_DTYPES)
+    source = counts.most_common(1)[0][0] if counts else dtype
 
     def as_run(d: str) -> str:
         return dtype if d == source else d
