@@ -1,0 +1,154 @@
+"""Where a decode step's time goes, call by call, against what a profile prices.
+
+Every ATen call of ``generate`` is timed on the wall clock (a ``TorchDispatchMode`` around each
+call; the timer adds a few microseconds a call, alike at every batch size). A decode step's cost is
+taken as the difference between ``generate`` of ``--steps + 1`` new tokens and of one, over
+``--steps``, the median of ``--repeats`` such pairs after a warm-up, at each batch size. Matrix
+products are told apart by their weight's shape ``(inner, out)``. With ``--profile`` (a calibrated
+profile, say the YAML ``perfsdk calibrate -o`` writes), each product is priced by the cost model
+as the simulator prices it (the model's own ATen calls captured on the meta device, one decode
+step, the step's resident bytes) and printed beside: what a product of a few rows costs against
+its one-row time, measured and priced.
+
+Usage: ``PYTHONPATH=src python benchmarks/decode_ops.py --model family:falcon [--profile host.yaml]
+[--threads 1] [--batches 1,4] [--prompt 32] [--steps 32] [--repeats 5] [--top 20]``; ``--model``
+takes what ``benchmarks/simulation_accuracy.py`` builds (``builtin:NAME[@...]``, ``type:TYPE``,
+``family:NAME``). Nothing else should run meanwhile.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import time
+from collections import defaultdict
+from typing import Any
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+
+def _key(func: Any, args: tuple) -> str:
+    name = func.__name__
+    if name in ("mm.default", "addmm.default") and len(args) > 1:
+        weight = args[2] if name == "addmm.default" else args[1]
+        return f"{name.split('.')[0]} {tuple(weight.shape)}"
+    return name
+
+
+def measured_steps(model: Any, batch: int, prompt: int, steps: int, repeats: int) -> dict[str, tuple[float, float]]:
+    """Seconds a decode step spends in each kind of call and the calls it makes, by key."""
+    import torch
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    acc: dict[str, float] = defaultdict(float)
+    cnt: dict[str, int] = defaultdict(int)
+
+    class Timer(TorchDispatchMode):
+        def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: Any = None) -> Any:
+            t0 = time.perf_counter()
+            out = func(*args, **(kwargs or {}))
+            key = _key(func, args)
+            acc[key] += time.perf_counter() - t0
+            cnt[key] += 1
+            return out
+
+    ids = torch.randint(0, 1000, (batch, prompt))
+
+    def gen(n: int) -> None:
+        with torch.no_grad():
+            model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=n, min_new_tokens=n,
+                           do_sample=False)
+
+    gen(steps + 1)  # warm-up
+    pairs = []
+    for _ in range(repeats):
+        one: dict[int, tuple[dict[str, float], dict[str, int]]] = {}
+        for n in (1, steps + 1):
+            acc.clear()
+            cnt.clear()
+            with Timer():
+                gen(n)
+            one[n] = (dict(acc), dict(cnt))
+        long, short = one[steps + 1], one[1]
+        pairs.append({k: ((long[0][k] - short[0].get(k, 0.0)) / steps, (long[1][k] - short[1].get(k, 0)) / steps)
+                      for k in long[0]})
+    keys = set().union(*pairs)
+    return {k: (statistics.median(p.get(k, (0.0, 0.0))[0] for p in pairs), pairs[0].get(k, (0.0, 0.0))[1])
+            for k in keys}
+
+
+def priced_products(config: Any, profile: Any, batch: int, prompt: int) -> dict[str, list[float]]:
+    """Seconds the cost model gives each matrix product of one decode step, by weight shape."""
+    from perfsdk.flops.meta import capture_generation_ops
+    from perfsdk.simulation.costmodel import cost_op, inner_size, resident_bytes
+    from perfsdk.simulation.predictor import as_module_calls, rescale_ops
+
+    cap = capture_generation_ops(config, batch, prompt, 3, [1, 2])
+    ops = as_module_calls(rescale_ops(cap.ops, "float32"))
+    resident: dict[tuple[str, int], float] = defaultdict(float)
+    for op in ops:
+        resident[(op.phase, op.step)] += resident_bytes(op)
+    out: dict[str, list[float]] = defaultdict(list)
+    for op in ops:
+        if op.phase != "decode" or op.step != 2 or op.category != "matmul" or not op.weight_bytes:
+            continue
+        shape = (int(round(inner_size(op))), int(op.output_shape[-1]) if op.output_shape else 0)
+        out[f"mm {shape}"].append(cost_op(op, profile, "float32", resident[(op.phase, op.step)]).time_s)
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--model", required=True)
+    ap.add_argument("--profile", help="a calibrated profile (YAML) whose prices are printed beside")
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--batches", default="1,4")
+    ap.add_argument("--prompt", type=int, default=32)
+    ap.add_argument("--steps", type=int, default=32)
+    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--top", type=int, default=20, help="kinds of call printed, by time at the last batch size")
+    args = ap.parse_args(argv)
+    import torch
+
+    from simulation_accuracy import build_model
+
+    torch.set_num_threads(args.threads)
+    batches = [int(b) for b in args.batches.split(",") if b]
+    model = build_model(args.model)
+    profile = None
+    if args.profile:
+        from perfsdk.hardware.profile import load_profile_file
+
+        profile = load_profile_file(args.profile)[0]
+    measured = {b: measured_steps(model, b, args.prompt, args.steps, args.repeats) for b in batches}
+    priced = {b: priced_products(model.config, profile, b, args.prompt) for b in batches} if profile else {}
+    last = batches[-1]
+    print(f"{args.model}, {args.threads} thread(s), {args.prompt}-token prompt: a decode step, µs")
+    for b in batches:
+        total = sum(t for t, _ in measured[b].values())
+        calls = sum(c for _, c in measured[b].values())
+        print(f"  batch {b}: {total * 1e6:.0f} µs in {calls:.0f} calls (the timer's own time included)")
+    head = "call".ljust(44) + "".join(f"{'b' + str(b) + ' µs/call':>14}" for b in batches)
+    if profile:
+        head += "".join(f"{'b' + str(b) + ' priced':>12}" for b in batches)
+    print(head + f"{'calls/step':>12}")
+    keys = sorted(measured[last], key=lambda k: -measured[last][k][0])[:args.top]
+    for k in keys:
+        row = k.ljust(44)
+        for b in batches:
+            t, c = measured[b].get(k, (0.0, 0.0))
+            row += f"{t / c * 1e6 if c else 0.0:14.1f}"
+        if profile:
+            for b in batches:
+                p = priced[b].get(k.replace("addmm", "mm"))
+                row += f"{statistics.mean(p) * 1e6:12.1f}" if p else f"{'':12}"
+        print(row + f"{measured[last][k][1]:12.1f}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,40 @@
+"""benchmarks/decode_ops.py: each matrix product of a decode step is found by its weight's shape,
+measured and priced under the same key."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "decode_ops.py"
+
+
+@pytest.fixture(scope="module")
+def decode_ops():
+    spec = importlib.util.spec_from_file_location("decode_ops", SCRIPT)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_products_are_measured_and_priced_under_one_key_per_weight_shape(decode_ops):
+    from perfsdk.hardware.catalog import get_profile
+    from perfsdk.simulation.calibration import build_random_model
+
+    torch.set_num_threads(1)
+    model = build_random_model("builtin:tiny-llama-small")  # 2 layers, hidden 128, MLP 352, 2 of 4 heads for k/v
+    measured = decode_ops.measured_steps(model, batch=2, prompt=8, steps=2, repeats=1)
+    products = {k: calls for k, (_, calls) in measured.items() if k.startswith("mm ")}
+    # a decode step: per layer q, o [128 -> 128], k, v [128 -> 64], gate, up [128 -> 352], down
+    # [352 -> 128]; then the head [128 -> 4096]
+    assert products == {"mm (128, 128)": 4.0, "mm (128, 64)": 4.0, "mm (128, 352)": 4.0,
+                        "mm (352, 128)": 2.0, "mm (128, 4096)": 1.0}
+    assert all(measured[k][0] > 0 for k in products)
+    priced = decode_ops.priced_products(model.config, get_profile("host-cpu"), batch=2, prompt=8)
+    assert {k: len(v) for k, v in priced.items()} == {k: int(c) for k, c in products.items()}
+    # the head streams the most bytes of any product: the cost model prices it dearest
+    assert max(priced, key=lambda k: max(priced[k])) == "mm (128, 4096)"
