@@ -338,6 +338,7 @@ def main(argv: list[str] | None = None) -> int:
                                                 measure_in_session, pass_order, profile_from_fit,
                                                 reference_tracking)
     from perfsdk.simulation.predictor import simulate_config
+    from perfsdk.simulation.calibration.measure import few_row_text
 
     torch.set_num_threads(args.threads)
     t0 = time.time()
@@ -379,6 +380,7 @@ def main(argv: list[str] | None = None) -> int:
               f"matmul_half_rows {fit.matmul_half_rows:.2f}, small-M gaps "
               f"{fit.small_m_gaps.model_dump() if fit.small_m_gaps else None}, "
               f"pack_rows {fit.pack_rows} ({fit.pack_note or 'no staircase'}), "
+              f"few rows: {few_row_text(fit.few_rows) if fit.few_rows else 'none'}, "
               f"cache {fit.cache_bytes / 1e6:g} MB, decode warm-up {fit.decode_warmup_steps:.2f} steps, "
               f"{fit.passes} passes {fit.drift_pct or 0:.1f} % apart "
               f"({fit.normalised_drift_pct or 0:.1f} % normalised, tracking {fit.reference_tracking}); "

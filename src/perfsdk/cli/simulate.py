@@ -435,7 +435,7 @@ def calibrate_command(models: tuple[str, ...], repeats: int, passes: int, max_pa
     """Fit a host profile (FLOP/s, bandwidth, per-op and per-step overhead) from short measured runs,
     or with --from-store from runs already measured and stored."""
     from perfsdk.simulation.calibration import calibrate_from_store, calibrate_here, profile_from_fit
-    from perfsdk.simulation.calibration.measure import small_m_text
+    from perfsdk.simulation.calibration.measure import few_row_text, small_m_text
 
     def progress(m: Any) -> None:
         click.echo(f"measured {m.model} batch {m.batch_size} in {m.input_tokens} out {m.output_tokens}: "
@@ -477,6 +477,8 @@ def calibrate_command(models: tuple[str, ...], repeats: int, passes: int, max_pa
             click.echo(f"cache: {result.cache_note}", err=True)
         if result.pack_note:
             click.echo(f"repacking: {result.pack_note}", err=True)
+        if result.few_rows is not None:
+            click.echo(f"few rows: {few_row_text(result.few_rows)}", err=True)
         profile = profile_from_fit(result, name=name, note=note)
         if profile.fresh_write_gbs:
             click.echo(f"fresh memory: {profile.fresh_write_gbs:.1f} GB/s on top of the bytes' own time, written by "
@@ -503,6 +505,8 @@ def calibrate_command(models: tuple[str, ...], repeats: int, passes: int, max_pa
                                "pack_note": result.pack_note,
                                "matmul_pack_fast_mb": profile.matmul_pack_fast_mb,
                                "matmul_pack_fast_share": profile.matmul_pack_fast_share,
+                               "matmul_few_rows": (profile.matmul_few_rows.model_dump()
+                                                   if profile.matmul_few_rows else None),
                                "decode_warmup_steps": result.decode_warmup_steps,
                                "drift_pct": result.drift_pct,
                                "normalised_drift_pct": result.normalised_drift_pct, "passes": result.passes,

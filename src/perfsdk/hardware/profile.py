@@ -150,6 +150,62 @@ class SmallMGaps(_Strict):
         return h * s if s is not None else max(0.0, h - self.gap(inner, in_out))
 
 
+
+class FewRowRatios(_Strict):
+    """What a matrix product of a few rows costs against the same product of one row, as a host's
+    calibration measured it (a staircase of linear products of 1 to 16 rows over fp32 weights
+    streamed from memory): a CPU kernel runs one row as a matrix-vector product and two or three
+    as one more pass over the weight each, then repacks the weight from four rows on, so the time
+    steps up and down with the rows in a way no rate per FLOP or per byte follows. A product of R
+    rows (from 2 up to the last listed count) costs its one-row time times the ratio at R (linear
+    between the listed counts).
+
+    ``streamed`` holds over a weight of ``streamed_mb`` and more (the staircase's weight, which
+    the first pass leaves in no cache); ``cached``, where given, over a weight of at most
+    ``cached_mb`` (the cores' own caches keep it between passes); between the two sizes the ratio
+    is linear in log bytes. (Two threads on a 2-core x86 host: 1.8-2.1 at 2 rows, 1.4-1.6 at 4,
+    1.1-1.3 at 8 over weights of 8-16 MB; 1.3, 1.4 and 1.1-1.2 over weights of at most 1 MB.)"""
+
+    rows: list[int] = Field(min_length=1, description="Row counts measured, ascending, from 2")
+    streamed: list[float] = Field(description="Time at each row count over the one-row time, streamed weight")
+    streamed_mb: float = Field(gt=0, description="The streamed weight's size, MB")
+    cached: list[float] | None = Field(default=None,
+                                       description="The same over a weight of at most cached_mb; none: as streamed")
+    cached_mb: float | None = Field(default=None, gt=0, description="Largest weight that takes cached, MB")
+
+    @model_validator(mode="after")
+    def _aligned(self) -> FewRowRatios:
+        if any(r < 2 for r in self.rows) or any(b <= a for a, b in zip(self.rows, self.rows[1:])):
+            raise ValueError(f"rows must be ascending counts of at least 2, got {self.rows}")
+        for name in ("streamed", "cached"):
+            ys = getattr(self, name)
+            if ys is not None and (len(ys) != len(self.rows) or any(y <= 0 for y in ys)):
+                raise ValueError(f"{name} needs one positive ratio per row count ({len(self.rows)}), got {ys}")
+        if (self.cached is None) != (self.cached_mb is None):
+            raise ValueError("cached and cached_mb go together")
+        return self
+
+    def ratio(self, rows: float, weight_bytes: float) -> float | None:
+        """The ratio of a product of ``rows`` rows over a weight of ``weight_bytes``; None where
+        the staircase does not reach (one row, or more than its last count)."""
+        import math
+
+        if rows < 1.5 or rows > self.rows[-1]:
+            return None
+        xs = [1.0, *map(float, self.rows)]
+        slow = float(np.interp(rows, xs, [1.0, *self.streamed]))
+        if self.cached is None or self.cached_mb is None:
+            return slow
+        fast = float(np.interp(rows, xs, [1.0, *self.cached]))
+        lo, hi = self.cached_mb * 1e6, self.streamed_mb * 1e6
+        if weight_bytes <= lo or hi <= lo:
+            return fast if weight_bytes <= lo else slow
+        if weight_bytes >= hi:
+            return slow
+        t = math.log(weight_bytes / lo) / math.log(hi / lo)
+        return fast + t * (slow - fast)
+
+
 #: the rates that price the bytes streamed from memory (the memory-bound bytes, and the weights a
 #: matrix product repacks), and the calibration coefficients of the same: what
 #: :meth:`HardwareProfile.slower_by` scales by the memory traffic's own factor
@@ -246,6 +302,10 @@ class CalibrationRecord(_Strict):
         description="The small-M slowdown's gaps by weight layout and inner size that the calibration's layout "
                     "ladder measured and its fit priced the measured products with (the profile's "
                     "matmul_small_m_gaps)")
+    few_rows: FewRowRatios | None = Field(
+        default=None,
+        description="The few-row staircase the fit priced the measured products of a few rows with (the profile's "
+                    "matmul_few_rows)")
     clock: Literal["wall", "cpu"] | None = Field(default=None, description="The clock its times were taken on")
 
     def layout_gaps(self) -> SmallMGaps | None:
@@ -353,6 +413,12 @@ class HardwareProfile(_Strict):
                     "(with two threads on one x86 host, [out, in] products of R = 16-48 rows took (R + 64 to 104) / R "
                     "of their full-speed time at K <= 640, (R + 2 to 38) / R at K >= 768). Measured by perfsdk calibrate; unset: "
                     "matmul_half_rows_in_out, else matmul_half_rows for every product")
+    matmul_few_rows: FewRowRatios | None = Field(
+        default=None,
+        description="A matrix product of 2 rows up to the last count of rows costs its one-row time (max(compute, memory) and the cost per "
+                    "stored weight row, priced at one row) times the ratio this staircase gives at its rows and "
+                    "weight size, in place of the small-M slowdown and the repacking passes. Measured by perfsdk "
+                    "calibrate; unset: matmul_half_rows and matmul_pack_rows price every product")
     matmul_ns_per_weight_row: float | None = Field(
         default=None, ge=0,
         description="Fixed cost of each row of a matrix product's weight as stored (the output features of a "

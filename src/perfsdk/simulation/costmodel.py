@@ -30,6 +30,11 @@ For one operation on one device (profile ``P``)::
                  compute or memory, take beyond max(compute_s, memory_s) of their totals
                  (serial_products; 0 for every other op)
     time_s     = max(compute_s, memory_s) + serial_s + pack_s + alloc_s + overhead_s
+                 (with P.matmul_few_rows, a matrix product of 2 rows up to its last count, 4P as
+                  calibrated, takes compute_s, memory_s and pack_s of the same product at one row
+                  (a grouped product: of each expert's product it runs at one row), each times the
+                  staircase's ratio at its rows and weight size, averaged over its products:
+                  few_row_op)
     overhead_s = P.op_overhead_s + (launches - 1) * P.launch_overhead_s
                  (launches: kernel calls the op stands for; no overhead for views and for the parts
                   of a fused call, launches = 0)
@@ -50,7 +55,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from perfsdk.hardware.profile import HardwareProfile, HardwareProfileError
+import numpy as np
+
+from perfsdk.hardware.profile import FewRowRatios, HardwareProfile, HardwareProfileError
 from perfsdk.capture.ops import OpRecord
 
 PJ = 1e-12
@@ -467,22 +474,80 @@ def overhead_time_s(op: OpRecord, profile: HardwareProfile) -> float:
     return profile.op_overhead_s + (op.launches - 1) * profile.launch_overhead_s
 
 
+def few_row_scale(products: tuple[list[float], list[float]], weight_bytes: float,
+                  few: FewRowRatios | None) -> float | None:
+    """The factor on the one-row time of the ``products`` a matrix product runs
+    (:func:`product_rows`: one, or one per expert it reaches) over ``weight_bytes`` of weights in
+    all, by the staircase ``few`` (:meth:`~perfsdk.hardware.profile.FewRowRatios.ratio` at each
+    product's rows and weight, averaged over the products; a one-row product's is 1). None where
+    ``few`` is unset, the product has no weight, a product's rows lie past the staircase, or every
+    product has one row (nothing to scale)."""
+    ks, ws = products
+    n = sum(ws)
+    if few is None or not weight_bytes or n <= 0 or not all(np.isfinite(k) for k in ks):
+        return None
+    each = float(weight_bytes) / n
+    total = 0.0
+    for k, w in zip(ks, ws):
+        if k > few.rows[-1]:
+            return None
+        ratio = few.ratio(float(k), each) if k >= 1.5 else 1.0
+        total += w * (ratio if ratio is not None else 1.0)
+    return total / n if any(k >= 1.5 for k in ks) else None
+
+
+def one_row_terms(flops: float, nbytes: float, weight_bytes: float, rows: float, ratio: float,
+                  products: float = 1.0) -> tuple[float, float]:
+    """(FLOPs, bytes) of a matrix product of ``rows`` rows priced as its one-row products (one,
+    or one per expert a grouped product reaches: ``products``) times ``ratio``: one row's FLOPs
+    each, and the whole weight with one row's activations each, all times it."""
+    return flops / rows * products * ratio, (weight_bytes + products * (nbytes - weight_bytes) / rows) * ratio
+
+
+def few_row_op(op: OpRecord, profile: HardwareProfile) -> OpRecord:
+    """``op`` as the cost model prices it: a matrix product of a few rows on a profile with
+    ``matmul_few_rows`` and ``matmul_pack_rows`` becomes its one-row product (a grouped product:
+    one per expert it reaches, no longer grouped) with FLOPs, bytes and stored weight rows times
+    the staircase's ratio at its rows and weight size (:func:`few_row_scale`; one row runs without
+    the small-M slowdown and without repacking, and pays the cost per stored row); any other op is
+    returned as it is. Its energy, calls and overhead stay the op's own."""
+    from dataclasses import replace
+
+    if op.category != "matmul" or not profile.matmul_pack_rows:
+        return op
+    products = product_rows(op)
+    ratio = few_row_scale(products, op.weight_bytes, profile.matmul_few_rows)
+    if ratio is None:
+        return op
+    rows, n = matmul_rows(op), sum(products[1])
+    flops, nbytes = one_row_terms(op.flops, op_bytes(op), op.weight_bytes, rows, ratio, n)
+    written = op.bytes_written / rows * n * ratio
+    out = op.output_shape[-1] if op.output_shape else 0
+    # not rounded: the fit prices the same product with the same (fractional) figures
+    scaled: dict[str, Any] = {"flops": flops, "macs": flops / 2, "bytes_read": nbytes - written,
+                              "bytes_written": written, "weight_rows": weight_rows(op) * ratio, "elements": out,
+                              "groups": None, "group_rows": None, "group_picks": None}
+    return replace(op, **scaled)
+
+
 def cost_op(op: OpRecord, profile: HardwareProfile, dtype: str | None = None,
             resident_bytes: float | None = None) -> OpCost:
     """Cost of ``op`` on ``profile`` (no transfers). ``dtype`` overrides ``op.dtype`` for peaks;
     ``resident_bytes``: weights + KV cache its forward pass touches on this device (cache model)."""
     nbytes = op_bytes(op)
-    compute_s = compute_time_s(op, profile, dtype)
-    memory_s = memory_time_s(op, profile, resident_bytes)
+    priced = few_row_op(op, profile)
+    compute_s = compute_time_s(priced, profile, dtype)
+    memory_s = memory_time_s(priced, profile, resident_bytes)
     serial_s = 0.0
-    if op.category == "matmul" and op.groups and op.groups > 1:
-        t = serial_products(product_rows(op), profile.matmul_pack_rows, half_rows(op, profile), compute_s, memory_s)[0]
+    if priced.category == "matmul" and priced.groups and priced.groups > 1:
+        t = serial_products(product_rows(priced), profile.matmul_pack_rows, half_rows(priced, profile), compute_s,
+                            memory_s)[0]
         serial_s = max(0.0, t - max(compute_s, memory_s))
     return OpCost(
         compute_s=compute_s,
         memory_s=memory_s,
         serial_s=serial_s,
-        pack_s=pack_time_s(op, profile, resident_bytes),
+        pack_s=pack_time_s(priced, profile, resident_bytes),
         alloc_s=alloc_time_s(op, profile),
         overhead_s=overhead_time_s(op, profile),
         compute_energy_j=op.flops * profile.compute_pj_per_flop * PJ,

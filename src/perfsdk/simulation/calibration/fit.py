@@ -56,9 +56,10 @@ from typing import Any, Literal
 import numpy as np
 import structlog
 
-from perfsdk.hardware.profile import MEMORY_COEFFICIENTS, HardwareProfile, SmallMGaps
+from perfsdk.hardware.profile import MEMORY_COEFFICIENTS, FewRowRatios, HardwareProfile, SmallMGaps
 from perfsdk.capture.ops import OpRecord
-from perfsdk.simulation.costmodel import (WHOLE_INPUT_PHASES, fresh_bytes, inner_size, matmul_rows, op_bytes, pack_passes, product_rows,
+from perfsdk.simulation.costmodel import (WHOLE_INPUT_PHASES, few_row_scale, fresh_bytes, inner_size, matmul_rows,
+                                          one_row_terms, op_bytes, pack_passes, product_rows,
                                           fast_pack_share, product_weight_bytes, products_pack_passes,
                                           products_small_m, resident_bytes, serial_products, small_m_applies,
                                           weight_row_applies, weight_row_share, weight_rows)
@@ -110,6 +111,13 @@ class Observation:
     #: share of a pass at the repacking rate (the profile's ``matmul_pack_fast_mb`` and
     #: ``matmul_pack_fast_share``); None: every weight alike
     pack_fast: tuple[float, float] | None = None
+    #: the few-row staircase (the profile's ``matmul_few_rows``): setting it prices each product of
+    #: 2 rows up to the staircase's last count (a grouped one: whose experts' products have at most
+    #: that many rows each) as its one-row
+    #: product times the staircase's ratio (FLOPs, bytes and stored weight rows scaled, one row:
+    #: :func:`~perfsdk.simulation.costmodel.few_row_op`); None: every product at its own rows.
+    #: Only with a repacking size (the fit's ``pack_rows``)
+    few_rows: FewRowRatios | None = None
     #: grouped products (mixture-of-experts), by op index: the row counts of the products each
     #: runs and how many of each (:func:`~perfsdk.simulation.costmodel.product_rows`)
     grouped: dict[int, tuple[list[float], list[float]]] = field(default_factory=dict)
@@ -118,10 +126,47 @@ class Observation:
     #: when a field other than the measured time is set
     _memo: dict[tuple[Any, ...], Any] = field(default_factory=dict, init=False, repr=False, compare=False)
 
+    def __post_init__(self) -> None:
+        if self.few_rows is not None:
+            self._price_few_rows(self.few_rows)
+
     def __setattr__(self, name: str, value: Any) -> None:
         if name not in ("measured_s", "_memo") and "_memo" in self.__dict__:
             self._memo.clear()
+        if name == "few_rows" and "few_rows" in self.__dict__:
+            self._price_few_rows(value)
         object.__setattr__(self, name, value)
+
+    def _price_few_rows(self, few: FewRowRatios | None) -> None:
+        """Rewrite the products' FLOPs, bytes, rows and stored weight rows for the staircase ``few``
+        (:attr:`few_rows`; a grouped product so priced is grouped no more), from the arrays as first
+        built (kept aside the first time)."""
+        if self.rows is None or self.weight_bytes is None:
+            return
+        raw = self.__dict__.setdefault("_as_built", {})
+        if not raw:
+            raw.update(flops=self.flops, bytes_=self.bytes_, rows=self.rows, weight_rows=self.weight_rows,
+                       grouped=self.grouped)
+        flops, nbytes, rows = raw["flops"].copy(), raw["bytes_"].copy(), raw["rows"].copy()
+        wrows = None if raw["weight_rows"] is None else raw["weight_rows"].copy()
+        grouped = dict(raw["grouped"])
+        if few is not None:
+            for i, r in enumerate(raw["rows"]):
+                if not np.isfinite(r):
+                    continue
+                products = grouped.get(i, ([float(r)], [1.0]))
+                ratio = few_row_scale(products, self.weight_bytes[i], few)
+                if ratio is None:
+                    continue
+                flops[i], nbytes[i] = one_row_terms(flops[i], nbytes[i], self.weight_bytes[i], r, ratio,
+                                                    sum(products[1]))
+                rows[i] = 1.0
+                grouped.pop(i, None)
+                if wrows is not None:
+                    wrows[i] *= ratio
+        for name, value in (("flops", flops), ("bytes_", nbytes), ("rows", rows), ("weight_rows", wrows),
+                            ("grouped", grouped)):
+            object.__setattr__(self, name, value)
 
     @classmethod
     def from_ops(cls, label: str, phase: str, measured_s: float, ops: list[OpRecord],
@@ -373,6 +418,9 @@ class FitResult:
     #: (bytes, share) of the further passes over a weight that stays in the cores' own caches
     #: (:attr:`Observation.pack_fast`; measured by the micro-kernels; None: not measured)
     pack_fast: tuple[float, float] | None = None
+    #: the few-row staircase the measured products of a few rows were priced with
+    #: (:attr:`Observation.few_rows`; measured by the micro-kernels; None: not measured)
+    few_rows: FewRowRatios | None = None
     #: bootstrap refits' coefficients (PARAMS order), held-out errors ([prefill, decode]) and the
     #: reference workload's times relative to their median: see
     #: :class:`~perfsdk.hardware.profile.CalibrationRecord`
@@ -787,7 +835,8 @@ def profile_from_fit(result: FitResult, *, name: str = "host-calibrated", base: 
         normalised_drift_pct=result.normalised_drift_pct, passes=result.passes, threads=result.threads,
         clock=result.clock, small_m_gaps=result.small_m_gaps,
         pack_fast_bytes=result.pack_fast[0] if result.pack_fast and result.pack_rows else 0.0,
-        pack_fast_share=result.pack_fast[1] if result.pack_fast and result.pack_rows else None)
+        pack_fast_share=result.pack_fast[1] if result.pack_fast and result.pack_rows else None,
+        few_rows=result.few_rows if result.pack_rows else None)
     cached = bool(result.cache_bytes) and k.get("s_per_cached_byte", 0) > 0
     where = "this host" if machine is None else f"{cpu} in stored runs"
     return HardwareProfile(
@@ -815,6 +864,7 @@ def profile_from_fit(result: FitResult, *, name: str = "host-calibrated", base: 
                          if result.pack_rows and result.coefficients.get("s_per_packed_byte", 0) > 0 else None),
         matmul_pack_fast_mb=(result.pack_fast[0] / 1e6 if result.pack_fast and result.pack_rows else None),
         matmul_pack_fast_share=(result.pack_fast[1] if result.pack_fast and result.pack_rows else None),
+        matmul_few_rows=result.few_rows if result.pack_rows else None,
         cache_mb=result.cache_bytes / 1e6 if cached else None,
         cache_bandwidth_gbs=1e-9 / k["s_per_cached_byte"] if cached else None,
         softmax_ns_per_element=k.get("s_per_score", 0.0) * 1e9 or None,

@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 
 from perfsdk.capture.ops import OpRecord
-from perfsdk.hardware.profile import HardwareProfile, SmallMGaps
+from perfsdk.hardware.profile import FewRowRatios, HardwareProfile, SmallMGaps
 from perfsdk.simulation.calibration.fit import CACHE_GRID, FitResult, Observation, fit
 from perfsdk.stats import percentile
 
@@ -377,10 +377,10 @@ def micro_observations(repeats: int = 7, clock: str = "wall", estimator: str = "
     one = np.ones(1)
     pair = [ob for shape in MATVEC_PAIR
             for ob in _streamed_products(shape, best, (1,), label=_PAIR, stream_bytes=PAIR_STREAM_BYTES)]
-    staircase = _streamed_products(STAIRCASE_WEIGHT, best, STAIRCASE_ROWS, label=_STAIRCASE)
+    staircase = _streamed_products(STAIRCASE_WEIGHT, best, FEW_ROWS, label=_STAIRCASE)
     core = core_cache_bytes()
     if core:
-        staircase += _streamed_products(fast_staircase_weight(core), best, STAIRCASE_ROWS, label=_FAST_STAIRCASE)
+        staircase += _streamed_products(fast_staircase_weight(core), best, FEW_ROWS, label=_FAST_STAIRCASE)
     working_sets = _working_sets(best)
     layouts = _layout_products(best)
     return [
@@ -406,6 +406,12 @@ MATVEC_PAIR = ((8192, 256), (512, 4096))
 #: The weight and the row counts of the repacking staircase (:func:`repacking_rows`).
 STAIRCASE_WEIGHT = (4096, 512)
 STAIRCASE_ROWS = (1, 2, 3, 4, 8)
+#: The row counts the staircases are timed at: the repacking staircase's and more, up to 16 rows,
+#: 4P at the largest repacking size P the few-row ratios reach (:func:`few_row_ratios`). Between 4
+#: and 16 rows the time is not monotone (two threads on a 2-core x86 host, an 8 MB weight: 1.4,
+#: 1.1-1.2, 1.2 and 1.3-1.5 times the one-row time at 4, 6, 8 and 16 rows), so the counts between
+#: are timed too.
+FEW_ROWS = (1, 2, 3, 4, 6, 8, 12, 16)
 _STAIRCASE = "micro staircase"
 _PAIR = "micro matrix-vector"
 #: the same staircase over a weight half the size of one core's level-2 cache (at most 1 MiB):
@@ -795,7 +801,7 @@ def repacking_choice(micro: list[Observation], grid: tuple[float, ...]) -> tuple
     gives the same size from one calibration to the next."""
     from perfsdk.simulation.costmodel import pack_passes
 
-    steps = sorted((ob for ob in micro if ob.label.startswith(_STAIRCASE)),
+    steps = sorted((ob for ob in micro if ob.label.startswith(_STAIRCASE) and _on_pack_staircase(ob)),
                    key=lambda ob: float(ob.rows[0]))  # type: ignore[index]
     if len(steps) < 3 or float(steps[0].rows[0]) != 1.0:  # type: ignore[index]
         return None
@@ -830,7 +836,7 @@ def _pass_time_per_byte(steps: list[Observation], pack_rows: float) -> float | N
     the one-row product against their extra passes at ``pack_rows`` (least squares through 0)."""
     from perfsdk.simulation.costmodel import pack_passes
 
-    steps = sorted(steps, key=lambda ob: float(ob.rows[0]))  # type: ignore[index]
+    steps = sorted((ob for ob in steps if _on_pack_staircase(ob)), key=lambda ob: float(ob.rows[0]))  # type: ignore[index]
     if len(steps) < 2 or float(steps[0].rows[0]) != 1.0 or steps[0].weight_bytes is None:  # type: ignore[index]
         return None
     n = np.array([float(pack_passes(float(ob.rows[0]), pack_rows)) for ob in steps[1:]])  # type: ignore[index]
@@ -839,6 +845,64 @@ def _pass_time_per_byte(steps: list[Observation], pack_rows: float) -> float | N
         return None
     rate = float(np.sum(n * extra) / np.sum(n * n))
     return rate / float(steps[0].weight_bytes[0]) if rate > 0 else None
+
+
+def _on_pack_staircase(ob: Observation) -> bool:
+    """Whether a staircase product's rows are among :data:`STAIRCASE_ROWS` (what the repacking
+    size and rates are read from; the further counts of :data:`FEW_ROWS` serve the ratios)."""
+    return ob.rows is not None and float(ob.rows[0]) in STAIRCASE_ROWS
+
+
+def _ratios(steps: list[Observation]) -> tuple[list[int], list[float], float] | None:
+    """(rows from 2, time over the one-row time at each, weight bytes) of one staircase."""
+    by_rows = {int(ob.rows[0]): ob for ob in steps if ob.rows is not None}  # type: ignore[index]
+    one = by_rows.get(1)
+    if one is None or one.weight_bytes is None or not one.measured_s > 0:
+        return None
+    rows = sorted(r for r in by_rows if r >= 2)
+    if not rows:
+        return None
+    return rows, [by_rows[r].measured_s / one.measured_s for r in rows], float(one.weight_bytes[0])
+
+
+def few_row_ratios(micro: list[Observation], capacity: float | None,
+                   max_rows: float | None = None) -> FewRowRatios | None:
+    """What a product of a few rows costs against its one-row product, from the staircases among
+    ``micro`` (the profile's ``matmul_few_rows``): the repacking staircase over a weight streamed
+    from memory, and where the core-cache staircase was timed and ``capacity`` (the level-2 cache of
+    the cores a product runs on) is known and smaller than the first's weight, the core-cache one
+    for weights of at most ``capacity``; row counts up to ``max_rows`` (the calibration's: 4P, where
+    the blocked kernel takes over). None where the first staircase is missing or has no count
+    from 2 to ``max_rows``."""
+    big = _ratios([ob for ob in micro if ob.label.startswith(_STAIRCASE)])
+    if big is None:
+        return None
+    rows, streamed, streamed_bytes = big
+    if max_rows is not None:
+        streamed = [r for n, r in zip(rows, streamed) if n <= max_rows]
+        rows = [n for n in rows if n <= max_rows]
+        if not rows:
+            return None
+    small = _ratios([ob for ob in micro if ob.label.startswith(_FAST_STAIRCASE)])
+    cached = cached_mb = None
+    if small is not None and capacity and capacity < streamed_bytes:
+        common = [r for r in rows if r in small[0]]
+        streamed = [streamed[rows.index(r)] for r in common]
+        cached = [small[1][small[0].index(r)] for r in common]
+        rows, cached_mb = common, max(capacity, small[2]) / 1e6
+    return FewRowRatios(rows=rows, streamed=streamed, streamed_mb=streamed_bytes / 1e6, cached=cached,
+                        cached_mb=cached_mb)
+
+
+def few_row_text(few: FewRowRatios) -> str:
+    """The few-row ratios as the calibration prints them."""
+    said = (f"a product of {', '.join(map(str, few.rows))} rows takes "
+            f"{', '.join(f'{r:.2f}' for r in few.streamed)} times its one-row time over a weight streamed from "
+            f"memory ({few.streamed_mb:.1f} MB)")
+    if few.cached is not None:
+        said += (f", {', '.join(f'{r:.2f}' for r in few.cached)} over one of at most {few.cached_mb:.1f} MB "
+                 "(the cores' caches)")
+    return said
 
 
 def fast_pack(micro: list[Observation], pack_rows: float, capacity: float | None) -> tuple[float, float] | None:
@@ -1585,9 +1649,17 @@ def fit_with_micro(micro: list[Observation], measured: list[Observation], *, cor
         # measured by the staircase and held: chosen on the grid by the models' fit, it flipped
         # between 1 and 2 from one calibration to the next
         fit_kw["pack_rows"] = (pack[0],)
-    pack_fast = fast_pack(micro, pack[0], core_cache if core_cache is not None else _core_capacity()) if pack else None
+    capacity = core_cache if core_cache is not None else _core_capacity()
+    pack_fast = fast_pack(micro, pack[0], capacity) if pack else None
+    # a product of a few rows: its one-row time times the staircase's ratio, up to 4P rows (only
+    # beside a repacking size P, which keeps the small-M slowdown off the one-row product). From 4P
+    # rows the blocked kernel runs on both threads, and its time there follows the host's moment:
+    # on a 2-core AMD host with two threads, the staircase's 6-16 rows took 1.1-1.4 times the one-row
+    # time in one calibration and 1.3-1.6 in the next, where 2-4 rows read alike in every one
+    few = few_row_ratios(micro, capacity, 4 * pack[0]) if pack is not None and pack[0] else None
     for ob in measured:  # the further passes over a weight that stays in the cores' caches
         ob.pack_fast = pack_fast
+        ob.few_rows = few
     micro = [ob for ob in micro if not ob.label.startswith((_STAIRCASE, _FAST_STAIRCASE))]
     levels = cache_levels(micro)
     cache = measured_cache(micro)
@@ -1626,6 +1698,7 @@ def fit_with_micro(micro: list[Observation], measured: list[Observation], *, cor
     result.small_m_gaps = layout_gaps
     result.pack_note = pack[1] + (fast_pack_text(pack_fast) if pack_fast else "") if pack is not None else None
     result.pack_fast = pack_fast
+    result.few_rows = few
     return result, fixed
 
 
