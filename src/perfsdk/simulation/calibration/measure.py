@@ -338,9 +338,9 @@ def micro_observations(repeats: int = 7, clock: str = "wall", estimator: str = "
     """Micro-kernels that anchor the rates: a large fp32 matmul (compute), a large elementwise
     add (memory), a chain of kernels on tiny tensors (the cost of one kernel call), a pair of
     streamed one-row products that differ only in their weights' rows (the cost per stored row:
-    :func:`weight_row_cost`) and a staircase of streamed products of 1-8 rows (the repacking
-    size: :func:`repacking_rows`), again over a weight that fits one core's level-2 cache (its
-    further passes: :func:`fast_pack`), and one-row products cycled over working sets of 4 to 384 MiB
+    :func:`weight_row_cost`) and a staircase of streamed products of 1-16 rows (the repacking
+    size: :func:`repacking_rows`; the few-row ratios: :func:`few_row_ratios`), again over a weight
+    that fits one core's level-2 cache (its further passes: :func:`fast_pack`), and one-row products cycled over working sets of 4 to 384 MiB
     (the cache: :func:`measured_cache`) and products of 16 to 256 rows over weights of five inner
     sizes, each stored as a linear layer and as a Conv1D stores it (the small-M slowdown by layout
     and inner size: :func:`small_m_gaps`),
