@@ -36,6 +36,9 @@ over the ops; an eager RMSNorm is six calls), ``x_s`` the per-forward-pass overh
 the once-per-``generate`` set-up cost (prefill only); ``fresh_i`` the bytes a decode step writes
 into fresh memory (:func:`~perfsdk.simulation.costmodel.fresh_bytes`: the KV cache concatenated
 one position longer), ``x_w`` each. ``C`` and ``P`` are chosen on small grids.
+With a few-row staircase (:attr:`Observation.few_rows`), a product of a few rows enters as its
+one-row product with every term times the staircase's ratio at its rows (FLOPs, bytes and stored
+weight rows scaled, one row), as the cost model prices it.
 
 The ``max`` makes it piecewise linear, so the fit alternates: label every op compute- or
 memory-bound with the current estimate, solve the linear least-squares problem (numpy, rows
@@ -113,10 +116,9 @@ class Observation:
     pack_fast: tuple[float, float] | None = None
     #: the few-row staircase (the profile's ``matmul_few_rows``): setting it prices each product of
     #: 2 rows up to the staircase's last count (a grouped one: whose experts' products have at most
-    #: that many rows each) as its one-row
-    #: product times the staircase's ratio (FLOPs, bytes and stored weight rows scaled, one row:
-    #: :func:`~perfsdk.simulation.costmodel.few_row_op`); None: every product at its own rows.
-    #: Only with a repacking size (the fit's ``pack_rows``)
+    #: that many rows each) as its one-row product times the staircase's ratio (FLOPs, bytes and
+    #: stored weight rows scaled, one row: :func:`~perfsdk.simulation.costmodel.few_row_op`); None:
+    #: every product at its own rows. Only with a repacking size (the fit's ``pack_rows``)
     few_rows: FewRowRatios | None = None
     #: grouped products (mixture-of-experts), by op index: the row counts of the products each
     #: runs and how many of each (:func:`~perfsdk.simulation.costmodel.product_rows`)
