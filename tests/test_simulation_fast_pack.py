@@ -9,12 +9,12 @@ import pytest
 
 from perfsdk.hardware.catalog import builtin_profiles
 from perfsdk.simulation.calibration import Observation, profile_from_fit
-from perfsdk.simulation.calibration.fit import PARAMS, fit
+from perfsdk.simulation.calibration.fit import fit
 from perfsdk.simulation.calibration.measure import (_FAST_STAIRCASE, _STAIRCASE, STAIRCASE_ROWS, STAIRCASE_WEIGHT,
                                                     fast_pack, fast_pack_text, fast_staircase_weight, fit_with_micro)
 from perfsdk.simulation.costmodel import cost_op, fast_pack_share, pack_passes, pack_time_s
 
-from tests.test_simulation_fit import TRUTH, _observations
+from tests.test_simulation_fit import TRUTH, _observations, _packed_observations
 from tests.test_simulation_weight_rows import _grouped_op, _linear_op
 
 MIB = float(2**20)
@@ -70,16 +70,8 @@ def test_the_cost_model_and_the_fit_price_the_core_cache_passes_alike() -> None:
     """Observations that follow the cost model with P = 1 and weights of 1 MiB passing at 0.4 of
     the repacking rate: the fit that knows the share recovers the rate, and the profile it makes
     prices every op list as the fit did; a product over a larger weight pays the full rate."""
-    rng = np.random.default_rng(7)
-    truth = np.array([{**TRUTH, "s_per_packed_byte": 2e-11}.get(p, 0.0) for p in PARAMS])
-    _, lists = _observations(rng, n=30)
     fast = (1.5 * MIB, 0.4)
-    obs = []
-    for i, ops in enumerate(lists):
-        o = Observation.from_ops(f"o{i}", "decode", 1.0, ops)
-        o.pack_fast = fast
-        o.measured_s = o.predict(truth, pack_rows=1.0)
-        obs.append(o)
+    obs, lists, _ = _packed_observations(7, pack_fast=fast)
     sizes = {float(b) for o in obs for b in o.weight_bytes if b}  # type: ignore[union-attr]
     assert min(sizes) <= fast[0] < max(sizes)  # some weights fit, some do not
     res = fit(obs, cache_bytes=(0.0,), pack_rows=(1.0,), held={"s_per_weight_row": TRUTH["s_per_weight_row"]})

@@ -20,7 +20,7 @@ from perfsdk.simulation.calibration.measure import (_FAST_STAIRCASE, _STAIRCASE,
                                                     repacking_choice)
 from perfsdk.simulation.costmodel import cost_op, few_row_op, matmul_rows, pack_time_s
 
-from tests.test_simulation_fit import TRUTH, _observations
+from tests.test_simulation_fit import TRUTH, _observations, _packed_observations
 from tests.test_simulation_weight_rows import _grouped_op, _linear_op
 
 MB = 1e6
@@ -109,15 +109,7 @@ def test_a_few_row_product_costs_its_one_row_price_times_the_ratio() -> None:
 def test_the_fit_prices_few_rows_as_the_cost_model_does() -> None:
     """Observations that follow the cost model with the staircase: the fit recovers the
     coefficients, and the profile it makes prices every op list as the fit did."""
-    rng = np.random.default_rng(11)
-    truth = np.array([{**TRUTH, "s_per_packed_byte": 2e-11}.get(p, 0.0) for p in PARAMS])
-    _, lists = _observations(rng, n=30)
-    obs = []
-    for i, ops in enumerate(lists):
-        o = Observation.from_ops(f"o{i}", "decode", 1.0, ops)
-        o.few_rows = FEW
-        o.measured_s = o.predict(truth, pack_rows=1.0)
-        obs.append(o)
+    obs, lists, truth = _packed_observations(11, few_rows=FEW)
     few_row_products = sum(1 for ops in lists for op in ops if op.category == "matmul" and 2 <= matmul_rows(op) <= 16)
     assert few_row_products >= 10  # the staircase prices a good share of them
     res = fit(obs, cache_bytes=(0.0,), pack_rows=(1.0,))

@@ -3,6 +3,8 @@ fitted as coefficients, the robust weighting, and decode times taken step by ste
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import pytest
 
@@ -56,6 +58,23 @@ def _observations(rng: np.random.Generator, n: int = 24) -> tuple[list[Observati
         obs.append(o)
         lists.append(ops)
     return obs, lists
+
+
+def _packed_observations(seed: int, n: int = 30, **fields: Any
+                         ) -> tuple[list[Observation], list[list[OpRecord]], np.ndarray]:
+    """:func:`_observations`'s op lists measured as the cost model prices them with a repacking
+    size of 1 and a repacking rate of 2e-11 s/byte, each observation with ``fields`` set first
+    (say its ``pack_fast`` or ``few_rows``); and the true coefficients."""
+    truth = np.array([{**TRUTH, "s_per_packed_byte": 2e-11}.get(p, 0.0) for p in PARAMS])
+    _, lists = _observations(np.random.default_rng(seed), n=n)
+    obs = []
+    for i, ops in enumerate(lists):
+        o = Observation.from_ops(f"o{i}", "decode", 1.0, ops)
+        for name, value in fields.items():
+            setattr(o, name, value)
+        o.measured_s = o.predict(truth, pack_rows=1.0)
+        obs.append(o)
+    return obs, lists, truth
 
 
 def test_fit_recovers_small_m_softmax_and_weight_row_terms_between_grid_points() -> None:

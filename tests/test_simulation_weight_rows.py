@@ -17,7 +17,7 @@ from perfsdk.simulation.calibration.fit import PARAMS
 from perfsdk.simulation.calibration.measure import MATVEC_PAIR, fit_with_micro, weight_row_cost
 from perfsdk.simulation.costmodel import cost_op, pack_passes, product_rows, weight_rows
 
-from tests.test_simulation_fit import TRUTH, _observations
+from tests.test_simulation_fit import TRUTH, _observations, _packed_observations
 
 transformers = pytest.importorskip("transformers")
 
@@ -420,14 +420,7 @@ def test_with_a_repacking_size_the_fit_and_the_simulation_price_stored_rows_alik
     """Observations that follow the cost model with P = 1 (products of 1 to 512 rows, the cost
     per stored row only below 4 rows): the fit holding the true cost per row recovers the rest,
     and the profile it makes prices every op list as the fit did."""
-    rng = np.random.default_rng(7)
-    truth = np.array([{**TRUTH, "s_per_packed_byte": 2e-11}.get(p, 0.0) for p in PARAMS])
-    _, lists = _observations(rng, n=30)
-    obs = []
-    for i, ops in enumerate(lists):
-        o = Observation.from_ops(f"o{i}", "decode", 1.0, ops)
-        o.measured_s = o.predict(truth, pack_rows=1.0)
-        obs.append(o)
+    obs, lists, truth = _packed_observations(7)
     assert {o.stored_rows(1.0) == 0.0 for o in obs} == {True, False}  # some products pay, some do not
     res = fit(obs, cache_bytes=(0.0,), pack_rows=(1.0,), held={"s_per_weight_row": TRUTH["s_per_weight_row"]})
     assert res.pack_rows == 1.0
