@@ -163,8 +163,8 @@ class FewRowRatios(_Strict):
     ``streamed`` holds over a weight of ``streamed_mb`` and more (the staircase's weight, which
     the first pass leaves in no cache); ``cached``, where given, over a weight of at most
     ``cached_mb`` (the cores' own caches keep it between passes); between the two sizes the ratio
-    is linear in log bytes. (Two threads on a 2-core x86 host: 1.8-2.1 at 2 rows, 1.4-1.6 at 4,
-    1.1-1.3 at 8 over weights of 8-16 MB; 1.3, 1.4 and 1.1-1.2 over weights of at most 1 MB.)"""
+    is linear in log bytes. (Two threads on a 2-core x86 host, timed alone: 1.72-2.10 at 2 rows and
+    1.35-1.64 at 4 over weights of 8-17 MB; 1.25-1.44 and 1.34-1.48 over weights of at most 1 MB.)"""
 
     rows: list[int] = Field(min_length=1, description="Row counts measured, ascending, from 2")
     streamed: list[float] = Field(description="Time at each row count over the one-row time, streamed weight")
@@ -415,10 +415,11 @@ class HardwareProfile(_Strict):
                     "matmul_half_rows_in_out, else matmul_half_rows for every product")
     matmul_few_rows: FewRowRatios | None = Field(
         default=None,
-        description="A matrix product of 2 rows up to the last count of rows costs its one-row time (max(compute, memory) and the cost per "
-                    "stored weight row, priced at one row) times the ratio this staircase gives at its rows and "
-                    "weight size, in place of the small-M slowdown and the repacking passes. Measured by perfsdk "
-                    "calibrate; unset: matmul_half_rows and matmul_pack_rows price every product")
+        description="A matrix product of 2 rows up to the last count of rows costs its one-row time "
+                    "(max(compute, memory) and the cost per stored weight row, priced at one row) times the ratio "
+                    "this staircase gives at its rows and weight size, in place of the small-M slowdown and the "
+                    "repacking passes. Measured by perfsdk calibrate; unset: matmul_half_rows and matmul_pack_rows "
+                    "price every product")
     matmul_ns_per_weight_row: float | None = Field(
         default=None, ge=0,
         description="Fixed cost of each row of a matrix product's weight as stored (the output features of a "

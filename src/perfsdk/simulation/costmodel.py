@@ -137,8 +137,6 @@ def pack_passes(rows: Any, pack_rows: float) -> Any:
     304 at 16: P = 4.) With P = 1 a product of 2 or 3 rows streams its weights once per row
     and one of 4 rows or more repacks them once: one-row products never repack.
     """
-    import numpy as np
-
     if not pack_rows:
         return np.zeros_like(rows, dtype=float) if isinstance(rows, np.ndarray) else 0.0
     r = np.asarray(rows, dtype=float)
@@ -240,8 +238,6 @@ def fast_pack_share(weight_bytes: Any, fast_bytes: float | None, share: float | 
     2-core x86 host with 2 MiB of level-2 cache a core, fp32 weights cycled over 24 MB: a product of
     4 rows took 9.6 and 15.8 µs more than one of 1 row over [768, 256] and [1024, 256], one pass at
     82 and 66 GB/s, and 280 µs more over [4096, 512], one pass at 30 GB/s.)"""
-    import numpy as np
-
     if not fast_bytes or not share:
         return np.ones_like(weight_bytes, dtype=float) if isinstance(weight_bytes, np.ndarray) else 1.0
     out = np.where(np.asarray(weight_bytes, dtype=float) <= fast_bytes, share, 1.0)
@@ -284,8 +280,6 @@ def weight_row_applies(rows: Any, pack_rows: float | None) -> Any:
     fp32 weight as a linear layer stores it against the same weight stored [512, 4096], as a
     Conv1D does, differed by 46, 65 and 65 ns per stored row at 1, 2 and 3 rows, by 8-11 ns at
     4-8 rows; [1024, 256] against [256, 1024]: 34-43 ns at 1-3 rows, -3 to -2 ns at 4-16.)"""
-    import numpy as np
-
     if not pack_rows:
         return np.ones_like(rows, dtype=bool) if isinstance(rows, np.ndarray) else True
     return rows < 4 * pack_rows
@@ -491,8 +485,7 @@ def few_row_scale(products: tuple[list[float], list[float]], weight_bytes: float
     for k, w in zip(ks, ws):
         if k > few.rows[-1]:
             return None
-        ratio = few.ratio(float(k), each) if k >= 1.5 else 1.0
-        total += w * (ratio if ratio is not None else 1.0)
+        total += w * (few.ratio(float(k), each) or 1.0)  # a one-row product: None, 1
     return total / n if any(k >= 1.5 for k in ks) else None
 
 

@@ -340,7 +340,8 @@ def micro_observations(repeats: int = 7, clock: str = "wall", estimator: str = "
     streamed one-row products that differ only in their weights' rows (the cost per stored row:
     :func:`weight_row_cost`) and a staircase of streamed products of 1-16 rows (the repacking
     size: :func:`repacking_rows`; the few-row ratios: :func:`few_row_ratios`), again over a weight
-    that fits one core's level-2 cache (its further passes: :func:`fast_pack`), and one-row products cycled over working sets of 4 to 384 MiB
+    that fits one core's level-2 cache (its further passes: :func:`fast_pack`), and one-row
+    products cycled over working sets of 4 to 384 MiB
     (the cache: :func:`measured_cache`) and products of 16 to 256 rows over weights of five inner
     sizes, each stored as a linear layer and as a Conv1D stores it (the small-M slowdown by layout
     and inner size: :func:`small_m_gaps`),
@@ -408,9 +409,9 @@ STAIRCASE_WEIGHT = (4096, 512)
 STAIRCASE_ROWS = (1, 2, 3, 4, 8)
 #: The row counts the staircases are timed at: the repacking staircase's and more, up to 16 rows,
 #: 4P at the largest repacking size P the few-row ratios reach (:func:`few_row_ratios`). Between 4
-#: and 16 rows the time is not monotone (two threads on a 2-core x86 host, an 8 MB weight: 1.4,
-#: 1.1-1.2, 1.2 and 1.3-1.5 times the one-row time at 4, 6, 8 and 16 rows), so the counts between
-#: are timed too.
+#: and 16 rows the time is not monotone (two threads on a 2-core x86 host, an 8.4 MB weight:
+#: 1.35-1.44, 1.10-1.19, 1.12-1.23 and 1.36-1.54 times the one-row time at 4, 6, 8 and 16 rows), so
+#: the counts between are timed too.
 FEW_ROWS = (1, 2, 3, 4, 6, 8, 12, 16)
 _STAIRCASE = "micro staircase"
 _PAIR = "micro matrix-vector"
@@ -836,7 +837,8 @@ def _pass_time_per_byte(steps: list[Observation], pack_rows: float) -> float | N
     the one-row product against their extra passes at ``pack_rows`` (least squares through 0)."""
     from perfsdk.simulation.costmodel import pack_passes
 
-    steps = sorted((ob for ob in steps if _on_pack_staircase(ob)), key=lambda ob: float(ob.rows[0]))  # type: ignore[index]
+    steps = sorted((ob for ob in steps if _on_pack_staircase(ob)),
+                   key=lambda ob: float(ob.rows[0]))  # type: ignore[index]
     if len(steps) < 2 or float(steps[0].rows[0]) != 1.0 or steps[0].weight_bytes is None:  # type: ignore[index]
         return None
     n = np.array([float(pack_passes(float(ob.rows[0]), pack_rows)) for ob in steps[1:]])  # type: ignore[index]
