@@ -10,8 +10,13 @@ as the simulator prices it (the model's own ATen calls captured on the meta devi
 step, the step's resident bytes) and printed beside: what a product of a few rows costs against
 its one-row time, measured and priced.
 
+With ``--vocab A,B`` it also times the whole decode step without the per-call timer, as a perfsdk
+session measures it (``measure_in_session``, the median of ``--repeats`` rounds, the two
+vocabularies alternating), with the model's vocabulary at A and at B: the difference is what the
+output layer's extra rows cost inside ``generate`` at each batch size, beside its price.
+
 Usage: ``PYTHONPATH=src python benchmarks/decode_ops.py --model family:falcon [--profile host.yaml]
-[--threads 1] [--batches 1,4] [--prompt 32] [--steps 32] [--repeats 5] [--top 20]``; ``--model``
+[--threads 1] [--batches 1,4] [--prompt 32] [--steps 32] [--repeats 5] [--top 20] [--vocab 8192,2048]``; ``--model``
 takes what ``benchmarks/simulation_accuracy.py`` builds (``builtin:NAME[@...]``, ``type:TYPE``,
 ``family:NAME``). Nothing else should run meanwhile.
 """
@@ -101,6 +106,43 @@ def priced_products(config: Any, profile: Any, batch: int, prompt: int) -> dict[
     return out
 
 
+def config_with_vocab(model: Any, vocab: int) -> Any:
+    """``model``'s configuration with ``vocab`` tokens."""
+    import copy
+
+    cfg = copy.deepcopy(model.config)
+    cfg.vocab_size = vocab
+    return cfg
+
+
+def with_vocab(model: Any, vocab: int) -> Any:
+    """A model of ``model``'s configuration with ``vocab`` tokens (random weights, seed 0)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(0)
+    out = AutoModelForCausalLM.from_config(config_with_vocab(model, vocab), dtype=torch.float32).eval()
+    if getattr(out, "generation_config", None) is not None:
+        out.generation_config.eos_token_id = None
+    return out
+
+
+def head_rows_cost(model: Any, vocabs: tuple[int, int], batches: list[int], prompt: int, steps: int,
+                   repeats: int) -> dict[int, tuple[float, float]]:
+    """Per batch size, the median decode step (seconds, as a session measures it) at each of the
+    two vocabularies, over ``repeats`` rounds in which the two alternate."""
+    from perfsdk.simulation.calibration.measure import measure_in_session
+
+    models = [with_vocab(model, v) for v in vocabs]
+    times: dict[tuple[int, int], list[float]] = defaultdict(list)
+    for _ in range(repeats):
+        for i, m in enumerate(models):
+            for b in batches:
+                r = measure_in_session(m, b, prompt, steps + 1, calls=3, label="vocab")
+                times[(i, b)].append(r.decode_s / steps)
+    return {b: (statistics.median(times[(0, b)]), statistics.median(times[(1, b)])) for b in batches}
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", required=True)
@@ -111,6 +153,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--steps", type=int, default=32)
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--top", type=int, default=20, help="kinds of call printed, by time at the last batch size")
+    ap.add_argument("--vocab", help="two vocabulary sizes A,B: the output layer's extra rows timed in the whole step")
     args = ap.parse_args(argv)
     import torch
 
@@ -147,6 +190,23 @@ def main(argv: list[str] | None = None) -> int:
                 p = priced[b].get(k.replace("addmm", "mm"))
                 row += f"{statistics.mean(p) * 1e6:12.1f}" if p else f"{'':12}"
         print(row + f"{measured[last][k][1]:12.1f}")
+    if args.vocab:
+        a, b_ = (int(v) for v in args.vocab.split(","))
+        steps = head_rows_cost(model, (a, b_), batches, args.prompt, args.steps, args.repeats)
+        print(f"The whole decode step without the timer (a session's measurement, median of {args.repeats}), "
+              f"vocabulary {a} against {b_}, µs:")
+        base = None
+        for b in batches:
+            ta, tb = steps[b]
+            extra = ta - tb
+            base = extra if base is None else base
+            row = (f"  batch {b}: {ta * 1e6:.0f} against {tb * 1e6:.0f}, the {abs(a - b_)} extra rows {extra * 1e6:.0f}"
+                   f" ({extra / base:.2f} times batch {batches[0]}'s)")
+            if profile:
+                pa, pb = (sum(sum(v) for v in priced_products(config_with_vocab(model, n), profile, b,
+                                                              args.prompt).values()) for n in (a, b_))
+                row += f", priced {(pa - pb) * 1e6:.0f}"
+            print(row)
     return 0
 
 

@@ -38,3 +38,32 @@ def test_products_are_measured_and_priced_under_one_key_per_weight_shape(decode_
     assert {k: len(v) for k, v in priced.items()} == {k: int(c) for k, c in products.items()}
     # the head streams the most bytes of any product: the cost model prices it dearest
     assert max(priced, key=lambda k: max(priced[k])) == "mm (128, 4096)"
+
+
+def test_a_vocabulary_changes_only_the_output_layer_and_its_price(decode_ops):
+    from perfsdk.hardware.catalog import get_profile
+    from perfsdk.simulation.calibration import build_random_model
+
+    model = build_random_model("builtin:tiny-llama-small")
+    cfg = decode_ops.config_with_vocab(model, 1024)
+    assert cfg.vocab_size == 1024 and model.config.vocab_size == 4096  # a copy: the model's own is kept
+    small = decode_ops.with_vocab(model, 1024)
+    assert tuple(small.lm_head.weight.shape) == (1024, 128)
+    assert small.generation_config.eos_token_id is None  # decodes every step asked for
+    profile = get_profile("host-cpu")
+    big = decode_ops.priced_products(model.config, profile, batch=1, prompt=8)
+    less = decode_ops.priced_products(cfg, profile, batch=1, prompt=8)
+    # every product but the head is priced alike; the head is found under its new shape
+    assert {k: v for k, v in big.items() if k != "mm (128, 4096)"} == {
+        k: v for k, v in less.items() if k != "mm (128, 1024)"}
+    assert max(big["mm (128, 4096)"]) > max(less["mm (128, 1024)"])
+
+
+def test_head_rows_cost_times_both_vocabularies_at_each_batch(decode_ops):
+    from perfsdk.simulation.calibration import build_random_model
+
+    torch.set_num_threads(1)
+    model = build_random_model("builtin:tiny-llama-small")
+    steps = decode_ops.head_rows_cost(model, (2048, 512), [1, 2], prompt=4, steps=2, repeats=1)
+    assert sorted(steps) == [1, 2]
+    assert all(len(v) == 2 and min(v) > 0 for v in steps.values())
