@@ -178,6 +178,14 @@ def test_the_calibration_reads_the_ratios_from_its_staircases() -> None:
     upto8 = few_row_ratios(micro, 2**20, max_rows=8)
     assert upto8 is not None and upto8.rows == [2, 3, 4, 6, 8] and upto8.cached == pytest.approx(CACHED[:5])
     assert few_row_ratios(micro, 2**20, max_rows=1) is None
+    # held from 4 rows: the 4-row ratio up to the last count (16), the counts between dropped
+    held = few_row_ratios(micro, 2**20, held_from=4)
+    assert held is not None and held.rows == [2, 3, 4, 16]
+    assert held.streamed == pytest.approx([*STREAMED[:3], STREAMED[2]])
+    assert held.cached == pytest.approx([*CACHED[:3], CACHED[2]])
+    assert held.ratio(8, big) == pytest.approx(STREAMED[2]) and held.ratio(17, big) is None
+    assert few_row_ratios(micro, 2**20, held_from=16) == got  # nothing past the last count to hold
+    assert few_row_ratios(micro, 2**20, held_from=1) is None
     # no capacity known, or the core-cache staircase missing: the streamed ratios for every weight
     assert few_row_ratios(micro, None).cached is None  # type: ignore[union-attr]
     assert few_row_ratios(micro[:8], 2**20).cached is None  # type: ignore[union-attr]
@@ -194,9 +202,10 @@ def test_fit_with_micro_prices_the_models_with_the_staircase() -> None:
              + _stair(_FAST_STAIRCASE, 512 * 1024.0, dict(zip(FEW_ROWS[1:], CACHED)), 60e-6))
     res, kept = fit_with_micro(micro, obs, cache_bytes=(0.0,), core_cache=2**20)
     assert kept == []
-    # up to 4P rows, where the blocked kernel takes over
-    assert res.pack_rows == 1.0 and res.few_rows is not None and res.few_rows.rows == [2, 3, 4]
-    assert res.few_rows.streamed == pytest.approx(STREAMED[:3]) and res.few_rows.cached == pytest.approx(CACHED[:3])
+    # read up to 4P rows, where the blocked kernel takes over, and held there up to 16 rows
+    assert res.pack_rows == 1.0 and res.few_rows is not None and res.few_rows.rows == [2, 3, 4, 16]
+    assert res.few_rows.streamed == pytest.approx([*STREAMED[:3], STREAMED[2]])
+    assert res.few_rows.cached == pytest.approx([*CACHED[:3], CACHED[2]])
     assert all(o.few_rows == res.few_rows for o in obs)
     prof = profile_from_fit(res, name="fitted")
     assert prof.matmul_few_rows == res.few_rows

@@ -868,14 +868,16 @@ def _ratios(steps: list[Observation]) -> tuple[list[int], list[float], float] | 
 
 
 def few_row_ratios(micro: list[Observation], capacity: float | None,
-                   max_rows: float | None = None) -> FewRowRatios | None:
+                   max_rows: float | None = None, held_from: float | None = None) -> FewRowRatios | None:
     """What a product of a few rows costs against its one-row product, from the staircases among
     ``micro`` (the profile's ``matmul_few_rows``): the repacking staircase over a weight streamed
     from memory, and where the core-cache staircase was timed and ``capacity`` (the level-2 cache of
     the cores a product runs on) is known and smaller than the first's weight, the core-cache one
-    for weights of at most ``capacity``; row counts up to ``max_rows`` (the calibration's: 4P, where
-    the blocked kernel takes over). None where the first staircase is missing or has no count
-    from 2 to ``max_rows``."""
+    for weights of at most ``capacity``; row counts up to ``max_rows``. With ``held_from`` (the
+    calibration's: 4P, where the blocked kernel takes over), the counts past it take the ratio of
+    the last count up to it, as far as the staircase's last count: ``rows`` end with that count and
+    it, at one ratio. None where the first staircase is missing or has no count from 2 to
+    ``max_rows`` or ``held_from``."""
     big = _ratios([ob for ob in micro if ob.label.startswith(_STAIRCASE)])
     if big is None:
         return None
@@ -892,6 +894,15 @@ def few_row_ratios(micro: list[Observation], capacity: float | None,
         streamed = [streamed[rows.index(r)] for r in common]
         cached = [small[1][small[0].index(r)] for r in common]
         rows, cached_mb = common, max(capacity, small[2]) / 1e6
+    if held_from is not None:
+        upto = [i for i, n in enumerate(rows) if n <= held_from]
+        if not upto:
+            return None
+        keep = upto[-1]
+        if keep < len(rows) - 1:
+            rows = [*rows[: keep + 1], rows[-1]]
+            streamed = [*streamed[: keep + 1], streamed[keep]]
+            cached = [*cached[: keep + 1], cached[keep]] if cached is not None else None
     return FewRowRatios(rows=rows, streamed=streamed, streamed_mb=streamed_bytes / 1e6, cached=cached,
                         cached_mb=cached_mb)
 
@@ -1653,12 +1664,15 @@ def fit_with_micro(micro: list[Observation], measured: list[Observation], *, cor
         fit_kw["pack_rows"] = (pack[0],)
     capacity = core_cache if core_cache is not None else _core_capacity()
     pack_fast = fast_pack(micro, pack[0], capacity) if pack else None
-    # a product of a few rows: its one-row time times the staircase's ratio, up to 4P rows (only
-    # beside a repacking size P, which keeps the small-M slowdown off the one-row product). From 4P
-    # rows the blocked kernel runs on both threads, and its time there follows the host's moment:
-    # on a 2-core AMD host with two threads, the staircase's 6-16 rows took 1.1-1.4 times the one-row
-    # time in one calibration and 1.3-1.6 in the next, where 2-4 rows read alike in every one
-    few = few_row_ratios(micro, capacity, 4 * pack[0]) if pack is not None and pack[0] else None
+    # a product of a few rows: its one-row time times the staircase's ratio (only beside a
+    # repacking size P, which keeps the small-M slowdown off the one-row product), up to the
+    # staircase's last count, held at 4P's ratio past 4P rows. From 4P rows the blocked kernel runs
+    # on both threads, and its time there follows the host's moment: on a 2-core AMD host with two
+    # threads, the staircase's 6-16 rows took 1.1-1.4 times the one-row time in one calibration
+    # and 1.3-1.6 in the next, where 2-4 rows read alike in every one; inside `generate` the
+    # products of 8 rows took 0.8-1.2 times their time at 4 rows, where the fitted small-M
+    # slowdown priced them at 0.6-0.9 times their 4-row price
+    few = few_row_ratios(micro, capacity, held_from=4 * pack[0]) if pack is not None and pack[0] else None
     for ob in measured:  # the further passes over a weight that stays in the cores' caches
         ob.pack_fast = pack_fast
         ob.few_rows = few
