@@ -30,8 +30,9 @@ For one operation on one device (profile ``P``)::
                  compute or memory, take beyond max(compute_s, memory_s) of their totals
                  (serial_products; 0 for every other op)
     time_s     = max(compute_s, memory_s) + serial_s + pack_s + alloc_s + overhead_s
-                 (with P.matmul_few_rows, a matrix product of 2 rows up to its last count, 4P as
-                  calibrated, takes compute_s, memory_s and pack_s of the same product at one row
+                 (with P.matmul_few_rows, a matrix product of 2 rows up to its last count (16 as
+                  calibrated, at 4P's ratio past 4P rows) takes compute_s, memory_s and pack_s of the
+                  same product at one row
                   (a grouped product: of each expert's product it runs at one row), each times the
                   staircase's ratio at its rows and weight size, averaged over its products:
                   few_row_op)

@@ -408,10 +408,10 @@ MATVEC_PAIR = ((8192, 256), (512, 4096))
 STAIRCASE_WEIGHT = (4096, 512)
 STAIRCASE_ROWS = (1, 2, 3, 4, 8)
 #: The row counts the staircases are timed at: the repacking staircase's and more, up to 16 rows,
-#: 4P at the largest repacking size P the few-row ratios reach (:func:`few_row_ratios`). Between 4
-#: and 16 rows the time is not monotone (two threads on a 2-core x86 host, an 8.4 MB weight:
-#: 1.35-1.44, 1.10-1.19, 1.12-1.23 and 1.36-1.54 times the one-row time at 4, 6, 8 and 16 rows), so
-#: the counts between are timed too.
+#: 4P at the largest repacking size P the few-row ratios read, and as far as they reach
+#: (:func:`few_row_ratios`: held at 4P's ratio past 4P). Between 4 and 16 rows the time is not
+#: monotone (two threads on a 2-core x86 host, an 8.4 MB weight: 1.35-1.44, 1.10-1.19, 1.12-1.23
+#: and 1.36-1.54 times the one-row time at 4, 6, 8 and 16 rows), so the counts between are timed too.
 FEW_ROWS = (1, 2, 3, 4, 6, 8, 12, 16)
 _STAIRCASE = "micro staircase"
 _PAIR = "micro matrix-vector"
@@ -1671,7 +1671,7 @@ def fit_with_micro(micro: list[Observation], measured: list[Observation], *, cor
     # threads, the staircase's 6-16 rows took 1.1-1.4 times the one-row time in one calibration
     # and 1.3-1.6 in the next, where 2-4 rows read alike in every one; inside `generate` the
     # products of 8 rows took 0.8-1.2 times their time at 4 rows, where the fitted small-M
-    # slowdown priced them at 0.6-0.9 times their 4-row price
+    # slowdown priced most of them at 0.6-0.9 times their 4-row price
     few = few_row_ratios(micro, capacity, held_from=4 * pack[0]) if pack is not None and pack[0] else None
     for ob in measured:  # the further passes over a weight that stays in the cores' caches
         ob.pack_fast = pack_fast
