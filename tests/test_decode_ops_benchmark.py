@@ -4,6 +4,7 @@ measured and priced under the same key."""
 from __future__ import annotations
 
 import importlib.util
+import math
 from pathlib import Path
 
 import pytest
@@ -33,7 +34,9 @@ def test_products_are_measured_and_priced_under_one_key_per_weight_shape(decode_
     # [352 -> 128]; then the head [128 -> 4096]
     assert products == {"mm (128, 128)": 4.0, "mm (128, 64)": 4.0, "mm (128, 352)": 4.0,
                         "mm (352, 128)": 2.0, "mm (128, 4096)": 1.0}
-    assert all(measured[k][0] > 0 for k in products)
+    # each time is a difference of two timings (a generate of 3 new tokens less one of 1): with one
+    # repeat its sign is the host's noise, only its being a number is certain
+    assert all(math.isfinite(measured[k][0]) for k in products)
     priced = decode_ops.priced_products(model.config, get_profile("host-cpu"), batch=2, prompt=8)
     assert {k: len(v) for k, v in priced.items()} == {k: int(c) for k, c in products.items()}
     # the head streams the most bytes of any product: the cost model prices it dearest
