@@ -117,14 +117,9 @@ def config_with_vocab(model: Any, vocab: int) -> Any:
 
 def with_vocab(model: Any, vocab: int) -> Any:
     """A model of ``model``'s configuration with ``vocab`` tokens (random weights, seed 0)."""
-    import torch
-    from transformers import AutoModelForCausalLM
+    from simulation_accuracy import model_from_config
 
-    torch.manual_seed(0)
-    out = AutoModelForCausalLM.from_config(config_with_vocab(model, vocab), dtype=torch.float32).eval()
-    if getattr(out, "generation_config", None) is not None:
-        out.generation_config.eos_token_id = None
-    return out
+    return model_from_config(config_with_vocab(model, vocab))
 
 
 def head_rows_cost(model: Any, vocabs: tuple[int, int], batches: list[int], prompt: int, steps: int,

@@ -174,10 +174,15 @@ def build_model(spec: str) -> object:
 
     if not spec.startswith("family:"):
         return build_random_model(spec)
+    return model_from_config(family_config(spec.removeprefix("family:")))
+
+
+def model_from_config(cfg: object) -> object:
+    """A causal LM of configuration ``cfg``: fp32, random weights (seed 0), in eval mode, decoding
+    every token asked for (no end-of-sequence token)."""
     import torch
     from transformers import AutoModelForCausalLM
 
-    cfg = family_config(spec.removeprefix("family:"))
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32)
     model.eval()
