@@ -16,8 +16,8 @@ from perfsdk.hardware.profile import FewRowRatios, HardwareProfile, load_profile
 from perfsdk.simulation.calibration import Observation, profile_from_fit
 from perfsdk.simulation.calibration.fit import PARAMS, fit
 from perfsdk.simulation.calibration.measure import (_FAST_STAIRCASE, _STAIRCASE, FEW_ROWS, STAIRCASE_ROWS,
-                                                    STAIRCASE_WEIGHT, few_row_ratios, few_row_text, fit_with_micro,
-                                                    repacking_choice)
+                                                    STAIRCASE_WEIGHT, _streamed_products, few_row_ratios, few_row_text,
+                                                    fit_with_micro, median_micro, repacking_choice)
 from perfsdk.simulation.costmodel import cost_op, few_row_op, matmul_rows, pack_time_s
 
 from tests.test_simulation_fit import TRUTH, _observations, _packed_observations
@@ -193,6 +193,27 @@ def test_the_calibration_reads_the_ratios_from_its_staircases() -> None:
     # the repacking size is read from the staircase's first counts only, as before the others
     only_pack = [ob for ob in micro if float(ob.rows[0]) in STAIRCASE_ROWS]  # type: ignore[index]
     assert repacking_choice(micro, (0.0, 1.0, 2.0)) == repacking_choice(only_pack, (0.0, 1.0, 2.0))
+
+
+def test_a_staircase_is_read_against_its_one_row_product_and_merged_by_ratio() -> None:
+    stair = _streamed_products((64, 32), lambda fn: 1e-3, (1, 2, 4), label=_STAIRCASE, stream_bytes=2 * 64 * 32 * 4)
+    assert [ob.label for ob in stair] == [f"{_STAIRCASE}: {r} rows over [64, 32] fp32, streamed" for r in (1, 2, 4)]
+    assert [ob.unit for ob in stair] == [None, stair[0].label, stair[0].label]
+    # two timings and a third in which the machine slowed down after the one-row product: each
+    # staircase's ratios are those of the timings that ran at one speed, the one-row time the median
+    runs = []
+    for one, rest in ((100e-6, 1.0), (120e-6, 1.0), (90e-6, 1.6)):
+        timing = [replace(ob, measured_s=one * (1.0 if ob.unit is None else rest * ratio))
+                  for ob, ratio in zip(stair, (1.0, 1.8, 1.4))]
+        runs.append((timing, -1))
+    merged = median_micro(runs, None, 1.0)
+    assert [ob.measured_s for ob in merged] == pytest.approx([100e-6, 180e-6, 140e-6])
+    # each median taken apart: the 2-row product's of 180, 216 and 259 µs is the second timing's,
+    # the one-row product's the first's, so its ratio reads 2.16 instead of 1.8
+    for timing, _ in runs:
+        for ob in timing:
+            ob.unit = None
+    assert [ob.measured_s for ob in median_micro(runs, None, 1.0)] == pytest.approx([100e-6, 216e-6, 168e-6])
 
 
 def test_fit_with_micro_prices_the_models_with_the_staircase() -> None:

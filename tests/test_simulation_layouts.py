@@ -21,8 +21,8 @@ from perfsdk.hardware.profile import CalibrationRecord, HardwareProfile, Hardwar
 from perfsdk.simulation.calibration import Observation, profile_from_fit
 from perfsdk.simulation.calibration.fit import PARAMS
 from perfsdk.simulation.calibration.measure import (LAYOUT_INNER, LAYOUT_OUT, LAYOUT_ROWS, _LAYOUT, fit_with_micro,
-                                                    anchored_on_products, ladder_half_rows, small_m_gaps,
-                                                    small_m_text)
+                                                    _layout_products, anchored_on_products, ladder_half_rows,
+                                                    ladder_label, median_micro, small_m_gaps, small_m_text)
 from perfsdk.simulation.costmodel import compute_time_s, cost_op, half_rows, inner_size
 from perfsdk.simulation.uncertainty import replicate_ratios
 
@@ -198,16 +198,53 @@ def _ladder(h: dict[tuple[str, int], dict[int, float]], per_row: dict[int, float
         for r in LAYOUT_ROWS:
             for layout in ("[out, in]", "[in, out]"):
                 extra = h[(layout, k)][r] if r < big else 0.0
-                out.append(Observation(f"{_LAYOUT} {layout}: {r} rows over [{LAYOUT_OUT}, {k}] fp32", "micro",
-                                       (r + extra) * unit, np.array([2.0 * r * LAYOUT_OUT * k]),
+                label, of = ladder_label(layout, r, k), ladder_label("[out, in]", big, k)
+                out.append(Observation(label, "micro", (r + extra) * unit, np.array([2.0 * r * LAYOUT_OUT * k]),
                                        np.array([4.0 * LAYOUT_OUT * k]), np.ones(1), 0.0, np.array([float(r)]),
-                                       calls=1.0))
+                                       calls=1.0, unit=of if label != of else None))
     return out
 
 
 def _flat(oi: dict[int, float], io: dict[int, float]) -> dict[tuple[str, int], dict[int, float]]:
     return {**{("[out, in]", k): dict.fromkeys(LAYOUT_ROWS[:-1], v) for k, v in oi.items()},
             **{("[in, out]", k): dict.fromkeys(LAYOUT_ROWS[:-1], v) for k, v in io.items()}}
+
+
+def test_the_ladder_products_are_read_against_the_large_product_of_their_inner_size() -> None:
+    ladder = _layout_products(lambda fn: 1e-3)  # the labels and units only: nothing timed
+    assert len(ladder) == 2 * len(LAYOUT_INNER) * len(LAYOUT_ROWS)
+    assert ladder[0].label == "micro layout [out, in]: 16 rows over [1152, 256] fp32"
+    units = {ob.label: ob.unit for ob in ladder}
+    assert units[ladder_label("[in, out]", 32, 768)] == "micro layout [out, in]: 256 rows over [1152, 768] fp32"
+    assert units[ladder_label("[in, out]", 256, 768)] == ladder_label("[out, in]", 256, 768)
+    assert [k for k in LAYOUT_INNER if units[ladder_label("[out, in]", 256, k)] is None] == list(LAYOUT_INNER)
+
+
+def test_repeated_ladders_are_merged_by_their_ratios_within_each_timing() -> None:
+    # three timings of a machine whose products keep h = 12 rows ([out, in]) and 6 ([in, out]):
+    # the first at 0.8 times the speed, the second at 1.2, the third at 1.0 for the small products
+    # and 1.5 for the large one timed after them (the machine slowed down within the timing)
+    h = _flat(dict.fromkeys(LAYOUT_INNER, 12.0), dict.fromkeys(LAYOUT_INNER, 6.0))
+    runs: list[tuple[list[Observation], int]] = []
+    for small, large in ((0.8, 0.8), (1.2, 1.2), (1.0, 1.5)):
+        timing = _ladder(h)
+        for ob in timing:
+            ob.measured_s *= small if ob.unit is not None else large
+        runs.append((timing, -1))
+    merged = median_micro(runs, None, 1.0)
+    assert ladder_half_rows(merged) == pytest.approx(
+        {**{("[out, in]", float(k)): 12.0 for k in LAYOUT_INNER}, **{("[in, out]", float(k)): 6.0 for k in LAYOUT_INNER}})
+    # the large products keep their own medians (1.2 times): 256 rows of 4 ns per unit of K
+    assert merged[-2].label == ladder_label("[out, in]", 256, 1024)
+    assert merged[-2].measured_s == pytest.approx(1.2 * 256 * 4e-6)
+    # each time's median taken apart: the small products' from the third timing, the large one's
+    # from the second, so the [out, in] 32 rows read (32 + 12) / 1.2 - 32 rows: 4.67
+    for timing, _ in runs:
+        for ob in timing:
+            ob.unit = None
+    apart = ladder_half_rows(median_micro(runs, None, 1.0))
+    assert apart[("[out, in]", 384.0)] == pytest.approx(44 / 1.2 - 32)
+    assert apart[("[in, out]", 384.0)] == pytest.approx(38 / 1.2 - 32)
 
 
 def test_the_layout_ladder_measures_h_by_layout_and_inner_size() -> None:

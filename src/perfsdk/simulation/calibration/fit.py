@@ -107,6 +107,9 @@ class Observation:
     captured: bool = False  # the ops are every ATen call of the model's own code (captured)
     in_out: np.ndarray | None = None  # matrix products whose weight is stored [in, out] (a Conv1D)
     inner: np.ndarray | None = None  # inner size K of each matrix product (0 for other ops)
+    #: a micro-kernel read against another one (the label of that one): repeated timings of the two
+    #: are merged by their ratio within each timing (:func:`~perfsdk.simulation.calibration.measure.median_micro`)
+    unit: str | None = None
     #: rows of the small-M slowdown each product runs without, by its weight's layout and inner
     #: size (the calibration's layout ladder: ``matmul_small_m_gaps``); None: every product alike
     small_m_gaps: SmallMGaps | None = None

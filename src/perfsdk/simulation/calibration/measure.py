@@ -473,7 +473,8 @@ def _streamed_products(shape: tuple[int, int], best: Any, rows: tuple[int, ...],
                                np.array([2.0 * r * n * k]), np.array([nbytes + 4.0 * r * (n + k)]), np.ones(1), 0.0,
                                np.array([float(r)]), resident=np.array([stream_bytes]),
                                weight_bytes=np.array([nbytes]),
-                               weight_rows=np.array([float(n)]) if label == _PAIR else None, calls=1.0))
+                               weight_rows=np.array([float(n)]) if label == _PAIR else None, calls=1.0,
+                               unit=f"{label}: {rows[0]} rows over [{n}, {k}] fp32, streamed" if r != rows[0] else None))
     return out
 
 
@@ -485,6 +486,13 @@ LAYOUT_OUT = 1152
 LAYOUT_INNER = (256, 384, 512, 768, 1024)
 LAYOUT_ROWS = (16, 32, 48, 256)
 _LAYOUT = "micro layout"
+
+
+def ladder_label(layout: str, rows: int, inner: int) -> str:
+    """The label of the layout ladder's product of ``rows`` rows over a [:data:`LAYOUT_OUT`,
+    ``inner``] weight stored ``layout`` (``[out, in]`` or ``[in, out]``), which
+    :func:`ladder_half_rows` reads."""
+    return f"{_LAYOUT} {layout}: {rows} rows over [{LAYOUT_OUT}, {inner}] fp32"
 
 
 def _layout_products(best: Any) -> list[Observation]:
@@ -503,6 +511,7 @@ def _layout_products(best: Any) -> list[Observation]:
     for k in LAYOUT_INNER:
         stored = {"[out, in]": torch.randn(n, k), "[in, out]": torch.randn(k, n).t()}
         nbytes = float(n * k * 4)
+        unit = ladder_label("[out, in]", LAYOUT_ROWS[-1], k)  # what ladder_half_rows divides by
         for r in LAYOUT_ROWS:
             x = torch.randn(r, k)
             calls = max(2, 256 // r)
@@ -511,10 +520,11 @@ def _layout_products(best: Any) -> list[Observation]:
                     for _ in range(calls):
                         linear(x, w)
 
-                out.append(Observation(f"{_LAYOUT} {layout}: {r} rows over [{n}, {k}] fp32", "micro",
-                                       best(run) / calls, np.array([2.0 * r * n * k]),
+                label = ladder_label(layout, r, k)
+                out.append(Observation(label, "micro", best(run) / calls, np.array([2.0 * r * n * k]),
                                        np.array([nbytes + 4.0 * r * (n + k)]), np.ones(1), 0.0,
-                                       np.array([float(r)]), weight_bytes=np.array([nbytes]), calls=1.0))
+                                       np.array([float(r)]), weight_bytes=np.array([nbytes]), calls=1.0,
+                                       unit=unit if label != unit else None))
     return out
 
 
@@ -1623,16 +1633,31 @@ def median_micro(runs: list[tuple[list[Observation], int]], ref: ReferenceTimer 
     same seconds as the fitted ones); then the median. On a 2-core host the cost per stored row,
     timed at the start and the end of five calibrations and the faster kept, came out 67-78 ns:
     the machine ran 10 % slower in some calibrations than in others. ``tracking``: the exponent
-    of the level (:func:`reference_tracking`), the configurations' own."""
+    of the level (:func:`reference_tracking`), the configurations' own.
+
+    A micro-kernel read against another (its ``unit``: the layout ladder's products against the
+    large product of their inner size, a staircase's against its one-row product) takes that
+    one's time times the median of its ratio to it within each timing: the machine's speed moves
+    within one timing of the micro-kernels too, and the two medians taken apart can come from
+    timings at different speeds. On a 2-core x86 host the ladder's small-M slowdown, medians
+    apart over seven timings, ranged 4.0-11.2 rows at K = 768 ([out, in]) between five
+    processes, from the ratios 8.9-11.0."""
     from dataclasses import replace
 
     if not runs:
         return []
-    out = []
+    out: list[Observation] = []
     for obs in zip(*(r for r, _ in runs)):
         times = [ob.measured_s * ((reference_s / ref.level_at(i)) ** tracking if ref is not None and i >= 0 else 1.0)
                  for ob, (_, i) in zip(obs, runs)]
         out.append(replace(obs[0], measured_s=float(statistics.median(times))))
+    index = {ob.label: j for j, ob in enumerate(out)}
+    for j, ob in enumerate(out):
+        u = index.get(ob.unit) if ob.unit is not None else None
+        if u is None or not all(r[u].measured_s > 0 for r, _ in runs):
+            continue
+        ratio = statistics.median(r[j].measured_s / r[u].measured_s for r, _ in runs)
+        out[j] = replace(ob, measured_s=float(out[u].measured_s * ratio))
     return out
 
 
