@@ -184,6 +184,9 @@ def test_the_calibration_reads_the_ratios_from_its_staircases() -> None:
     assert held.streamed == pytest.approx([*STREAMED[:3], STREAMED[2]])
     assert held.cached == pytest.approx([*CACHED[:3], CACHED[2]])
     assert held.ratio(8, big) == pytest.approx(STREAMED[2]) and held.ratio(17, big) is None
+    assert few_row_text(held) == (
+        "a product of 2, 3, 4 rows (one of 5 to 16 rows as one of 4) takes 1.87, 2.25, 1.42 times its one-row time "
+        "over a weight streamed from memory (8.4 MB), 1.29, 1.43, 1.42 over one of at most 1.0 MB (the cores' caches)")
     assert few_row_ratios(micro, 2**20, held_from=16) == got  # nothing past the last count to hold
     assert few_row_ratios(micro, 2**20, held_from=1) is None
     # no capacity known, or the core-cache staircase missing: the streamed ratios for every weight

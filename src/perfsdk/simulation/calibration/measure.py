@@ -918,12 +918,18 @@ def few_row_ratios(micro: list[Observation], capacity: float | None,
 
 
 def few_row_text(few: FewRowRatios) -> str:
-    """The few-row ratios as the calibration prints them."""
-    said = (f"a product of {', '.join(map(str, few.rows))} rows takes "
-            f"{', '.join(f'{r:.2f}' for r in few.streamed)} times its one-row time over a weight streamed from "
+    """The few-row ratios as the calibration prints them; a ratio held from one count to the
+    last (:func:`few_row_ratios`' ``held_from``) is said once, with the counts it covers."""
+    rows, streamed, cached = list(few.rows), list(few.streamed), list(few.cached) if few.cached is not None else None
+    held = ""
+    if len(rows) > 1 and streamed[-1] == streamed[-2] and (cached is None or cached[-1] == cached[-2]):
+        held = f" (one of {rows[-2] + 1} to {rows[-1]} rows as one of {rows[-2]})"
+        rows, streamed, cached = rows[:-1], streamed[:-1], cached[:-1] if cached is not None else None
+    said = (f"a product of {', '.join(map(str, rows))} rows{held} takes "
+            f"{', '.join(f'{r:.2f}' for r in streamed)} times its one-row time over a weight streamed from "
             f"memory ({few.streamed_mb:.1f} MB)")
-    if few.cached is not None:
-        said += (f", {', '.join(f'{r:.2f}' for r in few.cached)} over one of at most {few.cached_mb:.1f} MB "
+    if cached is not None:
+        said += (f", {', '.join(f'{r:.2f}' for r in cached)} over one of at most {few.cached_mb:.1f} MB "
                  "(the cores' caches)")
     return said
 
@@ -1639,9 +1645,9 @@ def median_micro(runs: list[tuple[list[Observation], int]], ref: ReferenceTimer 
     large product of their inner size, a staircase's against its one-row product) takes that
     one's time times the median of its ratio to it within each timing: the machine's speed moves
     within one timing of the micro-kernels too, and the two medians taken apart can come from
-    timings at different speeds. On a 2-core x86 host the ladder's small-M slowdown, medians
-    apart over seven timings, ranged 4.0-11.2 rows at K = 768 ([out, in]) between five
-    processes, from the ratios 8.9-11.0."""
+    timings at different speeds. On a 2-core x86 host, five processes each timing the layout
+    ladder seven times in a row with two threads read the small-M slowdown at K = 768 ([out, in])
+    as 4.0-11.2 rows from the medians taken apart, 8.9-11.0 from the ratios."""
     from dataclasses import replace
 
     if not runs:
