@@ -462,6 +462,10 @@ def _streamed_products(shape: tuple[int, int], best: Any, rows: tuple[int, ...],
     linear = torch.nn.functional.linear
     nbytes = float(n * k * 4)
     out = []
+
+    def name(r: int) -> str:
+        return f"{label}: {r} rows over [{n}, {k}] fp32, streamed"
+
     for r in rows:
         x = torch.randn(r, k)
 
@@ -469,12 +473,12 @@ def _streamed_products(shape: tuple[int, int], best: Any, rows: tuple[int, ...],
             for w in ws:
                 linear(x, w)
 
-        out.append(Observation(f"{label}: {r} rows over [{n}, {k}] fp32, streamed", "micro", best(cycle) / copies,
+        out.append(Observation(name(r), "micro", best(cycle) / copies,
                                np.array([2.0 * r * n * k]), np.array([nbytes + 4.0 * r * (n + k)]), np.ones(1), 0.0,
                                np.array([float(r)]), resident=np.array([stream_bytes]),
                                weight_bytes=np.array([nbytes]),
                                weight_rows=np.array([float(n)]) if label == _PAIR else None, calls=1.0,
-                               unit=f"{label}: {rows[0]} rows over [{n}, {k}] fp32, streamed" if r != rows[0] else None))
+                               unit=name(rows[0]) if r != rows[0] else None))
     return out
 
 
