@@ -249,3 +249,47 @@ def test_a_profile_file_with_the_staircase_loads(tmp_path) -> None:  # type: ign
     path.write_text(text, encoding="utf-8")
     with pytest.raises(Exception, match="streamed_mb"):
         load_profile_file(path)
+
+
+def test_each_staircase_is_read_with_its_further_shapes() -> None:
+    from perfsdk.simulation.calibration.measure import _FAST_SHAPES, _SHAPES, FEW_ROW_INNER, few_row_shapes
+
+    # weights of the staircase's size at the other inner sizes; at least 16 rows each
+    assert FEW_ROW_INNER == (256, 512, 1024, 2048)
+    assert few_row_shapes(STAIRCASE_WEIGHT) == [(8192, 256), (2048, 1024), (1024, 2048)]
+    assert few_row_shapes((1024, 256)) == [(512, 512), (256, 1024), (128, 2048)]
+    assert few_row_shapes((64, 256)) == [(32, 512), (16, 1024)]
+    big = 4.0 * STAIRCASE_WEIGHT[0] * STAIRCASE_WEIGHT[1]
+
+    def stair(label: str, shape: tuple[int, int], ratios: list[float], one_row: float) -> list[Observation]:
+        obs = [ob for ob in _streamed_products(shape, lambda fn: 0.0, FEW_ROWS, label=label, stream_bytes=0.0)]
+        times = dict(zip(FEW_ROWS, [1.0, *ratios]))
+        return [replace(ob, measured_s=one_row * times[int(ob.rows[0])]) for ob in obs]  # type: ignore[index]
+
+    first = [1.0, 2.0, 1.25, 1.0, 1.0, 1.0, 1.0]
+    second = [4.0, 2.0, 1.8, 1.0, 1.0, 1.0, 1.0]
+    third = [2.0, 2.0, 2.0, 1.0, 1.0, 1.0, 4.0]
+    micro = (stair(_STAIRCASE, STAIRCASE_WEIGHT, first, 800e-6) + stair(_SHAPES, (8192, 256), second, 900e-6)
+             + stair(_SHAPES, (2048, 1024), third, 500e-6))
+    got = few_row_ratios(micro, None)
+    assert got is not None and got.shapes == 3 and got.rows == [2, 3, 4, 6, 8, 12, 16]
+    # the geometric mean over the three weights at each count: 2 rows (1 * 4 * 2)^(1/3) = 2
+    assert got.streamed == pytest.approx([2.0, 2.0, (1.25 * 1.8 * 2.0) ** (1 / 3), 1.0, 1.0, 1.0, 4 ** (1 / 3)])
+    assert got.streamed_mb == pytest.approx(big / MB)
+    # a further shape missing a count: that count is dropped, for all of them
+    short = [ob for ob in micro if not (ob.label.startswith(_SHAPES) and float(ob.rows[0]) == 12.0)]  # type: ignore[index]
+    assert few_row_ratios(short, None).rows == [2, 3, 4, 6, 8, 16]  # type: ignore[union-attr]
+    # alone, the first staircase as before, said without the mean
+    alone = few_row_ratios(micro[:8], None)
+    assert alone is not None and alone.shapes == 1 and alone.streamed == pytest.approx(first)
+    held = few_row_ratios(micro, None, held_from=4)
+    assert held is not None and few_row_text(held) == (
+        "a product of 2, 3, 4 rows (one of 5 to 16 rows as one of 4) takes 2.00, 2.00, 1.65 times its one-row time "
+        "over a weight streamed from memory (8.4 MB; the geometric mean over 3 shapes of that size)")
+    # the core-cache staircase is read with its own further shapes, apart from the streamed ones
+    fast = (stair(_FAST_STAIRCASE, (1024, 256), first, 60e-6)
+            + stair(_FAST_SHAPES, (256, 1024), [4.0, 4.5, 2.0, 1.0, 1.0, 1.0, 1.0], 50e-6))
+    both = few_row_ratios(micro + fast, 2**20)
+    assert both is not None and both.cached_mb == pytest.approx(2**20 / MB)
+    assert both.cached == pytest.approx([2.0, 3.0, 2.5**0.5, 1.0, 1.0, 1.0, 1.0])
+    assert both.streamed == pytest.approx(got.streamed)

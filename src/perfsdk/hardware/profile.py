@@ -164,7 +164,11 @@ class FewRowRatios(_Strict):
     the first pass leaves in no cache); ``cached``, where given, over a weight of at most
     ``cached_mb`` (the cores' own caches keep it between passes); between the two sizes the ratio
     is linear in log bytes. (Two threads on a 2-core x86 host, timed alone: 1.72-2.10 at 2 rows and
-    1.35-1.64 at 4 over weights of 8-17 MB; 1.25-1.44 and 1.34-1.48 over weights of at most 1 MB.)"""
+    1.35-1.64 at 4 over weights of 8-17 MB; 1.25-1.44 and 1.34-1.48 over weights of at most 1 MB.)
+    The kernel a few rows take depends on the weight's shape as well as its size (two threads on a
+    2-core AMD host, 8.4 MB weights: 1.26-1.39 at 4 rows over [4096, 512], 1.53 over [8192, 256],
+    1.94 over [512, 4096]), so each ratio is the geometric mean over ``shapes`` weights of one size
+    and inner sizes apart."""
 
     rows: list[int] = Field(min_length=1, description="Row counts measured, ascending, from 2")
     streamed: list[float] = Field(description="Time at each row count over the one-row time, streamed weight")
@@ -172,6 +176,8 @@ class FewRowRatios(_Strict):
     cached: list[float] | None = Field(default=None,
                                        description="The same over a weight of at most cached_mb; none: as streamed")
     cached_mb: float | None = Field(default=None, gt=0, description="Largest weight that takes cached, MB")
+    shapes: int = Field(default=1, ge=1, description="Weight shapes of one size (inner sizes apart) each ratio is "
+                                                      "the geometric mean over")
 
     @model_validator(mode="after")
     def _aligned(self) -> FewRowRatios:

@@ -379,9 +379,14 @@ def micro_observations(repeats: int = 7, clock: str = "wall", estimator: str = "
     pair = [ob for shape in MATVEC_PAIR
             for ob in _streamed_products(shape, best, (1,), label=_PAIR, stream_bytes=PAIR_STREAM_BYTES)]
     staircase = _streamed_products(STAIRCASE_WEIGHT, best, FEW_ROWS, label=_STAIRCASE)
+    staircase += [ob for shape in few_row_shapes(STAIRCASE_WEIGHT)
+                  for ob in _streamed_products(shape, best, FEW_ROWS, label=_SHAPES)]
     core = core_cache_bytes()
     if core:
-        staircase += _streamed_products(fast_staircase_weight(core), best, FEW_ROWS, label=_FAST_STAIRCASE)
+        fast = fast_staircase_weight(core)
+        staircase += _streamed_products(fast, best, FEW_ROWS, label=_FAST_STAIRCASE)
+        staircase += [ob for shape in few_row_shapes(fast)
+                      for ob in _streamed_products(shape, best, FEW_ROWS, label=_FAST_SHAPES)]
     working_sets = _working_sets(best)
     layouts = _layout_products(best)
     return [
@@ -419,6 +424,23 @@ _PAIR = "micro matrix-vector"
 #: what a further pass costs over a weight the first pass left in the core's cache
 #: (:func:`fast_pack`)
 _FAST_STAIRCASE = "micro core-cache staircase"
+#: The inner sizes of the staircases' further weights (:func:`few_row_shapes`): which kernel a
+#: few rows take depends on the weight's shape as well as its size
+FEW_ROW_INNER = (256, 512, 1024, 2048)
+#: the further weights of each staircase (:func:`few_row_ratios`: the ratios' geometric mean)
+_SHAPES = "micro few-row shape"
+_FAST_SHAPES = "micro core-cache few-row shape"
+
+
+def few_row_shapes(weight: tuple[int, int]) -> list[tuple[int, int]]:
+    """Weights of the size of ``weight`` ([out, in]) at the other inner sizes of
+    :data:`FEW_ROW_INNER` that leave it at least 16 rows: a staircase over each beside the one over
+    ``weight``. On a 2-core AMD host with two threads, a product of 4 rows over 8.4 MB weights took
+    1.26-1.39 times its one-row time over [4096, 512], 1.53 over [8192, 256], 1.47 over [2048, 1024]
+    and 1.59 over [1024, 2048]; inside `generate`, 1.35-1.65 times over the weights of the models
+    it ran (a Llama, a Falcon), where the first staircase alone priced them at 1.31."""
+    n, k = weight
+    return [(n * k // inner, inner) for inner in FEW_ROW_INNER if inner != k and n * k // inner >= 16]
 
 
 def core_cache_bytes() -> float | None:
@@ -890,18 +912,19 @@ def few_row_ratios(micro: list[Observation], capacity: float | None,
     for weights of at most ``capacity``; row counts up to ``max_rows``. With ``held_from`` (the
     calibration's: 4P, where the blocked kernel takes over), the counts past it take the ratio of
     the last count up to it, as far as the staircase's last count: ``rows`` end with that count and
-    it, at one ratio. None where the first staircase is missing or has no count from 2 to
-    ``max_rows`` or ``held_from``."""
-    big = _ratios([ob for ob in micro if ob.label.startswith(_STAIRCASE)])
+    it, at one ratio. Each staircase's ratios are the geometric mean with those of the staircases
+    over its further shapes (:func:`few_row_shapes`), at the counts all of them reached. None where
+    the first staircase is missing or has no count from 2 to ``max_rows`` or ``held_from``."""
+    big = _mean_ratios(micro, _STAIRCASE, _SHAPES)
     if big is None:
         return None
-    rows, streamed, streamed_bytes = big
+    rows, streamed, streamed_bytes, shapes = big
     if max_rows is not None:
         streamed = [r for n, r in zip(rows, streamed) if n <= max_rows]
         rows = [n for n in rows if n <= max_rows]
         if not rows:
             return None
-    small = _ratios([ob for ob in micro if ob.label.startswith(_FAST_STAIRCASE)])
+    small = _mean_ratios(micro, _FAST_STAIRCASE, _FAST_SHAPES)
     cached = cached_mb = None
     if small is not None and capacity and capacity < streamed_bytes:
         common = [r for r in rows if r in small[0]]
@@ -918,20 +941,41 @@ def few_row_ratios(micro: list[Observation], capacity: float | None,
             streamed = [*streamed[: keep + 1], streamed[keep]]
             cached = [*cached[: keep + 1], cached[keep]] if cached is not None else None
     return FewRowRatios(rows=rows, streamed=streamed, streamed_mb=streamed_bytes / 1e6, cached=cached,
-                        cached_mb=cached_mb)
+                        cached_mb=cached_mb, shapes=shapes)
+
+
+def _mean_ratios(micro: list[Observation], first: str, further: str) -> tuple[list[int], list[float], float, int] | None:
+    """(rows, ratios, weight bytes, shapes) of the staircase labelled ``first`` and the further
+    ones labelled ``further`` (:func:`few_row_shapes`, each named by its weight): at each row
+    count all of them reached, the geometric mean of their ratios; the first's weight bytes. None
+    without the first."""
+    own = _ratios([ob for ob in micro if ob.label.startswith(first)])
+    if own is None:
+        return None
+    by_weight: dict[str, list[Observation]] = {}
+    for ob in micro:
+        if ob.label.startswith(further):
+            by_weight.setdefault(ob.unit or ob.label, []).append(ob)
+    stairs = [own, *(r for r in map(_ratios, by_weight.values()) if r is not None)]
+    rows = [n for n in own[0] if all(n in st[0] for st in stairs)]
+    if not rows:
+        return None
+    mean = [float(np.exp(np.mean([np.log(st[1][st[0].index(n)]) for st in stairs]))) for n in rows]
+    return rows, mean, own[2], len(stairs)
 
 
 def few_row_text(few: FewRowRatios) -> str:
     """The few-row ratios as the calibration prints them; a ratio held from one count to the
     last (:func:`few_row_ratios`' ``held_from``) is said once, with the counts it covers."""
     rows, streamed, cached = list(few.rows), list(few.streamed), list(few.cached) if few.cached is not None else None
+    kinds = f"; the geometric mean over {few.shapes} shapes of that size" if few.shapes > 1 else ""
     held = ""
     if len(rows) > 1 and streamed[-1] == streamed[-2] and (cached is None or cached[-1] == cached[-2]):
         held = f" (one of {rows[-2] + 1} to {rows[-1]} rows as one of {rows[-2]})"
         rows, streamed, cached = rows[:-1], streamed[:-1], cached[:-1] if cached is not None else None
     said = (f"a product of {', '.join(map(str, rows))} rows{held} takes "
             f"{', '.join(f'{r:.2f}' for r in streamed)} times its one-row time over a weight streamed from "
-            f"memory ({few.streamed_mb:.1f} MB)")
+            f"memory ({few.streamed_mb:.1f} MB{kinds})")
     if cached is not None:
         said += (f", {', '.join(f'{r:.2f}' for r in cached)} over one of at most {few.cached_mb:.1f} MB "
                  "(the cores' caches)")
@@ -1711,7 +1755,7 @@ def fit_with_micro(micro: list[Observation], measured: list[Observation], *, cor
     for ob in measured:  # the further passes over a weight that stays in the cores' caches
         ob.pack_fast = pack_fast
         ob.few_rows = few
-    micro = [ob for ob in micro if not ob.label.startswith((_STAIRCASE, _FAST_STAIRCASE))]
+    micro = [ob for ob in micro if not ob.label.startswith((_STAIRCASE, _FAST_STAIRCASE, _SHAPES, _FAST_SHAPES))]
     levels = cache_levels(micro)
     cache = measured_cache(micro)
     past = memory_past_cache(micro)
