@@ -166,7 +166,7 @@ class FewRowRatios(_Strict):
     is linear in log bytes. (Two threads on a 2-core x86 host, timed alone: 1.72-2.10 at 2 rows and
     1.35-1.64 at 4 over weights of 8-17 MB; 1.25-1.44 and 1.34-1.48 over weights of at most 1 MB.)
     The kernel a few rows take depends on the weight's shape as well as its size (two threads on a
-    2-core AMD host, 8.4 MB weights: 1.26-1.39 at 4 rows over [4096, 512], 1.53 over [8192, 256],
+    2-core AMD host, 8.4 MB weights: 1.26-1.44 at 4 rows over [4096, 512], 1.47-1.53 over [8192, 256],
     1.94 over [512, 4096]), so each ratio is the geometric mean over ``shapes`` weights of one size
     and inner sizes apart."""
 

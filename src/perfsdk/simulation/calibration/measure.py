@@ -436,9 +436,10 @@ def few_row_shapes(weight: tuple[int, int]) -> list[tuple[int, int]]:
     """Weights of the size of ``weight`` ([out, in]) at the other inner sizes of
     :data:`FEW_ROW_INNER` that leave it at least 16 rows: a staircase over each beside the one over
     ``weight``. On a 2-core AMD host with two threads, a product of 4 rows over 8.4 MB weights took
-    1.26-1.39 times its one-row time over [4096, 512], 1.53 over [8192, 256], 1.47 over [2048, 1024]
-    and 1.59 over [1024, 2048]; inside `generate`, 1.35-1.65 times over the weights of the models
-    it ran (a Llama, a Falcon), where the first staircase alone priced them at 1.31."""
+    1.26-1.44 times its one-row time over [4096, 512], 1.47-1.53 over [8192, 256], 1.47-1.59 over
+    [2048, 1024] and 1.53-1.64 over [1024, 2048] (timings minutes apart); inside `generate`,
+    1.35-1.65 times over the weights of the models it ran (a Llama, a Falcon), where a profile
+    read from the first staircase alone priced them at 1.31-1.34."""
     n, k = weight
     return [(n * k // inner, inner) for inner in FEW_ROW_INNER if inner != k and n * k // inner >= 16]
 
