@@ -68,10 +68,7 @@ def main(argv: list[str] | None = None) -> int:
                   f"{times[8] * 1e6:7.1f} {row['ratio_4_to_1']:5.2f} {row['extra_us_per_mb']:12.1f} "
                   f"{row['extra_ns_per_row']:12.1f}", flush=True)
             del copies
-    import math
-
-    mean = {r: math.exp(statistics.fmean(math.log(o["seconds"][str(r)] / o["seconds"]["1"]) for o in out))
-            for r in ROWS[1:]}
+    mean = {r: statistics.geometric_mean(o["seconds"][str(r)] / o["seconds"]["1"] for o in out) for r in ROWS[1:]}
     print("geometric mean of the ratios over the shapes: "
           + ", ".join(f"{r} rows {m:.2f}" for r, m in mean.items()), flush=True)
     if args.json:

@@ -262,9 +262,9 @@ def test_each_staircase_is_read_with_its_further_shapes() -> None:
     big = 4.0 * STAIRCASE_WEIGHT[0] * STAIRCASE_WEIGHT[1]
 
     def stair(label: str, shape: tuple[int, int], ratios: list[float], one_row: float) -> list[Observation]:
-        obs = [ob for ob in _streamed_products(shape, lambda fn: 0.0, FEW_ROWS, label=label, stream_bytes=0.0)]
         times = dict(zip(FEW_ROWS, [1.0, *ratios]))
-        return [replace(ob, measured_s=one_row * times[int(ob.rows[0])]) for ob in obs]  # type: ignore[index]
+        return [replace(ob, measured_s=one_row * times[int(ob.rows[0])])  # type: ignore[index]
+                for ob in _streamed_products(shape, lambda fn: 0.0, FEW_ROWS, label=label, stream_bytes=0.0)]
 
     first = [1.0, 2.0, 1.25, 1.0, 1.0, 1.0, 1.0]
     second = [4.0, 2.0, 1.8, 1.0, 1.0, 1.0, 1.0]

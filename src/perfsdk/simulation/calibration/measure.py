@@ -961,7 +961,7 @@ def _mean_ratios(micro: list[Observation], first: str, further: str) -> tuple[li
     rows = [n for n in own[0] if all(n in st[0] for st in stairs)]
     if not rows:
         return None
-    mean = [float(np.exp(np.mean([np.log(st[1][st[0].index(n)]) for st in stairs]))) for n in rows]
+    mean = [statistics.geometric_mean(st[1][st[0].index(n)] for st in stairs) for n in rows]
     return rows, mean, own[2], len(stairs)
 
 
