@@ -1035,7 +1035,13 @@ def weight_row_cost(micro: list[Observation], cache_bytes: float = 0.0) -> float
     return max(0.0, (a.measured_s - b.measured_s) / (rows * streamed))
 
 
-DEFAULT_CALIBRATION_GRID = [(1, 16, 16), (1, 128, 16), (4, 32, 16), (8, 128, 8), (2, 256, 8)]
+#: (batch, prompt tokens, new tokens). A batch-1 prompt of 48 tokens sits between the 16 and the
+#: 128 rows of the others' prefills, where the small-M slowdown changes fastest: without it that
+#: slowdown, the repacking rate and the prefill's fixed cost were told apart only by the 16-token
+#: prefill, and four one-thread calibrations on one host settled at four different splits
+#: (`matmul_half_rows` 0-24.5), their predictions of families they never saw up to 16.8 % apart;
+#: with it at 27-36 rows in four more, up to 11.0 %
+DEFAULT_CALIBRATION_GRID = [(1, 16, 16), (1, 48, 8), (1, 128, 16), (4, 32, 16), (8, 128, 8), (2, 256, 8)]
 # one configuration at four depths (per-layer vs per-pass costs, 20 to 100 MB of weights per pass:
 # the cache term); narrowed to width 64 at two depths, where the framework's fixed costs
 # dominate, which pins the per-operation overhead apart from the bytes; and at width 256, between
