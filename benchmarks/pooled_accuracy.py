@@ -30,7 +30,9 @@ Printed, for the unseen families (and, with ``--llama``, the Llama sizes):
   predicted)`` over the log of the bound on the same side, 0 at the prediction and 1 at the bound.
   The 90th percentile of that use, per calibration and over all of them, is the share of the
   interval's log half-widths that would still have held 90 % of the measurements: well under 1,
-  the intervals were wider than these runs needed; over 1, narrower.
+  the intervals were wider than these runs needed; over 1, narrower. Then the same use of every
+  single measurement pass on the raw clock (runs that kept their passes), against the prediction
+  in seconds: what one user's run, with the machine's drift in it, reads.
 
 The exponent the work follows the reference with (``reference_tracking``) is taken as 1 here:
 runs at reference levels a few percent apart differ by that exponent's effect, well under 1 %.
@@ -138,9 +140,12 @@ def calibration_pairs(runs: list[dict[str, Any]], family: bool) -> dict[str, Any
     return {"pairs": pairs}
 
 
-def interval_use(runs: list[dict[str, Any]], family: bool) -> dict[str, Any]:
+def interval_use(runs: list[dict[str, Any]], family: bool, single_passes: bool = False) -> dict[str, Any]:
     """Per calibration and over all, how much of its interval each of its run's own measurements
-    (the ones the run judged inside or outside) used; see the module docstring."""
+    (the ones the run judged inside or outside) used; see the module docstring. ``single_passes``:
+    each measurement pass on the raw clock instead (``{x}_passes_raw_ms``, neither normalised nor
+    brought to the calibration's level; runs written before the benchmark kept them have none),
+    what one user's run reads against the prediction in seconds."""
     per_cal, every = [], []
     for run in runs:
         for k in range(len(run["summary"]["reference_s"]["calibrations"])):
@@ -154,9 +159,8 @@ def interval_use(runs: list[dict[str, Any]], family: bool) -> dict[str, Any]:
                     if bounds is None or not errors or k >= len(errors):
                         continue
                     pred = row[f"{x}_predicted_ms_each"][k]
-                    u = _use(pred, pred / (1 + errors[k] / 100), *bounds)
-                    if u is not None:
-                        uses.append(u)
+                    seen = (row.get(f"{x}_passes_raw_ms") or []) if single_passes else [pred / (1 + errors[k] / 100)]
+                    uses.extend(u for u in (_use(pred, m, *bounds) for m in seen) if u is not None)
             if uses:
                 every.extend(uses)
                 per_cal.append({"run": run["path"], "calibration": k + 1, "figures": len(uses),
@@ -272,17 +276,25 @@ def report(name: str, res: dict[str, Any]) -> list[str]:
     med = [c["median_abs_error_pct"] for c in res["calibrations"]]
     lines.append(f"  Over the {len(med)} calibrations: median |error| {min(med):.1f}–{max(med):.1f} %, "
                  f"largest {worst:.1f} %.")
-    use = res.get("interval_use")
-    if use and use["figures"]:
-        lines.append("  How much of its 90 % interval each run's own measurement used (log distance from the "
-                     "prediction over the bound's; 90th percentile / largest, inside):")
-        for c in use["calibrations"]:
-            lines.append(f"    {c['run']} cal. {c['calibration']}: {c['use_p90']:.2f} / {c['use_max']:.2f}, "
-                         f"inside {100 * c['inside_share']:.0f} %")
-        lines.append(f"  Over all {use['figures']} judged figures: median {use['use_median']:.2f}, 90th percentile "
-                     f"{use['use_p90']:.2f}, largest {use['use_max']:.2f}, inside {100 * use['inside_share']:.0f} %: "
-                     f"intervals {use['use_p90']:.2f} times as wide (in log terms, about each prediction) would "
-                     f"have held 90 % of them.")
+    lines += use_lines(res.get("interval_use"), "each run's own measurement")
+    lines += use_lines(res.get("interval_use_single_passes"), "each single measurement pass on the raw clock")
+    return lines
+
+
+def use_lines(use: dict[str, Any] | None, what: str) -> list[str]:
+    """:func:`interval_use`'s result as printed: per calibration, then over all (nothing where no
+    figure was judged)."""
+    if not use or not use["figures"]:
+        return []
+    lines = [f"  How much of its 90 % interval {what} used (log distance from the prediction over the "
+             "bound's; 90th percentile / largest, inside):"]
+    for c in use["calibrations"]:
+        lines.append(f"    {c['run']} cal. {c['calibration']}: {c['use_p90']:.2f} / {c['use_max']:.2f}, "
+                     f"inside {100 * c['inside_share']:.0f} %")
+    lines.append(f"  Over all {use['figures']} judged figures: median {use['use_median']:.2f}, 90th percentile "
+                 f"{use['use_p90']:.2f}, largest {use['use_max']:.2f}, inside {100 * use['inside_share']:.0f} %: "
+                 f"intervals {use['use_p90']:.2f} times as wide (in log terms, about each prediction) would "
+                 f"have held 90 % of them.")
     return lines
 
 
@@ -320,10 +332,12 @@ def main(argv: list[str] | None = None) -> int:
     judged = [r for r in runs if r["path"] not in args.pool_only]
     out = {"families": pooled(runs, True, tuple(args.pool_only))}
     out["families"]["interval_use"] = interval_use(judged, True)
+    out["families"]["interval_use_single_passes"] = interval_use(judged, True, single_passes=True)
     out["families"].update(calibration_pairs(judged, True))
     if args.llama:
         out["llama"] = pooled(runs, False, tuple(args.pool_only))
         out["llama"]["interval_use"] = interval_use(judged, False)
+        out["llama"]["interval_use_single_passes"] = interval_use(judged, False, single_passes=True)
         out["llama"].update(calibration_pairs(judged, False))
     for name, res in out.items():
         label = "Unseen families" if name == "families" else "Llama sizes"

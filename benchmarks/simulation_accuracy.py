@@ -344,6 +344,7 @@ def main(argv: list[str] | None = None) -> int:
                                                 reference_tracking)
     from perfsdk.simulation.predictor import simulate_config
     from perfsdk.simulation.calibration.measure import few_row_text
+    from pooled_accuracy import interval_use
 
     torch.set_num_threads(args.threads)
     t0 = time.time()
@@ -474,7 +475,11 @@ def main(argv: list[str] | None = None) -> int:
         row = {"model": spec.split(":", 1)[-1], "family": spec.startswith("family:"), "batch": b,
                "input_tokens": args.input_tokens, "output_tokens": o, "ttft_measured_ms": per_cal[0][0] * 1e3,
                "tpot_measured_ms": per_cal[0][1] * 1e3, "ttft_measured_own_level_ms": own[0] * 1e3,
-               "tpot_measured_own_level_ms": own[1] * 1e3}
+               "tpot_measured_own_level_ms": own[1] * 1e3,
+               # each pass on the raw clock, neither normalised nor brought to a level: what one
+               # user's run of this configuration (the median of its calls) read at that time
+               "ttft_passes_raw_ms": [m[0] * 1e3 for m, _ in raw[(spec, b, o)]],
+               "tpot_passes_raw_ms": [m[1] * 1e3 for m, _ in raw[(spec, b, o)]]}
         for j, x in enumerate(("ttft", "tpot")):
             meas_each = [m[j] for m in per_cal]
             meas = meas_each[0]
@@ -590,6 +595,8 @@ def main(argv: list[str] | None = None) -> int:
                                "calibrations_note": [f.tracking_note for f in fits]},
         "measurement_repeatability_pct": {"families": _repeatability(fam_rows),
                                           "llama": _repeatability([r for r in rows if not r["family"]])},
+        "measurement_repeatability_tpot_pct": {"families": _repeatability(fam_rows, "tpot"),
+                                               "llama": _repeatability([r for r in rows if not r["family"]], "tpot")},
         "threads": args.threads, "calls": args.calls, "passes": args.passes, "clock": args.clock,
         "wall_s": time.time() - t0,
     }
@@ -700,6 +707,24 @@ def main(argv: list[str] | None = None) -> int:
                          f"the same prefill's TTFT, measured once per output length, {rep['rms']:.1f} % apart (rms of "
                          f"{rep['pairs']:.0f} pairs), at most {rep['max']:.1f} %: about {rep['per_measurement']:.1f} % on each "
                          "measurement; errors of that size cannot be told from the measurement's own noise.")
+    for group, rep in summary["measurement_repeatability_tpot_pct"].items():
+        if rep is not None:
+            lines.append(f"The same for TPOT ({'unseen families' if group == 'families' else 'Llama sizes'}): each "
+                         "model and batch's TPOT at its output lengths, over the prediction of each (which prices the "
+                         f"longer cache), {rep['rms']:.1f} % apart (rms of {rep['pairs']:.0f} pairs), at most "
+                         f"{rep['max']:.1f} %: about {rep['per_measurement']:.1f} % on each measurement.")
+    run = {"rows": rows, "summary": summary, "path": "this run"}
+    for family, label in ((True, "Unseen families"), (False, "Llama sizes")):
+        uses = {"judged": interval_use([run], family), "single": interval_use([run], family, single_passes=True)}
+        summary["interval_use" if family else "llama_interval_use"] = uses
+        for key, what in (("judged", "its measurement (the median of the passes, each at the calibration's level)"),
+                          ("single", "each single measurement pass on the raw clock (one user's run)")):
+            u = uses[key]
+            if u["figures"]:
+                lines.append(f"{label}, how much of its 90 % interval {what} used (0 at the prediction, 1 at the "
+                             f"bound): 90th percentile {u['use_p90']:.2f}, largest {u['use_max']:.2f}, inside "
+                             f"{100 * u['inside_share']:.0f} % of {u['figures']} (per calibration: " + ", ".join(
+                                 f"{c['use_p90']:.2f}" for c in u["calibrations"]) + ").")
     table = "\n".join(lines)
     print(table)
     if args.markdown:
@@ -740,15 +765,19 @@ def _inputs_apart(fits: list, inputs: list[list]) -> list[dict[str, dict[str, fl
     return out
 
 
-def _repeatability(rows: list[dict]) -> dict[str, float] | None:
+def _repeatability(rows: list[dict], x: str = "ttft") -> dict[str, float] | None:
     """How far the measurement repeats itself: TTFT does not depend on the number of new tokens,
     so each model and batch measured at several output lengths measured the same prefill more
-    than once. Every pair's log ratio, in percent: rms, largest, and the rms over sqrt(2) (the
-    noise of one measurement, were both alike); None with fewer than one pair."""
+    than once; their TPOT differs only by the longer cache the later steps read, which the
+    prediction prices (``x="tpot"``: each measurement over its first calibration's prediction, so
+    that what the cost model expects between the lengths drops out; TTFT's predictions are one
+    figure per model and batch, and the ratio is that of the measurements). Every pair's log
+    ratio, in percent: rms, largest, and the rms over sqrt(2) (the noise of one measurement, were
+    both alike); None with fewer than one pair."""
     by: dict[tuple[str, int], list[float]] = {}
     for r in rows:
-        if r["ttft_measured_ms"]:
-            by.setdefault((r["model"], r["batch"]), []).append(r["ttft_measured_ms"])
+        if r[f"{x}_measured_ms"] and r[f"{x}_predicted_ms"]:
+            by.setdefault((r["model"], r["batch"]), []).append(r[f"{x}_measured_ms"] / r[f"{x}_predicted_ms"])
     logs = [math.log(a / b) for v in by.values() for i, a in enumerate(v) for b in v[i + 1:]]
     if not logs:
         return None

@@ -182,6 +182,16 @@ def test_calibrate_command_writes_profile(tmp_path: Path, monkeypatch: pytest.Mo
     # two models x two shapes in three passes, and the micro-kernels before the first pass and
     # after each: a machine level around each of the 12 + 4 timings
     assert len(cal["levels"]) == 16 and cal["normalised_drift_pct"] is not None and cal["passes"] == 3
+    # one run's scatter: the 4 configurations' TTFT and decode in each of the 3 passes over their
+    # median, so each configuration and phase has one pass exactly at 1
+    scatter = cal["run_scatter"]
+    assert len(scatter) == 24 and sum(x == 1.0 for x in scatter) >= 8 and all(x > 0 for x in scatter)
+    from perfsdk.stats import percentile
+
+    rel = sorted(scatter)
+    assert (f"one run on the raw clock (each configuration's passes over their median, 24 times) strayed "
+            f"{percentile(rel, 5):.2f}–{percentile(rel, 95):.2f} times (5th–95th percentile), the level the "
+            "intervals draw a run at") in " ".join(r.stderr.split())
     assert "(median over configurations; 3 passes)" in d["source"]
     # the exponent said is the one kept, between 0 (a reference the passes did not follow) and 1
     assert 0.0 <= cal["reference_tracking"] <= 1.0

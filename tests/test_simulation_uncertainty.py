@@ -17,7 +17,7 @@ from perfsdk.models.tiny import tiny_llama_config
 from perfsdk.simulation.calibration.fit import CACHE_GRID
 from perfsdk.simulation.calibration import (PARAMS, REFERENCE_LABEL, ConfigurationSamples, at_current_speed, Measurement, bootstrap_coefficients, fit,
                                             held_out_errors, median_of, normalised_runs, pass_levels, pass_order,
-                                            passes_settled, profile_from_fit, reference_tracking,
+                                            passes_settled, profile_from_fit, reference_tracking, run_scatter,
                                             term_fit, term_tracking)
 from perfsdk.simulation.predictor import simulate_config
 from perfsdk.simulation.uncertainty import profile_origin
@@ -26,7 +26,7 @@ from tests.test_simulation_fit import TRUTH, _observations
 
 def _calibrated(held_out: list[list[float]], levels: list[float], replicates: int = 1,
                 reference_s: float | None = None, tracking: float | None = None,
-                apart: tuple[float, float] | None = None):
+                apart: tuple[float, float] | None = None, scatter: list[float] | None = None):
     """A profile fitted to noise-free observations, with the given held-out errors and levels;
     every bootstrap replicate equal to the central coefficients (no parameter spread). With
     ``reference_s``: timed around this version's reference workload, at one thread."""
@@ -36,6 +36,7 @@ def _calibrated(held_out: list[list[float]], levels: list[float], replicates: in
     res.replicates = [list(central) for _ in range(replicates)]
     res.held_out = held_out
     res.levels = levels
+    res.run_scatter = scatter or []
     if reference_s is not None:
         res.reference, res.reference_s, res.reference_tracking = REFERENCE_LABEL, reference_s, tracking
         res.threads, res.clock = 1, "wall"
@@ -214,6 +215,15 @@ def test_the_median_pass_is_settled_when_three_passes_covering_it_agree() -> Non
     assert pass_levels(runs) == pytest.approx([1.0, 1.1, 1.2])
 
 
+def test_one_runs_scatter_is_every_pass_over_its_configurations_median_on_the_raw_clock() -> None:
+    # two configurations in three passes, one measured once: TTFT and decode each over the median
+    # of their own passes (1.0 and 2.0; 2.0 and 2.2), the single-pass configuration left out
+    runs = [[_m(1.0, 2.0), _m(1.2, 2.4), _m(0.9, 1.8)], [_m(2.0, 2.2), _m(3.0, 2.2), _m(1.8, 2.2)],
+            [_m(5.0, 5.0)]]
+    assert run_scatter(runs) == pytest.approx([1.0, 1.2, 0.9, 1.0, 1.2, 0.9, 1.0, 1.5, 0.9, 1.0, 1.0, 1.0])
+    assert run_scatter([[_m(1.0, 1.0)]]) == []
+
+
 def test_calibrate_here_runs_more_passes_until_the_median_pass_is_settled(monkeypatch: pytest.MonkeyPatch) -> None:
     import perfsdk.simulation.calibration.measure as cal
 
@@ -376,6 +386,27 @@ def test_interval_is_the_central_share_of_prediction_over_one_plus_error_times_l
     assert "energy figures copied from host-cpu" in res.energy_origin
     data = json.loads(res.model_dump_json())
     assert {"ttft_s_low", "ttft_s_high", "tpot_s_low", "tpot_s_high", "origin", "interval_level"} <= set(data)
+
+
+def test_the_interval_draws_one_run_at_its_scatter_on_the_raw_clock_where_the_calibration_kept_it() -> None:
+    # the reference's levels 0.95 and 1.05; one run strayed 0.8, 1.0 and 1.3 times its median: the
+    # interval is drawn at the run's scatter, not at the reference's levels
+    held, levels, scatter = [[0.25, -0.2], [0.0, 0.0]], [0.95, 1.05], [0.8, 1.0, 1.3]
+    prof = _calibrated(held, levels, scatter=scatter)
+    assert prof.calibration is not None and prof.calibration.run_scatter == scatter
+    assert parse_profile(yaml.safe_load(profile_to_yaml(prof))) == prof  # kept in the profile file
+    res = simulate_config(tiny_llama_config("tiny-llama"), prof, batch_size=1, input_tokens=16, output_tokens=9,
+                          dtype="float32")
+    tpot = res.tpot_s
+    expect = np.quantile([tpot / (1 + e) * s for e in (-0.2, 0.0) for s in scatter], [0.05, 0.95])
+    assert (res.tpot_s_low, res.tpot_s_high) == pytest.approx(tuple(expect), rel=1e-9)
+    # the same calibration without it draws on the reference's levels (narrower here)
+    plain = simulate_config(tiny_llama_config("tiny-llama"), _calibrated(held, levels), batch_size=1,
+                            input_tokens=16, output_tokens=9, dtype="float32")
+    assert plain.tpot_s == pytest.approx(tpot, rel=1e-12)
+    expect = np.quantile([tpot / (1 + e) * lv for e in (-0.2, 0.0) for lv in levels], [0.05, 0.95])
+    assert (plain.tpot_s_low, plain.tpot_s_high) == pytest.approx(tuple(expect), rel=1e-9)
+    assert plain.tpot_s_high < res.tpot_s_high and plain.tpot_s_low > res.tpot_s_low
 
 
 def test_a_calibrated_prediction_is_the_median_of_its_bootstrap_refits_predictions() -> None:
@@ -715,6 +746,16 @@ def test_a_calibrated_host_at_its_speed_now_prices_every_time_by_the_reference_r
     for x in ("ttft_s", "tpot_s"):
         assert getattr(slow, f"{x}_low") < getattr(base, f"{x}_low") * f < getattr(slow, x), x
         assert getattr(slow, x) < getattr(base, f"{x}_high") * f < getattr(slow, f"{x}_high"), x
+    # a calibration that kept one run's scatter draws the run there, and the window's stray from
+    # the reference's levels: every run level (0.8, 1.0, 1.3) times every stray (1 / 0.95, 1 / 1.05)
+    spread = prof.model_copy(update={"calibration": prof.calibration.model_copy(  # type: ignore[union-attr]
+        update={"run_scatter": [0.8, 1.0, 1.3]})})
+    now_s, _, said_s = at_current_speed(spread, ticks=3, min_time_s=0.0,
+                                        timer=_Timer(0.044, 0.050, 0.043))  # type: ignore[arg-type]
+    assert said_s == said
+    assert now_s.calibration.levels == prof.calibration.levels  # type: ignore[union-attr]
+    assert sorted(now_s.calibration.run_scatter) == pytest.approx(  # type: ignore[union-attr]
+        sorted(r / lv for r in (0.8, 1.0, 1.3) for lv in (0.95, 1.05)))
     # a calibration that kept no levels has no stray to draw: its interval only moves, and the note
     # claims nothing about it
     cal0 = prof.calibration

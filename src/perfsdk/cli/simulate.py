@@ -181,7 +181,8 @@ def _print_simulation(res: SimulationResult) -> None:
     con.print(f"times: {res.origin_detail or res.origin}")
     if level:
         con.print(f"interval: {100 * level:.0f} % of the measurements this calibration allows for (its coefficients "
-                  "refitted on resampled timings, its errors on models and families left out of the fit, the machine's drift)")
+                  "refitted on resampled timings, its errors on models and families left out of the fit, how far "
+                  "one run strayed on the machine)")
         if res.interval_basis:
             con.print(f"model error: {res.interval_basis}")
     elif res.interval_note:
@@ -369,6 +370,11 @@ def _say_uncertainty(result: Any) -> None:
                  f"{', '.join(result.families)} draws on, each taken both ways)")
     machine = (f"the machine's level (the reference timed around) at {len(result.levels)} timings" if result.levels
                else "no reference workload was timed (stored runs): no term for the machine's drift")
+    if result.run_scatter:
+        rel = sorted(result.run_scatter)
+        machine += (f"; one run on the raw clock (each configuration's passes over their median, {len(rel)} times) "
+                    f"strayed {percentile(rel, 5):.2f}–{percentile(rel, 95):.2f} times (5th–95th percentile), "
+                    "the level the intervals draw a run at")
     click.echo(f"uncertainty: {len(result.replicates)} bootstrap refits over configurations and passes; {left}; "
                f"{machine}", err=True)
 

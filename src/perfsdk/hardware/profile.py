@@ -237,7 +237,11 @@ class CalibrationRecord(_Strict):
       family it never saw, which is what a prediction of a family outside ``families`` draws on
       (each error both ways: which way another family misses is its own);
     - ``levels``: the reference workload's times over the calibration, relative to their median
-      (how much the machine's own speed moved while it was measured).
+      (how much the machine's own speed moved while it was measured);
+    - ``run_scatter``: each configuration's time in one pass on the raw clock over its median over
+      the passes (how far one run strays on this machine: the machine's moves and the short stalls
+      a run of a few milliseconds meets). The intervals draw the run's level from it, and from
+      ``levels`` where a calibration did not keep it.
     """
 
     host: str = Field(min_length=1, description="The machine the calibration ran on (CPU model)")
@@ -262,6 +266,11 @@ class CalibrationRecord(_Strict):
     levels: list[float] = Field(default_factory=list,
                                 description="The reference workload's times relative to their median, to the power "
                                             "reference_tracking")
+    run_scatter: list[float] = Field(
+        default_factory=list,
+        description="Each calibration configuration's TTFT and decode time in one pass, on the raw clock, over its "
+                    "median over the passes: how far one run strays on this machine; empty: not recorded (the "
+                    "intervals then draw on levels)")
     cache_bytes: float = Field(default=0.0, ge=0, description="Cache size the coefficients were fitted at")
     pack_rows: float = Field(default=0.0, ge=0, description="Repacking size the coefficients were fitted at")
     pack_fast_bytes: float = Field(default=0.0, ge=0,

@@ -15,10 +15,12 @@ calibration's bootstrap refits (:func:`bagged_factors`: each phase re-costed wit
 as a ratio to the central fit, and the central fit's time scaled by the median ratio). Its
 interval is drawn from three independent sources of spread, each kept by the calibration: those
 refits (the ratio of each to their median), the errors of predictions of configurations whose
-model was left out of the fit (model error), and the reference workload's times relative to their
-median (the machine's own drift). Every combination of the three is one possible measurement,
-``p * ratio / (1 + error) * level``; the interval is the central ``level`` share of them (90 % by
-default).
+model was left out of the fit (model error), and how far one run strays on this machine: each
+calibration configuration's time in one pass on the raw clock over its median over the passes
+(``CalibrationRecord.run_scatter``; on a calibration that did not keep it, the reference workload's
+times relative to their median, which leave out the short stalls a run of milliseconds meets).
+Every combination of the three is one possible measurement, ``p * ratio / (1 + error) * level``;
+the interval is the central ``level`` share of them (90 % by default).
 
 The model error is that of models like the one predicted (:func:`model_errors`): a model of a
 family the calibration measured draws on every held-out configuration; a model of any other
@@ -236,6 +238,13 @@ def bagged_factors(ratios: dict[str, np.ndarray]) -> dict[str, float]:
     return {phase: float(np.median(r)) if len(r) else 1.0 for phase, r in ratios.items()}
 
 
+def run_levels(cal: CalibrationRecord) -> list[float]:
+    """The levels one run's time is drawn at, relative to the calibration's: its configurations'
+    scatter from pass to pass on the raw clock (``run_scatter``), or the reference workload's
+    levels where the calibration did not keep it (empty: neither)."""
+    return cal.run_scatter or cal.levels
+
+
 def time_interval_samples(cal: CalibrationRecord, phase_ops: dict[str, list[OpRecord]],
                           phase_times: dict[str, float], step_weights: dict[int, float] | None = None,
                           max_samples: int = 20000, family: str | None = None,
@@ -247,14 +256,14 @@ def time_interval_samples(cal: CalibrationRecord, phase_ops: dict[str, list[OpRe
     Each phase is re-costed by the calibration's own cost model with every bootstrap replicate's
     coefficients (:func:`replicate_ratios`, or ``ratios`` already computed); the ratio to their
     median scales the prediction. The held-out errors of the same configuration (prefill and
-    decode together) and the machine's levels are combined with every replicate. ``encode`` and
+    decode together) and one run's levels (:func:`run_levels`) are combined with every replicate. ``encode`` and
     ``forward`` take the prefill's held-out error (a full pass over the inputs), ``decode`` the
     decode's.
     """
     if ratios is None:
         ratios = replicate_ratios(cal, phase_ops, step_weights)
     held = model_errors(cal, family)
-    levels = np.array(cal.levels, dtype=float) if cal.levels else np.ones(1)
+    levels = np.array(run_levels(cal), dtype=float) if run_levels(cal) else np.ones(1)
     n_reps = max(len(r) for r in ratios.values()) if ratios else 1
     # keep the product set bounded: thin the levels (they are a distribution, evenly spaced
     # quantiles keep its shape)

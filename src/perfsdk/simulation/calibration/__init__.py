@@ -61,6 +61,7 @@ from perfsdk.simulation.calibration.measure import (
     observations_for,
     pass_drift_pct,
     pass_levels,
+    run_scatter,
     pass_order,
     passes_settled,
     reference_tracking,
@@ -75,5 +76,5 @@ __all__ = [
     "CACHE_GRID", "CACHE_MIN_GAIN", "DEFAULT_CALIBRATION_GRID", "DEFAULT_CALIBRATION_MODELS", "HALF_ROWS_GRID", "PACK_ROWS_GRID", "PARAMS", "FitResult", "Measurement",
     "Observation", "build_random_model", "cached_fraction", "calibrate_from_store", "calibrate_here", "fit",
     "measure_generate", "measurements_of_run", "micro_observations", "model_config_of_run", "observations_for",
-    "captured_observations_for", "pass_drift_pct", "pass_levels", "pass_order", "passes_settled", "PASS_SETTLE_PCT", "DEFAULT_PASSES", "DEFAULT_MAX_PASSES", "profile_from_fit", "reference_tracking", "term_fit", "term_tracking", "keep_cache",
+    "captured_observations_for", "pass_drift_pct", "pass_levels", "run_scatter", "pass_order", "passes_settled", "PASS_SETTLE_PCT", "DEFAULT_PASSES", "DEFAULT_MAX_PASSES", "profile_from_fit", "reference_tracking", "term_fit", "term_tracking", "keep_cache",
 ]

@@ -437,6 +437,8 @@ class FitResult:
     held_out_whole_family: list[bool] = field(default_factory=list)
     families: list[str] = field(default_factory=list)
     levels: list[float] = field(default_factory=list)
+    #: one run's scatter on the raw clock (:func:`~perfsdk.simulation.calibration.measure.run_scatter`)
+    run_scatter: list[float] = field(default_factory=list)
     reference: str | None = None
     reference_s: float | None = None
     #: the exponent the configurations' times follow the reference's with
@@ -830,6 +832,7 @@ def profile_from_fit(result: FitResult, *, name: str = "host-calibrated", base: 
     record = CalibrationRecord(
         host=cpu, fitted_at=when, params=list(PARAMS), coefficients=[float(k[p]) for p in PARAMS],
         replicates=result.replicates, held_out=result.held_out, levels=result.levels,
+        run_scatter=result.run_scatter,
         held_out_whole_family=result.held_out_whole_family, families=result.families,
         cache_bytes=result.cache_bytes, pack_rows=result.pack_rows, reference=result.reference,
         reference_s=result.reference_s, reference_tracking=result.reference_tracking,

@@ -1296,10 +1296,13 @@ def at_current_speed(profile: HardwareProfile, *, ticks: int = 5, min_time_s: fl
     factor, memory_factor, compute_factor = cal.speed_factors(now, memory_now, compute_now)
     apart = cal.rest_tracking is not None and cal.memory_tracking is not None
     b = cal.rest_tracking if apart else cal.reference_tracking if cal.reference_tracking is not None else 1.0
-    levels, (lo, hi) = _retimed_levels(cal.levels)
+    # the window's stray drawn from the reference's levels, combined with what the intervals draw
+    # the run's own level from (one run's scatter where the calibration kept it)
+    drawn = "run_scatter" if cal.run_scatter else "levels"
+    levels, (lo, hi) = _retimed_levels(cal.levels, getattr(cal, drawn))
     slowed = profile.slower_by(factor, memory_factor, compute_factor)
     assert slowed.calibration is not None
-    slowed = slowed.model_copy(update={"calibration": slowed.calibration.model_copy(update={"levels": levels})})
+    slowed = slowed.model_copy(update={"calibration": slowed.calibration.model_copy(update={drawn: levels})})
     sides = [(name, f"{name}'s x {f:.3f} (the {kind} reference took {fmt_s(t_now)} against {fmt_s(t_cal)})")
              for name, kind, f, t_now, t_cal in (
                  ("the memory traffic", "memory", memory_factor, memory_now, cal.memory_reference_s),
@@ -1320,7 +1323,8 @@ def at_current_speed(profile: HardwareProfile, *, ticks: int = 5, min_time_s: fl
     return slowed, factor, said
 
 
-def _retimed_levels(levels: list[float], *, keep: int = 1000) -> tuple[list[float], tuple[float, float]]:
+def _retimed_levels(levels: list[float], run: list[float] | None = None, *,
+                    keep: int = 1000) -> tuple[list[float], tuple[float, float]]:
     """The machine's levels for a profile brought to the speed of the moment, and how far the
     re-timed window may stray (the central 90 %, as a factor).
 
@@ -1330,12 +1334,13 @@ def _retimed_levels(levels: list[float], *, keep: int = 1000) -> tuple[list[floa
     on a shared two-core machine the medians of three-second windows a few seconds apart stood
     up to 23 % apart, and two ``perfsdk simulate --at-current-speed`` calls seconds apart put the
     same prediction up to 24 % apart. So the stray is drawn
-    from ``1 / levels`` and the run's own level from ``levels``; every combination is one level,
-    thinned to ``keep`` evenly spaced quantiles. No levels: nothing to draw from, unchanged."""
+    from ``1 / levels`` and the run's own level from ``run`` (one run's scatter, :func:`run_scatter`;
+    ``levels`` where not given); every combination is one level, thinned to ``keep`` evenly spaced
+    quantiles. No levels: nothing to draw from, ``run`` unchanged."""
     if not levels:
-        return [], (1.0, 1.0)
-    base = np.asarray(levels, dtype=float)
-    stray = 1.0 / base
+        return list(run or []), (1.0, 1.0)
+    base = np.asarray(run or levels, dtype=float)
+    stray = 1.0 / np.asarray(levels, dtype=float)
     lo, hi = (float(x) for x in np.quantile(stray, [0.05, 0.95]))
     combined = (base[:, None] * stray[None, :]).reshape(-1)
     if combined.size > keep:
@@ -1653,6 +1658,7 @@ def calibrate_here(models: list[str], grid: list[tuple[int, int, int]] | None = 
         result, fixed = fit_with_micro(timed, observed, fit_step_overhead=fit_step_overhead, **held_kw)
     result.decode_warmup_steps = warmup
     result.drift_pct = pass_drift_pct([[m for m, _ in raw[key]] for key in configs])
+    result.run_scatter = run_scatter([[m for m, _ in raw[key]] for key in configs])
     result.passes, result.threads = done, torch.get_num_threads()
     result.clock = "cpu" if clock == "cpu" else "wall"
     if ref is not None:
@@ -1837,6 +1843,31 @@ def pass_levels(runs: list[list[Measurement]]) -> list[float]:
     passes = min((len(r) for r in runs), default=0)
     totals = [[m.ttft_s + m.decode_s for m in r[:passes]] for r in runs]
     return [percentile(sorted(t[p] / min(t) for t in totals), 50) for p in range(passes)]
+
+
+def run_scatter(runs: list[list[Measurement]]) -> list[float]:
+    """How far one run strays on this machine: every configuration's TTFT and decode time in each
+    round-robin pass, on the raw clock, over the same configuration's and phase's median over its
+    passes (configurations measured in fewer than two passes add nothing).
+
+    A user's run is one such pass: the median of a few calls over a fraction of a second, read on
+    the wall clock with whatever the machine was doing then. The reference workload's levels
+    (:meth:`ReferenceTimer.levels`) say how far the machine's speed moved over the calibration,
+    each the reference's time over tens of milliseconds; a configuration's own passes also carry
+    the short stalls a call of a few milliseconds meets and the reference averages away. On a
+    shared 2-core x86 host the reference's levels spanned 0.89-1.12 (5th-95th percentile) while
+    single passes of the measured models spanned 0.82-1.27 around their medians, and intervals
+    drawn with the levels held 72 % of single passes of the Llama sizes
+    (docs/simulation-accuracy-log.md, "One run on the raw clock against the interval")."""
+    out: list[float] = []
+    for r in runs:
+        if len(r) < 2:
+            continue
+        for values in ([m.ttft_s for m in r], [m.decode_s for m in r]):
+            med = float(statistics.median(values))
+            if med > 0:
+                out.extend(v / med for v in values)
+    return out
 
 
 def passes_settled(levels: list[float], within_pct: float, need: int = 3) -> bool:
