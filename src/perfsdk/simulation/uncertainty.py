@@ -263,7 +263,8 @@ def time_interval_samples(cal: CalibrationRecord, phase_ops: dict[str, list[OpRe
     if ratios is None:
         ratios = replicate_ratios(cal, phase_ops, step_weights)
     held = model_errors(cal, family)
-    levels = np.array(run_levels(cal), dtype=float) if run_levels(cal) else np.ones(1)
+    drawn = run_levels(cal)
+    levels = np.array(drawn, dtype=float) if drawn else np.ones(1)
     n_reps = max(len(r) for r in ratios.values()) if ratios else 1
     # keep the product set bounded: thin the levels (they are a distribution, evenly spaced
     # quantiles keep its shape)
