@@ -10,13 +10,20 @@ as the simulator prices it (the model's own ATen calls captured on the meta devi
 step, the step's resident bytes) and printed beside: what a product of a few rows costs against
 its one-row time, measured and priced.
 
+With ``--step`` (and ``--profile``) it also prints, per batch size, the whole step: the profile's
+predicted TPOT (``simulate_config``, ``--steps + 1`` new tokens), the TPOT a perfsdk session measures
+in each of ``--repeats`` rounds (``measure_in_session``, the median of five calls), and the matrix
+products' time a step, timed call by call, against their price: what of a miss lies in the
+products and what in the calls around them.
+
 With ``--vocab A,B`` it also times the whole decode step without the per-call timer, as a perfsdk
 session measures it (``measure_in_session``, the median of ``--repeats`` rounds, the two
 vocabularies alternating), with the model's vocabulary at A and at B: the difference is what the
 output layer's extra rows cost inside ``generate`` at each batch size, beside its price.
 
 Usage: ``PYTHONPATH=src python benchmarks/decode_ops.py --model family:falcon [--profile host.yaml]
-[--threads 1] [--batches 1,4] [--prompt 32] [--steps 32] [--repeats 5] [--top 20] [--vocab 8192,2048]``; ``--model``
+[--threads 1] [--batches 1,4] [--prompt 32] [--steps 32] [--repeats 5] [--top 20] [--vocab 8192,2048]
+[--step]``; ``--model``
 takes what ``benchmarks/simulation_accuracy.py`` builds (``builtin:NAME[@...]``, ``type:TYPE``,
 ``family:NAME``). Nothing else should run meanwhile.
 """
@@ -138,6 +145,31 @@ def head_rows_cost(model: Any, vocabs: tuple[int, int], batches: list[int], prom
     return {b: (statistics.median(times[(0, b)]), statistics.median(times[(1, b)])) for b in batches}
 
 
+def _is_product(key: str) -> bool:
+    return key.startswith(("mm ", "addmm "))
+
+
+def print_step(model: Any, profile: Any, measured: dict[int, dict[str, tuple[float, float]]],
+               priced: dict[int, dict[str, list[float]]], batches: list[int], prompt: int, steps: int,
+               repeats: int) -> None:
+    """Per batch size: the predicted TPOT, a session's TPOT in each round, and the matrix products'
+    time a step, timed call by call (the timer's own time included) against their price."""
+    from perfsdk.simulation.calibration.measure import measure_in_session
+    from perfsdk.simulation.predictor import simulate_config
+
+    print("The whole step, µs: predicted TPOT; a session's TPOT per round; the products a step, timed / priced")
+    for b in batches:
+        sim = simulate_config(model.config, profile, batch_size=b, input_tokens=prompt, output_tokens=steps + 1,
+                              dtype="float32")
+        rounds = [measure_in_session(model, b, prompt, steps + 1, calls=5, label="step").decode_s / steps
+                  for _ in range(repeats)]
+        timed = sum(t for k, (t, _) in measured[b].items() if _is_product(k))
+        price = sum(sum(v) for v in priced[b].values())
+        predicted = f"{sim.tpot_s * 1e6:.0f}" if sim.tpot_s else "-"
+        print(f"  batch {b}: predicted {predicted}; session {', '.join(f'{r * 1e6:.0f}' for r in rounds)}; "
+              f"products {timed * 1e6:.0f} / {price * 1e6:.0f}")
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", required=True)
@@ -149,7 +181,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--top", type=int, default=20, help="kinds of call printed, by time at the last batch size")
     ap.add_argument("--vocab", help="two vocabulary sizes A,B: the output layer's extra rows timed in the whole step")
+    ap.add_argument("--step", action="store_true",
+                    help="with --profile: the predicted TPOT, the session's TPOT per round and the products' sum, "
+                         "timed against priced")
     args = ap.parse_args(argv)
+    if args.step and not args.profile:
+        ap.error("--step needs --profile")
     import torch
 
     from simulation_accuracy import build_model
@@ -185,6 +222,8 @@ def main(argv: list[str] | None = None) -> int:
                 p = priced[b].get(k.replace("addmm", "mm"))
                 row += f"{statistics.mean(p) * 1e6:12.1f}" if p else f"{'':12}"
         print(row + f"{measured[last][k][1]:12.1f}")
+    if args.step:
+        print_step(model, profile, measured, priced, batches, args.prompt, args.steps, args.repeats)
     if args.vocab:
         a, b_ = (int(v) for v in args.vocab.split(","))
         steps = head_rows_cost(model, (a, b_), batches, args.prompt, args.steps, args.repeats)

@@ -70,3 +70,26 @@ def test_head_rows_cost_times_both_vocabularies_at_each_batch(decode_ops):
     steps = decode_ops.head_rows_cost(model, (2048, 512), [1, 2], prompt=4, steps=2, repeats=1)
     assert sorted(steps) == [1, 2]
     assert all(len(v) == 2 and min(v) > 0 for v in steps.values())
+
+
+def test_the_whole_step_prints_the_prediction_the_rounds_and_the_products_sums(decode_ops, capsys):
+    from perfsdk.hardware.catalog import get_profile
+    from perfsdk.simulation.calibration import build_random_model
+    from perfsdk.simulation.predictor import simulate_config
+
+    torch.set_num_threads(1)
+    model = build_random_model("builtin:tiny-llama-small")
+    profile = get_profile("host-cpu")
+    # hand-made timings: two products and a call that is not one, which the products' sum leaves out
+    measured = {1: {"mm (128, 128)": (40e-6, 4.0), "addmm (128, 4096)": (100e-6, 1.0), "cat.default": (7e-6, 5.0)}}
+    priced = {1: {"mm (128, 128)": [10e-6, 11e-6], "mm (128, 4096)": [30e-6]}}
+    decode_ops.print_step(model, profile, measured, priced, [1], prompt=8, steps=2, repeats=3)
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].startswith("The whole step, µs:")
+    row = lines[1]
+    tpot = simulate_config(model.config, profile, batch_size=1, input_tokens=8, output_tokens=3,
+                           dtype="float32").tpot_s
+    assert row.startswith(f"  batch 1: predicted {tpot * 1e6:.0f}; session ")
+    rounds = row.split("; session ")[1].split("; products")[0].split(", ")
+    assert len(rounds) == 3 and all(float(r) > 0 for r in rounds)
+    assert row.endswith("; products 140 / 51")
