@@ -145,10 +145,6 @@ def head_rows_cost(model: Any, vocabs: tuple[int, int], batches: list[int], prom
     return {b: (statistics.median(times[(0, b)]), statistics.median(times[(1, b)])) for b in batches}
 
 
-def _is_product(key: str) -> bool:
-    return key.startswith(("mm ", "addmm "))
-
-
 def print_step(model: Any, profile: Any, measured: dict[int, dict[str, tuple[float, float]]],
                priced: dict[int, dict[str, list[float]]], batches: list[int], prompt: int, steps: int,
                repeats: int) -> None:
@@ -163,7 +159,8 @@ def print_step(model: Any, profile: Any, measured: dict[int, dict[str, tuple[flo
                               dtype="float32")
         rounds = [measure_in_session(model, b, prompt, steps + 1, calls=5, label="step").decode_s / steps
                   for _ in range(repeats)]
-        timed = sum(t for k, (t, _) in measured[b].items() if _is_product(k))
+        # the products priced, found under the key the table above matches them by
+        timed = sum(t for k, (t, _) in measured[b].items() if k.replace("addmm", "mm") in priced[b])
         price = sum(sum(v) for v in priced[b].values())
         predicted = f"{sim.tpot_s * 1e6:.0f}" if sim.tpot_s else "-"
         print(f"  batch {b}: predicted {predicted}; session {', '.join(f'{r * 1e6:.0f}' for r in rounds)}; "

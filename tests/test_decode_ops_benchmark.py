@@ -80,7 +80,7 @@ def test_the_whole_step_prints_the_prediction_the_rounds_and_the_products_sums(d
     torch.set_num_threads(1)
     model = build_random_model("builtin:tiny-llama-small")
     profile = get_profile("host-cpu")
-    # hand-made timings: two products and a call that is not one, which the products' sum leaves out
+    # hand-made timings: two priced products and a call that is not one, which the products' sum leaves out
     measured = {1: {"mm (128, 128)": (40e-6, 4.0), "addmm (128, 4096)": (100e-6, 1.0), "cat.default": (7e-6, 5.0)}}
     priced = {1: {"mm (128, 128)": [10e-6, 11e-6], "mm (128, 4096)": [30e-6]}}
     decode_ops.print_step(model, profile, measured, priced, [1], prompt=8, steps=2, repeats=3)
