@@ -332,9 +332,16 @@ def main(argv: list[str] | None = None) -> int:
                     help=f"prompt length (default {INPUT_TOKENS})")
     ap.add_argument("--json", help="write the rows as JSON here")
     ap.add_argument("--markdown", help="write the table as Markdown here")
+    ap.add_argument("--calibration-memory-rate", default="fitted",
+                    help="per calibration, comma-separated (the last repeats): 'fitted' fits the memory's rate on "
+                         "the models (perfsdk calibrate's), 'measured' holds the rate the pair of one-row products "
+                         "streams at; e.g. 'fitted,measured' compares both on the same measurements")
     ap.add_argument("--profile-out", help="write the first calibrated profile YAML here, and each further "
                                           "calibration's beside it (NAME-2.yaml, NAME-3.yaml ...)")
     args = ap.parse_args(argv)
+    memory_rates = [w.strip() for w in args.calibration_memory_rate.split(",")]
+    if any(w not in ("measured", "fitted") for w in memory_rates):
+        ap.error("--calibration-memory-rate takes 'measured' or 'fitted', comma-separated")
 
     import torch
 
@@ -377,7 +384,8 @@ def main(argv: list[str] | None = None) -> int:
             args.calibration_models or list(DEFAULT_CALIBRATION_MODELS), repeats=args.calibration_repeats,
             threads=args.threads, clock=args.clock,
             passes=args.calibration_passes, max_passes=max(args.calibration_passes, args.calibration_max_passes),
-            cache=args.calibration_cache, min_time_s=args.min_time, normalise=not args.no_normalise, seed=k)
+            cache=args.calibration_cache, min_time_s=args.min_time, normalise=not args.no_normalise, seed=k,
+            hold_memory_rate=memory_rates[min(k, len(memory_rates) - 1)] == "measured")
         fits.append(fit)
         cal_inputs.append(measured_configs)
         profiles.append(profile_from_fit(fit, name="host-calibrated", note="benchmarks/simulation_accuracy.py"))
@@ -390,7 +398,8 @@ def main(argv: list[str] | None = None) -> int:
               f"cache {fit.cache_bytes / 1e6:g} MB, decode warm-up {fit.decode_warmup_steps:.2f} steps, "
               f"{fit.passes} passes {fit.drift_pct or 0:.1f} % apart "
               f"({fit.normalised_drift_pct or 0:.1f} % normalised, tracking {fit.reference_tracking}); "
-              f"cache: {fit.cache_note or 'none fitted'}", file=sys.stderr)
+              f"cache: {fit.cache_note or 'none fitted'}; memory "
+              f"{'held' if 's_per_byte' in fit.held else 'fitted'}", file=sys.stderr)
 
     # measurement passes and calibrations alternate (measure, calibrate, measure, calibrate,
     # measure …), so that both sides see the same stretch of the machine's time

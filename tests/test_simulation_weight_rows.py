@@ -14,7 +14,8 @@ from perfsdk.capture.ops import OpRecord
 from perfsdk.capture.recorder import OperationCapture, stored_weight_rows
 from perfsdk.simulation.calibration import Observation, fit, profile_from_fit
 from perfsdk.simulation.calibration.fit import PARAMS
-from perfsdk.simulation.calibration.measure import MATVEC_PAIR, fit_with_micro, weight_row_cost
+from perfsdk.simulation.calibration.measure import (MATVEC_PAIR, fit_with_micro, measured_cache_note,
+                                                    pair_memory_rate, weight_row_cost)
 from perfsdk.simulation.costmodel import cost_op, pack_passes, product_rows, weight_rows
 
 from tests.test_simulation_fit import TRUTH, _observations, _packed_observations
@@ -164,10 +165,10 @@ def test_fit_with_micro_holds_the_pairs_cost_and_leaves_the_pair_out() -> None:
     obs, lists = _observations(np.random.default_rng(11))
     (n1, k1), (n2, k2) = MATVEC_PAIR
     row = TRUTH["s_per_weight_row"]
-    # the pair's own bytes stream faster than a model's: only their difference is used
+    # the memory's rate left to the models (the default): only the pair's difference is used
     pair = [_matvec(n1, k1, 300e-6 + n1 * row), _matvec(n2, k2, 300e-6 + n2 * row)]
     res, kept = fit_with_micro(pair, obs, cache_bytes=(0.0,), pack_rows=(0.0,))
-    assert res.held["s_per_weight_row"] == pytest.approx(row)
+    assert res.held["s_per_weight_row"] == pytest.approx(row) and "s_per_byte" not in res.held
     assert res.coefficients["s_per_weight_row"] == pytest.approx(row)
     assert kept == []  # the pair is not fitted as observations
     assert res.coefficients["s_per_byte"] == pytest.approx(TRUTH["s_per_byte"], rel=1e-6)
@@ -430,3 +431,68 @@ def test_with_a_repacking_size_the_fit_and_the_simulation_price_stored_rows_alik
     for o, ops in zip(obs, lists):
         simulated = sum(cost_op(op, prof).time_s for op in ops) + prof.step_overhead_s
         assert simulated == pytest.approx(o.measured_s, rel=1e-6)
+
+
+def _calls(seconds_each: float, calls: int = 400) -> Observation:
+    """The chain of bare kernel calls among the micro-kernels."""
+    return Observation(f"micro {calls} kernel calls", "micro", seconds_each * calls, np.zeros(1), np.zeros(1),
+                       np.zeros(1), 0.0, np.array([np.inf]), ops=0.0, extra_launches=float(calls))
+
+
+def test_the_pair_measures_the_memory_rate_its_rows_and_one_call_taken_off() -> None:
+    (n1, k1), (n2, k2) = MATVEC_PAIR
+    nbytes = float(n2 * k2 * 4)
+    row, call, per_byte = 60e-9, 3e-6, 45e-12
+    pair = [_matvec(n1, k1, nbytes * per_byte + n1 * row + call), _matvec(n2, k2, nbytes * per_byte + n2 * row + call)]
+    micro = [*pair, _calls(call)]
+    assert weight_row_cost(micro) == pytest.approx(row)
+    assert pair_memory_rate(micro, row) == pytest.approx(per_byte)
+    # without the chain of calls, the call stays in the bytes' time
+    assert pair_memory_rate(pair, row) == pytest.approx(per_byte + call / nbytes)
+    # past a cache of 40 MB, a tenth of the 400 MB working set sits in it: its rows are not paid
+    streamed = 1.0 - 40e6 / 400e6
+    assert pair_memory_rate(micro, row, 40e6) == pytest.approx(per_byte + n2 * row * (1 - streamed) / nbytes)
+    # a working set inside the cache, a pair missing or nothing left: no rate
+    assert pair_memory_rate(micro, row, 500e6) is None
+    assert pair_memory_rate(pair[:1], row) is None
+    assert pair_memory_rate(micro, 1e-3) is None
+
+
+def test_fit_with_micro_holds_the_memory_rate_the_pair_streams_at() -> None:
+    obs, _ = _observations(np.random.default_rng(11))
+    (n1, k1), (n2, k2) = MATVEC_PAIR
+    row, call = TRUTH["s_per_weight_row"], 3e-6
+    nbytes = float(n2 * k2 * 4)
+    # the pair streams faster than the models' fit alone would say: its rate is held, not fitted
+    per_byte = 0.8 * TRUTH["s_per_byte"]
+    micro = [_matvec(n1, k1, nbytes * per_byte + n1 * row + call), _matvec(n2, k2, nbytes * per_byte + n2 * row + call),
+             _calls(call)]
+    res, kept = fit_with_micro(micro, obs, cache_bytes=(0.0,), pack_rows=(0.0,), hold_memory_rate=True)
+    assert res.held["s_per_byte"] == pytest.approx(per_byte)
+    assert res.coefficients["s_per_byte"] == pytest.approx(per_byte)
+    assert res.held["s_per_weight_row"] == pytest.approx(row)
+    assert all(not ob.label.startswith("micro matrix-vector") for ob in kept)
+    # at the true rate the fit finds every other coefficient where the models put it
+    micro = [_matvec(n1, k1, nbytes * TRUTH["s_per_byte"] + n1 * row + call),
+             _matvec(n2, k2, nbytes * TRUTH["s_per_byte"] + n2 * row + call), _calls(call)]
+    res, _ = fit_with_micro(micro, obs, cache_bytes=(0.0,), pack_rows=(0.0,), hold_memory_rate=True)
+    for name in ("s_per_flop", "s_per_byte", "step_overhead_s"):
+        assert res.coefficients[name] == pytest.approx(TRUTH[name], rel=1e-3), name
+    # a rate the caller holds wins over the pair's
+    res, _ = fit_with_micro(micro, obs, cache_bytes=(0.0,), pack_rows=(0.0,), held={"s_per_byte": 1e-11},
+                            hold_memory_rate=True)
+    assert res.held["s_per_byte"] == 1e-11
+    # by default the rate is fitted on the models, the pair's rows held
+    res, _ = fit_with_micro(micro, obs, cache_bytes=(0.0,), pack_rows=(0.0,))
+    assert set(res.held) == {"s_per_weight_row"}
+
+
+def test_the_cache_note_says_what_measured_the_memory_rate() -> None:
+    from perfsdk.simulation.calibration.fit import FitResult
+
+    res = FitResult(coefficients={"s_per_byte": 5e-11, "s_per_cached_byte": 5e-11}, errors_pct={}, iterations=0,
+                    observations=0, cache_bytes=8e6, cache_rate_tied=True, held={"s_per_byte": 5e-11})
+    assert measured_cache_note(8e6, res, memory_origin="the pair").endswith(
+        "20.0 GB/s from memory, as the pair of one-row products streamed it (held): it only divides the weights' "
+        "rows between the cache and memory")
+    assert "as the working sets past it streamed (held)" in measured_cache_note(8e6, res)

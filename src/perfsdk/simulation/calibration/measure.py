@@ -793,9 +793,12 @@ def _sets_text() -> str:
     return f"{CACHE_SETS_MIB[0]} to {CACHE_SETS_MIB[-1]} MiB"
 
 
-def measured_cache_note(measured: float | None, result: FitResult, levels: tuple[float, ...] | None = None) -> str:
+def measured_cache_note(measured: float | None, result: FitResult, levels: tuple[float, ...] | None = None,
+                        memory_origin: str | None = None) -> str:
     """What became of the cache size the working sets measured (:func:`measured_cache`), as the
-    calibration prints it; ``levels`` (:func:`cache_levels`) names a smaller level passed over."""
+    calibration prints it; ``levels`` (:func:`cache_levels`) names a smaller level passed over;
+    ``memory_origin`` what measured the memory's rate where it was held: ``"the pair"``
+    (:func:`pair_memory_rate`) or ``"the working sets"`` (:func:`memory_past_cache`)."""
     if measured is None:
         return "none: no working sets timed"
     if not measured:
@@ -806,8 +809,9 @@ def measured_cache_note(measured: float | None, result: FitResult, levels: tuple
         return (f"{measured / 1e6:.1f} MB measured by the working sets{first}, not held: the models' fit gave it no "
                 "rate between free and the memory's")
     k = result.coefficients
-    memory = ("from memory, as the working sets past it streamed (held)" if "s_per_byte" in result.held
-              else "from memory")
+    memory = {"the working sets": "from memory, as the working sets past it streamed (held)",
+              "the pair": "from memory, as the pair of one-row products streamed it (held)"}.get(
+        memory_origin or ("the working sets" if "s_per_byte" in result.held else ""), "from memory")
     if result.cache_rate_tied:
         return (f"{result.cache_bytes / 1e6:.1f} MB measured by the working sets{first} and held; fitted on the "
                 f"models, its rate came out no faster than the memory's or free, so it takes the memory's, "
@@ -1033,6 +1037,34 @@ def weight_row_cost(micro: list[Observation], cache_bytes: float = 0.0) -> float
     if rows <= 0 or streamed <= 0:
         return None
     return max(0.0, (a.measured_s - b.measured_s) / (rows * streamed))
+
+
+def pair_memory_rate(micro: list[Observation], row_s: float, cache_bytes: float = 0.0) -> float | None:
+    """Seconds per byte a weight streamed from memory takes, from the pair of one-row products
+    among ``micro`` (:data:`MATVEC_PAIR`): the product over fewer rows, less its stored rows at
+    ``row_s`` each (:func:`weight_row_cost`, on the share streamed past a cache of ``cache_bytes``)
+    and less one bare kernel call (the chain of kernel calls among ``micro``), over its bytes.
+    None when the pair is missing, its working set fits that cache, or nothing is left.
+
+    Fitted on the models instead, the rate came out 12.3-16.4 GB/s in repeated calibrations on a
+    2-core AMD host (8-9 MB cache), where one-row products over 6.3 MB weights cycled from 96 MB
+    (one thread) streamed their bytes at 17-26 GB/s once their rows' cost was taken off, and the
+    products of ``builtin:tiny-llama-large`` inside `generate` took about their cycled time: the
+    calibration models' other terms absorbed the difference, and the decode of models well past
+    the cache was priced up to about 30 % above what it measured."""
+    pair = [ob for ob in micro if ob.label.startswith(_PAIR)]
+    if len(pair) != 2:
+        return None
+    b = min(pair, key=lambda ob: float(np.sum(ob.weight_rows)))  # type: ignore[arg-type]
+    working = float(np.max(b.resident)) if b.resident is not None and len(b.resident) else 0.0
+    streamed = 1.0 - min(1.0, cache_bytes / working) if cache_bytes and working > 0 else 1.0
+    if streamed <= 0:
+        return None
+    chain = next((ob for ob in micro if ob.phase == "micro" and ob.extra_launches and not np.any(ob.bytes_)), None)
+    call_s = chain.measured_s / chain.extra_launches if chain is not None else 0.0
+    left = b.measured_s - row_s * float(np.sum(b.weight_rows)) * streamed - call_s  # type: ignore[arg-type]
+    nbytes = float(np.sum(b.bytes_))
+    return left / nbytes if left > 0 and nbytes > 0 else None
 
 
 #: (batch, prompt tokens, new tokens). A batch-1 prompt of 48 tokens sits between the 16 and the
@@ -1516,7 +1548,8 @@ def calibrate_here(models: list[str], grid: list[tuple[int, int, int]] | None = 
                    min_time_s: float = 0.2, normalise: bool = True, estimator: str | None = None,
                    pause_gc: bool = False, replicates: int = 40, max_passes: int | None = None,
                    settle_pct: float = PASS_SETTLE_PCT, cache: bool = False,
-                   seed: int = 0, measured_step: bool = True) -> tuple[FitResult, list[Measurement]]:
+                   seed: int = 0, measured_step: bool = True,
+                   hold_memory_rate: bool = False) -> tuple[FitResult, list[Measurement]]:
     """Measure ``models`` (random weights) on a grid of (batch, input tokens, output tokens),
     plus the micro-kernels (``micro``), and fit.
 
@@ -1556,6 +1589,10 @@ def calibrate_here(models: list[str], grid: list[tuple[int, int, int]] | None = 
     rather than fitted (:func:`measured_step_cost`): fitted, it traded with the per-call cost and
     moved 0.22-0.94 ms from one calibration to the next on a 2-core host, and the batch-1 decode of
     small models with it, while the time outside the forward read 0.23-0.41 ms.
+
+    With ``hold_memory_rate``, the memory's rate is the one the pair of one-row products streams
+    at (:func:`pair_memory_rate`), held in the fit; by default it is fitted on the models (see
+    :func:`fit_with_micro` for why).
 
     The fit then keeps what it needs to state its own uncertainty: ``replicates`` bootstrap
     refits over configurations and passes, every configuration's errors when its model is left
@@ -1645,6 +1682,7 @@ def calibrate_here(models: list[str], grid: list[tuple[int, int, int]] | None = 
     step_s = measured_step_cost([m for key in configs for m in runs[key]], warmup) if measured_step else None
     held_kw: dict[str, Any] = ({"held": {"step_overhead_s": step_s}}
                                if step_s is not None and fit_step_overhead else {})
+    held_kw["hold_memory_rate"] = hold_memory_rate
     if cache:
         result, fixed = fit_with_micro(timed, observed, cache_bytes=CACHE_GRID, fit_step_overhead=fit_step_overhead,
                                        **held_kw)
@@ -1738,7 +1776,7 @@ def _core_capacity() -> float | None:
 
 
 def fit_with_micro(micro: list[Observation], measured: list[Observation], *, core_cache: float | None = None,
-                   **fit_kw: Any) -> tuple[FitResult, list[Observation]]:
+                   hold_memory_rate: bool = False, **fit_kw: Any) -> tuple[FitResult, list[Observation]]:
     """Fit ``measured`` with the micro-kernels ``micro``: the streaming one (bytes, no FLOPs)
     only when the fit without it leaves the memory rate unidentified (see
     :func:`micro_observations`). Returns the fit and the micro-kernels it used (what the
@@ -1746,7 +1784,16 @@ def fit_with_micro(micro: list[Observation], measured: list[Observation], *, cor
     became of the cache size the working sets measured, where it held that size. ``core_cache``:
     the level-2 cache of the cores a product runs on (default: this machine's, times torch's
     threads), below which a weight's further passes take the core-cache staircase's share
-    (:func:`fast_pack`)."""
+    (:func:`fast_pack`). The memory's rate is fitted on the models (held at the working sets'
+    rate past the cache where most models fit inside it); with ``hold_memory_rate`` it is the
+    rate the pair of one-row products streams at (:func:`pair_memory_rate`), held beside their
+    cost per stored row. Not the default: in two accuracy runs on a 2-core AMD host, each with one
+    calibration of either kind on the same measurements, the held rate put the decode of
+    ``builtin:tiny-llama-large`` and of three 124-160M-parameter shapes within 10 % at batch 1
+    (fitted: 6-31 % over), but the nine smaller families' worst came out 30.6 and 34.7 % (fitted:
+    27.9 and 24.0), the decode of `gpt2`, `qwen2-tied`, `opt` and `falcon` at batch 4 under by
+    7-15 points more: inside `generate` their products stream slower than the pair does (`gpt2`'s
+    12.6 MB output product at 10.3 GB/s, the pair at 22.6)."""
     from perfsdk.simulation.calibration.fit import PACK_ROWS_GRID
 
     pack = repacking_choice(micro, tuple(fit_kw.get("pack_rows") or PACK_ROWS_GRID))
@@ -1772,11 +1819,7 @@ def fit_with_micro(micro: list[Observation], measured: list[Observation], *, cor
     levels = cache_levels(micro)
     cache = measured_cache(micro)
     past = memory_past_cache(micro)
-    if past is not None and cache and "cache_bytes" not in fit_kw and _models_inside(cache, measured):
-        # most models stream inside the cache and leave the rate past it to the largest ones' last
-        # few bytes (fitted on them it came out at 0.2-0.4 times this rate): measured by the
-        # working sets past the cache and held
-        fit_kw["held"] = {"s_per_byte": past, **(fit_kw.get("held") or {})}
+    past_held = past is not None and cache and "cache_bytes" not in fit_kw and _models_inside(cache, measured)
     if cache is not None:
         micro = [ob for ob in micro if not ob.label.startswith(_CACHE)]
     # measured by the working sets and held (none where they are missing) unless the caller
@@ -1788,12 +1831,24 @@ def fit_with_micro(micro: list[Observation], measured: list[Observation], *, cor
     layout_gaps = anchored_on_products(small_m_gaps(micro), measured, pack[0] if pack is not None else 0.0)
     micro = [ob for ob in micro if not ob.label.startswith(_LAYOUT)]  # measures the gaps only
     offered = tuple(fit_kw["cache_bytes"])
-    row_s = weight_row_cost(micro, offered[0] if len(offered) == 1 else (cache or 0.0))
+    held_cache_bytes = offered[0] if len(offered) == 1 else (cache or 0.0)
+    row_s = weight_row_cost(micro, held_cache_bytes)
+    memory_origin = "the caller" if "s_per_byte" in (fit_kw.get("held") or {}) else None
     if row_s is not None:
-        # measured by the pair, held in every fit; the pair itself stays out (its weights stream
-        # at the rate of one long cycle, which a model's matrices do not reach)
-        fit_kw["held"] = {"s_per_weight_row": row_s, **(fit_kw.get("held") or {})}
+        # measured by the pair, held in every fit, and with ``hold_memory_rate`` the rate its
+        # bytes stream at (where the pair's working set lies past the cache held); the pair
+        # itself stays out
+        rate = pair_memory_rate(micro, row_s, held_cache_bytes) if hold_memory_rate else None
+        memory_origin = memory_origin or ("the pair" if rate else None)
+        fit_kw["held"] = {"s_per_weight_row": row_s, **({"s_per_byte": rate} if rate else {}),
+                          **(fit_kw.get("held") or {})}
         micro = [ob for ob in micro if not ob.label.startswith(_PAIR)]
+    if past_held and memory_origin is None:
+        # most models stream inside the cache and leave the rate past it to the largest ones' last
+        # few bytes (fitted on them it came out at 0.2-0.4 times this rate): measured by the
+        # working sets past the cache and held
+        fit_kw["held"] = {"s_per_byte": past, **(fit_kw.get("held") or {})}
+        memory_origin = "the working sets"
     for ob in measured:  # each product takes the gap of its layout and inner size off h
         ob.small_m_gaps = layout_gaps
     fixed = [ob for ob in micro if not _streams_only(ob)]
@@ -1802,7 +1857,7 @@ def fit_with_micro(micro: list[Observation], measured: list[Observation], *, cor
         fixed = list(micro)
         result = fit(fixed + measured, **fit_kw)
     if held_cache:
-        result.cache_note = measured_cache_note(cache, result, levels)
+        result.cache_note = measured_cache_note(cache, result, levels, memory_origin)
     result.small_m_gaps = layout_gaps
     result.pack_note = pack[1] + (fast_pack_text(pack_fast) if pack_fast else "") if pack is not None else None
     result.pack_fast = pack_fast
