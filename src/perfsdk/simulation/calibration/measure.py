@@ -1787,13 +1787,13 @@ def fit_with_micro(micro: list[Observation], measured: list[Observation], *, cor
     (:func:`fast_pack`). The memory's rate is fitted on the models (held at the working sets'
     rate past the cache where most models fit inside it); with ``hold_memory_rate`` it is the
     rate the pair of one-row products streams at (:func:`pair_memory_rate`), held beside their
-    cost per stored row. Not the default: in two accuracy runs on a 2-core AMD host, each with one
-    calibration of either kind on the same measurements, the held rate put the decode of
+    cost per stored row. Not the default: in three accuracy runs on a 2-core AMD host, each with
+    one calibration of either kind on the same measurements, the held rate put the decode of
     ``builtin:tiny-llama-large`` and of three 124-160M-parameter shapes within 10 % at batch 1
-    (fitted: 6-31 % over), but the nine smaller families' worst came out 30.6 and 34.7 % (fitted:
-    27.9 and 24.0), the decode of `gpt2`, `qwen2-tied`, `opt` and `falcon` at batch 4 under by
-    7-15 points more: inside `generate` their products stream slower than the pair does (`gpt2`'s
-    12.6 MB output product at 10.3 GB/s, the pair at 22.6)."""
+    (fitted: 6-31 % over), but the nine smaller families' worst came out 30.6 and 34.7 % in two of
+    them (fitted: 27.9 and 24.0), the decode of `gpt2`, `qwen2-tied`, `opt` and `falcon` at batch 4
+    under by 7-15 points more: inside `generate` their products stream slower than the pair does
+    (`gpt2`'s 12.6 MB output product at 10.3 GB/s, the pair at 22.6)."""
     from perfsdk.simulation.calibration.fit import PACK_ROWS_GRID
 
     pack = repacking_choice(micro, tuple(fit_kw.get("pack_rows") or PACK_ROWS_GRID))
