@@ -1025,18 +1025,29 @@ def weight_row_cost(micro: list[Observation], cache_bytes: float = 0.0) -> float
     ``cache_bytes`` (the cost model's, :func:`~perfsdk.simulation.costmodel.cached_share`, with the
     pair's working set). None when the pair is missing or its working set fits that cache (then it
     measures no row from memory); 0 when the narrow rows were not the slower."""
+    pair = _pair(micro, cache_bytes)
+    if pair is None:
+        return None
+    a, b, streamed = pair
+    rows = float(np.sum(a.weight_rows) - np.sum(b.weight_rows))  # type: ignore[arg-type]
+    if rows <= 0:
+        return None
+    return max(0.0, (a.measured_s - b.measured_s) / (rows * streamed))
+
+
+def _pair(micro: list[Observation], cache_bytes: float) -> tuple[Observation, Observation, float] | None:
+    """The pair of :data:`MATVEC_PAIR` among ``micro``, more rows first, and the share of its
+    working set streamed from memory past a cache of ``cache_bytes`` (the cost model's share);
+    None when the pair is missing or that share is nothing."""
     pair = [ob for ob in micro if ob.label.startswith(_PAIR)]
     if len(pair) != 2:
         return None
     a, b = sorted(pair, key=lambda ob: -float(np.sum(ob.weight_rows)))  # type: ignore[arg-type]
-    rows = float(np.sum(a.weight_rows) - np.sum(b.weight_rows))  # type: ignore[arg-type]
     streamed = 1.0
     if cache_bytes:
         working = float(np.max(a.resident)) if a.resident is not None and len(a.resident) else 0.0
         streamed = 1.0 - min(1.0, cache_bytes / working) if working > 0 else 0.0
-    if rows <= 0 or streamed <= 0:
-        return None
-    return max(0.0, (a.measured_s - b.measured_s) / (rows * streamed))
+    return (a, b, streamed) if streamed > 0 else None
 
 
 def pair_memory_rate(micro: list[Observation], row_s: float, cache_bytes: float = 0.0) -> float | None:
@@ -1052,14 +1063,10 @@ def pair_memory_rate(micro: list[Observation], row_s: float, cache_bytes: float 
     products of ``builtin:tiny-llama-large`` inside `generate` took about their cycled time: the
     calibration models' other terms absorbed the difference, and the decode of models well past
     the cache was priced up to about 30 % above what it measured."""
-    pair = [ob for ob in micro if ob.label.startswith(_PAIR)]
-    if len(pair) != 2:
+    pair = _pair(micro, cache_bytes)
+    if pair is None:
         return None
-    b = min(pair, key=lambda ob: float(np.sum(ob.weight_rows)))  # type: ignore[arg-type]
-    working = float(np.max(b.resident)) if b.resident is not None and len(b.resident) else 0.0
-    streamed = 1.0 - min(1.0, cache_bytes / working) if cache_bytes and working > 0 else 1.0
-    if streamed <= 0:
-        return None
+    _, b, streamed = pair
     chain = next((ob for ob in micro if ob.phase == "micro" and ob.extra_launches and not np.any(ob.bytes_)), None)
     call_s = chain.measured_s / chain.extra_launches if chain is not None else 0.0
     left = b.measured_s - row_s * float(np.sum(b.weight_rows)) * streamed - call_s  # type: ignore[arg-type]
