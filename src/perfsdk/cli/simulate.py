@@ -347,6 +347,11 @@ def _say_held(result: Any) -> None:
     if row is not None:
         click.echo(f"measured, not fitted: {row * 1e9:.1f} ns per stored weight row (two one-row products over "
                    "weights of the same bytes, streamed from memory)", err=True)
+        table = result.weight_row_costs
+        if table is not None:
+            by_length = ", ".join(f"{c:.1f} ns at {b:.0f} B" for b, c in zip(table.row_bytes, table.ns))
+            click.echo(f"measured, not fitted: by the row's length, {by_length} (one-row products over weights of "
+                       "the same bytes, streamed from memory)", err=True)
     step = result.held.get("step_overhead_s")
     if step is not None:
         click.echo(f"measured, not fitted: {step * 1e3:.3f} ms per forward pass outside the model's forward (the "
@@ -513,6 +518,8 @@ def calibrate_command(models: tuple[str, ...], repeats: int, passes: int, max_pa
                                "matmul_pack_fast_share": profile.matmul_pack_fast_share,
                                "matmul_few_rows": (profile.matmul_few_rows.model_dump()
                                                    if profile.matmul_few_rows else None),
+                               "matmul_weight_row_costs": (profile.matmul_weight_row_costs.model_dump()
+                                                           if profile.matmul_weight_row_costs else None),
                                "decode_warmup_steps": result.decode_warmup_steps,
                                "drift_pct": result.drift_pct,
                                "normalised_drift_pct": result.normalised_drift_pct, "passes": result.passes,

@@ -151,6 +151,38 @@ class SmallMGaps(_Strict):
 
 
 
+class WeightRowCosts(_Strict):
+    """The fixed cost of each row of a matrix product's weight as stored, by the row's length in
+    bytes, as a host's calibration measured it (one-row products over fp32 weights of the same
+    bytes streamed from memory, rows of 128 to 4096 elements): linear in log length between the
+    listed lengths, held beyond them. A CPU matrix-vector kernel streams a weight of short rows
+    slower than one of long rows, and not in proportion to the rows: on a 2-core x86 host (one
+    thread, 8.4 MB weights) rows of 128, 256, 512, 1024 and 4096 elements streamed at 8.2, 10.3,
+    13.3, 16.6 and 22.1 GB/s: 40, 55, 65 and 67 ns a row more than the 4096-element rows took. A
+    calibration's table costs its longest rows nothing (the memory's rate is theirs)."""
+
+    row_bytes: list[float] = Field(min_length=1, description="Lengths of a stored row measured, bytes, ascending")
+    ns: list[float] = Field(description="Cost of one stored row at each length, ns")
+
+    @model_validator(mode="after")
+    def _aligned(self) -> WeightRowCosts:
+        if len(self.ns) != len(self.row_bytes):
+            raise ValueError(f"ns needs one cost per row length ({len(self.row_bytes)}), got {len(self.ns)}")
+        if any(b <= 0 for b in self.row_bytes) or any(b <= a for a, b in zip(self.row_bytes, self.row_bytes[1:])):
+            raise ValueError(f"row lengths must be positive and ascending, got {self.row_bytes}")
+        if any(c < 0 for c in self.ns):
+            raise ValueError(f"costs per row must be at least 0, got {self.ns}")
+        return self
+
+    def at(self, row_bytes: Any) -> Any:
+        """The cost in ns of one stored row of ``row_bytes`` bytes (a number or a numpy array):
+        linear in log length between the listed lengths, held beyond them."""
+        x = np.log(np.clip(np.asarray(row_bytes, dtype=float), self.row_bytes[0], self.row_bytes[-1]))
+        out = np.interp(x, np.log(self.row_bytes), self.ns)
+        return float(out) if np.ndim(out) == 0 else out
+
+
+
 class FewRowRatios(_Strict):
     """What a matrix product of a few rows costs against the same product of one row, as a host's
     calibration measured it (a staircase of linear products of 1 to 16 rows over fp32 weights
@@ -321,6 +353,11 @@ class CalibrationRecord(_Strict):
         default=None,
         description="The few-row staircase the fit priced the measured products of a few rows with (the profile's "
                     "matmul_few_rows)")
+    weight_row_costs: WeightRowCosts | None = Field(
+        default=None,
+        description="The cost per stored weight row by the row's length that the fit priced the measured products "
+                    "with (the profile's matmul_weight_row_costs; the held s_per_weight_row is the cost per row it "
+                    "stands for)")
     clock: Literal["wall", "cpu"] | None = Field(default=None, description="The clock its times were taken on")
 
     def layout_gaps(self) -> SmallMGaps | None:
@@ -442,6 +479,13 @@ class HardwareProfile(_Strict):
                     "expert product), ns, added to its time on top of max(compute, memory): a CPU "
                     "matrix-vector kernel pays it per stored row besides streaming the bytes from memory "
                     "(with cache_mb, only on the share of the weight not served from the cache). Unset: none")
+    matmul_weight_row_costs: WeightRowCosts | None = Field(
+        default=None,
+        description="The cost of each stored weight row by the row's length in bytes (the weight's bytes over its "
+                    "stored rows), in place of matmul_ns_per_weight_row, on the same products and share of the "
+                    "weight: a CPU matrix-vector kernel streams short rows slower than long ones, not in "
+                    "proportion to the rows. Measured by perfsdk calibrate; unset: matmul_ns_per_weight_row for "
+                    "every row")
     matmul_pack_rows: float | None = Field(
         default=None, ge=1,
         description="P: matrix products with at least this many rows repack their weights and stream them "

@@ -20,7 +20,8 @@ For one operation on one device (profile ``P``)::
                  (x P.matmul_pack_fast_share for a weight of at most P.matmul_pack_fast_mb, which the
                   first pass left in the cores' own caches: fast_pack_share)
                  + stored weight rows * P.matmul_ns_per_weight_row (each row of a matrix product's
-                   weight as stored, weight_rows; with P.matmul_pack_rows set, only on products of
+                   weight as stored, weight_rows; P.matmul_weight_row_costs at the row's length in
+                   bytes instead where set: weight_row_ns; with P.matmul_pack_rows set, only on products of
                    fewer than 4 * P rows, which run without the blocked kernel: weight_row_share;
                    with P.cache_mb, on the share of the weight streamed from memory only)
     alloc_s    = fresh_bytes / P.fresh_write_gbs  (fresh_bytes: what a decode step writes into an
@@ -413,11 +414,29 @@ def pack_time_s(op: OpRecord, profile: HardwareProfile, resident_bytes: float | 
               * fast_pack_share(product_weight_bytes(op.weight_bytes, product_rows(op)), fast,
                                 profile.matmul_pack_fast_share)
               / (profile.matmul_pack_gbs * 1e9))
-    if profile.matmul_ns_per_weight_row and op.flops:
+    per_row = weight_row_ns(op, profile)
+    if per_row and op.flops:
         share = weight_row_share(product_rows(op), profile.matmul_pack_rows)
         streamed = 1.0 - cached_share(profile, resident_bytes)
-        t += weight_rows(op) * share * streamed * profile.matmul_ns_per_weight_row * 1e-9
+        t += weight_rows(op) * share * streamed * per_row * 1e-9
     return t
+
+
+def weight_row_ns(op: OpRecord, profile: HardwareProfile) -> float:
+    """The profile's cost in ns of one stored row of a matrix product's weight: at the row's length
+    in bytes (:func:`weight_row_bytes`) from ``matmul_weight_row_costs`` where set, else
+    ``matmul_ns_per_weight_row`` (0: none)."""
+    if profile.matmul_weight_row_costs is not None:
+        length = weight_row_bytes(op)
+        return float(profile.matmul_weight_row_costs.at(length)) if length else 0.0
+    return profile.matmul_ns_per_weight_row or 0.0
+
+
+def weight_row_bytes(op: OpRecord) -> float:
+    """Bytes of one row of a matrix product's weight as stored: its weight's bytes over its stored
+    rows (:func:`weight_rows`; 0 for other ops)."""
+    rows = weight_rows(op)
+    return op.weight_bytes / rows if rows else 0.0
 
 
 #: Outputs smaller than this come from memory the allocator already holds: the C library's

@@ -50,7 +50,7 @@ from typing import Any
 import numpy as np
 
 from perfsdk.capture.ops import OpRecord
-from perfsdk.hardware.profile import CalibrationRecord, HardwareProfile
+from perfsdk.hardware.profile import CalibrationRecord, HardwareProfile, WeightRowCosts
 
 ORIGINS = ("calibrated", "spec sheet", "user file")
 
@@ -217,10 +217,21 @@ def replicate_ratios(cal: CalibrationRecord, phase_ops: dict[str, list[OpRecord]
         if cal.pack_fast_bytes and cal.pack_fast_share:
             obs.pack_fast = (cal.pack_fast_bytes, cal.pack_fast_share)
         obs.few_rows = cal.few_rows if cal.pack_rows else None
+        obs.row_costs = row_costs(cal, central)
         base = obs.predict(central, 0.0, cal.cache_bytes, cal.pack_rows)
         out[phase] = np.array([obs.predict(r, 0.0, cal.cache_bytes, cal.pack_rows) / base if base > 0 else 1.0
                                for r in reps])
     return out
+
+
+def row_costs(cal: CalibrationRecord, central: np.ndarray) -> tuple[WeightRowCosts, float] | None:
+    """The cost per stored row by the row's length the calibration priced its products with, and
+    the cost per row (ns) its held ``s_per_weight_row`` stands for (:attr:`Observation.row_costs
+    <perfsdk.simulation.calibration.fit.Observation.row_costs>`; None: not measured)."""
+    from perfsdk.simulation.calibration.fit import PARAMS
+
+    unit = float(central[PARAMS.index("s_per_weight_row")]) * 1e9
+    return (cal.weight_row_costs, unit) if cal.weight_row_costs is not None and unit > 0 else None
 
 
 def bagged_factors(ratios: dict[str, np.ndarray]) -> dict[str, float]:

@@ -25,7 +25,8 @@ them, and a term on their FLOPs would trade itself against it and against the me
 softmax elements of attention (``x_sm`` per element); ``wrows_i`` the rows of a matrix
 product's weight as stored (:func:`~perfsdk.simulation.costmodel.weight_rows`), ``x_r`` each (a
 CPU matrix-vector kernel pays a fixed cost per stored row on top of streaming its bytes from
-memory, ``wrows_i`` is taken on the ``1 - f_i`` of them that do; with a
+memory, ``wrows_i`` is taken on the ``1 - f_i`` of them that do; with a table of that cost by
+the row's length, :attr:`Observation.row_costs`, each row weighed by its length's cost; with a
 repacking size ``P``, only products of fewer than ``4P`` rows: the blocked kernel does not); ``f_i = min(1, C / resident_i)`` the share
 of the op's bytes served from a cache of ``C`` bytes when its forward pass touches
 ``resident_i`` bytes of weights and KV cache; ``pack_i`` the weight bytes of a matrix product
@@ -59,13 +60,13 @@ from typing import Any, Literal
 import numpy as np
 import structlog
 
-from perfsdk.hardware.profile import MEMORY_COEFFICIENTS, FewRowRatios, HardwareProfile, SmallMGaps
+from perfsdk.hardware.profile import MEMORY_COEFFICIENTS, FewRowRatios, HardwareProfile, SmallMGaps, WeightRowCosts
 from perfsdk.capture.ops import OpRecord
 from perfsdk.simulation.costmodel import (WHOLE_INPUT_PHASES, few_row_scale, fresh_bytes, inner_size, matmul_rows,
                                           one_row_terms, op_bytes, pack_passes, product_rows,
                                           fast_pack_share, product_weight_bytes, products_pack_passes,
                                           products_small_m, resident_bytes, serial_products, small_m_applies,
-                                          weight_row_applies, weight_row_share, weight_rows)
+                                          weight_row_applies, weight_row_bytes, weight_row_share, weight_rows)
 
 log = structlog.get_logger("perfsdk.simulation.calibration")
 
@@ -102,6 +103,7 @@ class Observation:
     extra_launches: float = 0.0  # (weighted) kernel calls beyond each op's first
     scores: np.ndarray | None = None  # softmax elements: attention scores, softmax outputs (0 for other ops)
     weight_rows: np.ndarray | None = None  # rows of each matrix product's weight as stored (0 for other ops)
+    row_bytes: np.ndarray | None = None  # bytes of one such row (0 for other ops)
     calls: float = 0.0  # (weighted) kernel calls the ops stand for (the launches of the ops that move bytes)
     fresh: float = 0.0  # (weighted) bytes written into fresh memory (:func:`~perfsdk.simulation.costmodel.fresh_bytes`)
     captured: bool = False  # the ops are every ATen call of the model's own code (captured)
@@ -126,6 +128,11 @@ class Observation:
     #: grouped products (mixture-of-experts), by op index: the row counts of the products each
     #: runs and how many of each (:func:`~perfsdk.simulation.costmodel.product_rows`)
     grouped: dict[int, tuple[list[float], list[float]]] = field(default_factory=dict)
+    #: (table, ns): the cost per stored row by the row's length (the profile's
+    #: ``matmul_weight_row_costs``) and the cost per row the fit's ``x_r`` stands for; each
+    #: product's stored rows then count table-at-its-row-length / ns times (:meth:`stored_rows`).
+    #: None: every row alike
+    row_costs: tuple[WeightRowCosts, float] | None = None
     #: what :meth:`features` needs that does not depend on the coefficients, by cache and
     #: repacking size (a fit evaluates the features of every observation many times); emptied
     #: when a field other than the measured time is set
@@ -202,6 +209,7 @@ class Observation:
                    scores=np.array([o.elements if o.category in ("attention", "softmax") else 0 for o in ops],
                                    dtype=float),
                    weight_rows=np.array([weight_rows(o) if o.flops else 0 for o in ops], dtype=float),
+                   row_bytes=np.array([weight_row_bytes(o) if o.flops else 0 for o in ops], dtype=float),
                    calls=calls + extra, captured=captured, fresh=fresh,
                    in_out=np.array([o.category == "matmul" and o.weight_in_out for o in ops], dtype=bool),
                    inner=np.array([inner_size(o) for o in ops], dtype=float),
@@ -353,7 +361,8 @@ class Observation:
         at ``pack_rows`` (:func:`~perfsdk.simulation.costmodel.weight_row_applies`: all of them
         without a repacking size, else those of fewer than ``4 * pack_rows`` rows), each on the
         share of its weight streamed from memory past a cache of ``cache_bytes``
-        (:meth:`cached_fraction`; a weight served from the cache pays no cost per row)."""
+        (:meth:`cached_fraction`; a weight served from the cache pays no cost per row), each row
+        weighed by its length's cost with :attr:`row_costs`."""
         if self.weight_rows is None:
             return 0.0
         rows = self.rows if self.rows is not None else np.ones_like(self.weight_rows)
@@ -362,6 +371,9 @@ class Observation:
             share[i] = weight_row_share(products, pack_rows)
         if cache_bytes:
             share = share * (1.0 - self.cached_fraction(cache_bytes))
+        if self.row_costs is not None and self.row_bytes is not None and self.row_costs[1] > 0:
+            table, unit_ns = self.row_costs
+            share = share * np.where(self.row_bytes > 0, table.at(np.maximum(self.row_bytes, 1.0)), 0.0) / unit_ns
         return float(self.weights @ (self.weight_rows * share))
 
     def packed_bytes(self, pack_rows: float) -> np.ndarray:
@@ -426,6 +438,9 @@ class FitResult:
     #: the few-row staircase the measured products of a few rows were priced with
     #: (:attr:`Observation.few_rows`; measured by the micro-kernels; None: not measured)
     few_rows: FewRowRatios | None = None
+    #: the cost per stored row by the row's length the measured products were priced with
+    #: (:attr:`Observation.row_costs`; measured by the micro-kernels; None: not measured)
+    weight_row_costs: WeightRowCosts | None = None
     #: bootstrap refits' coefficients (PARAMS order), held-out errors ([prefill, decode]) and the
     #: reference workload's times relative to their median: see
     #: :class:`~perfsdk.hardware.profile.CalibrationRecord`
@@ -844,7 +859,7 @@ def profile_from_fit(result: FitResult, *, name: str = "host-calibrated", base: 
         clock=result.clock, small_m_gaps=result.small_m_gaps,
         pack_fast_bytes=result.pack_fast[0] if result.pack_fast and result.pack_rows else 0.0,
         pack_fast_share=result.pack_fast[1] if result.pack_fast and result.pack_rows else None,
-        few_rows=result.few_rows if result.pack_rows else None)
+        few_rows=result.few_rows if result.pack_rows else None, weight_row_costs=result.weight_row_costs)
     cached = bool(result.cache_bytes) and k.get("s_per_cached_byte", 0) > 0
     where = "this host" if machine is None else f"{cpu} in stored runs"
     return HardwareProfile(
@@ -877,6 +892,7 @@ def profile_from_fit(result: FitResult, *, name: str = "host-calibrated", base: 
         cache_bandwidth_gbs=1e-9 / k["s_per_cached_byte"] if cached else None,
         softmax_ns_per_element=k.get("s_per_score", 0.0) * 1e9 or None,
         matmul_ns_per_weight_row=k.get("s_per_weight_row", 0.0) * 1e9 or None,
+        matmul_weight_row_costs=result.weight_row_costs if k.get("s_per_weight_row", 0.0) > 0 else None,
         fresh_write_gbs=1e-9 / k["s_per_fresh_byte"] if k.get("s_per_fresh_byte", 0.0) > 0 else None,
         calibration=record,
     )

@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 
 from perfsdk.capture.ops import OpRecord
-from perfsdk.hardware.profile import FewRowRatios, HardwareProfile, SmallMGaps
+from perfsdk.hardware.profile import FewRowRatios, HardwareProfile, SmallMGaps, WeightRowCosts
 from perfsdk.simulation.calibration.fit import CACHE_GRID, FitResult, Observation, fit
 from perfsdk.stats import percentile
 
@@ -338,7 +338,8 @@ def micro_observations(repeats: int = 7, clock: str = "wall", estimator: str = "
     """Micro-kernels that anchor the rates: a large fp32 matmul (compute), a large elementwise
     add (memory), a chain of kernels on tiny tensors (the cost of one kernel call), a pair of
     streamed one-row products that differ only in their weights' rows (the cost per stored row:
-    :func:`weight_row_cost`) and a staircase of streamed products of 1-16 rows (the repacking
+    :func:`weight_row_cost`; over weights of six row lengths, that cost by the row's length:
+    :func:`weight_row_costs`) and a staircase of streamed products of 1-16 rows (the repacking
     size: :func:`repacking_rows`; the few-row ratios: :func:`few_row_ratios`), again over a weight
     that fits one core's level-2 cache (its further passes: :func:`fast_pack`), and one-row
     products cycled over working sets of 4 to 384 MiB
@@ -376,7 +377,7 @@ def micro_observations(repeats: int = 7, clock: str = "wall", estimator: str = "
 
     t_calls = best(chain)
     one = np.ones(1)
-    pair = [ob for shape in MATVEC_PAIR
+    pair = [ob for shape in row_ladder_shapes()
             for ob in _streamed_products(shape, best, (1,), label=_PAIR, stream_bytes=PAIR_STREAM_BYTES)]
     staircase = _streamed_products(STAIRCASE_WEIGHT, best, FEW_ROWS, label=_STAIRCASE)
     staircase += [ob for shape in few_row_shapes(STAIRCASE_WEIGHT)
@@ -407,6 +408,22 @@ def micro_observations(repeats: int = 7, clock: str = "wall", estimator: str = "
 #: a one-row product over each differs only in the number of rows it runs over (its bytes, FLOPs
 #: and calls are the same), which measures the fixed cost per stored row (:func:`weight_row_cost`).
 MATVEC_PAIR = ((8192, 256), (512, 4096))
+#: The inner sizes (the stored rows' lengths) of the one-row products over fp32 weights of the
+#: pair's bytes that measure the cost per stored row by the row's length (:func:`weight_row_costs`;
+#: the pair is two of them). That cost is not one figure: on a 2-core x86 host, one thread, 8.4 MB
+#: weights streamed from memory, rows of 128, 256, 384, 512, 1024, 2048 and 4096 elements streamed
+#: at 8.2, 10.3, 12.0, 13.3, 16.6, 20.1 and 22.1 GB/s (two threads: 9.5, 10.2, 10.9, 13.0, 15.6,
+#: 18.2, 18.8): one-thread products 40, 55, 61, 65, 67 and 38 ns a row longer than the 4096-element
+#: rows' product, so one cost per row read off the pair (8192 against 512 rows: 59 ns) over-priced a
+#: weight of 128-element rows and under-priced one of 384-1024 (two threads: a 12.6 MB output
+#: layer of 384-element rows took 1356 µs, where the pair's figure gave about 1050)
+ROW_LADDER_INNER = (128, 256, 512, 1024, 2048, 4096)
+
+
+def row_ladder_shapes() -> list[tuple[int, int]]:
+    """The weights ([out, in], the pair's bytes) of :data:`ROW_LADDER_INNER`, the pair's among them."""
+    n, k = MATVEC_PAIR[0]
+    return [(n * k // inner, inner) for inner in ROW_LADDER_INNER]
 
 
 #: The weight and the row counts of the repacking staircase (:func:`repacking_rows`).
@@ -500,7 +517,8 @@ def _streamed_products(shape: tuple[int, int], best: Any, rows: tuple[int, ...],
                                np.array([2.0 * r * n * k]), np.array([nbytes + 4.0 * r * (n + k)]), np.ones(1), 0.0,
                                np.array([float(r)]), resident=np.array([stream_bytes]),
                                weight_bytes=np.array([nbytes]),
-                               weight_rows=np.array([float(n)]) if label == _PAIR else None, calls=1.0,
+                               weight_rows=np.array([float(n)]) if label == _PAIR else None,
+                               row_bytes=np.array([4.0 * k]) if label == _PAIR else None, calls=1.0,
                                unit=name(rows[0]) if r != rows[0] else None))
     return out
 
@@ -1036,26 +1054,71 @@ def weight_row_cost(micro: list[Observation], cache_bytes: float = 0.0) -> float
 
 
 def _pair(micro: list[Observation], cache_bytes: float) -> tuple[Observation, Observation, float] | None:
-    """The pair of :data:`MATVEC_PAIR` among ``micro``, more rows first, and the share of its
-    working set streamed from memory past a cache of ``cache_bytes`` (the cost model's share);
-    None when the pair is missing or that share is nothing."""
-    pair = [ob for ob in micro if ob.label.startswith(_PAIR)]
-    if len(pair) != 2:
+    """The pair of :data:`MATVEC_PAIR` among ``micro`` (by their weights' rows), more rows first,
+    and the share of its working set streamed from memory past a cache of ``cache_bytes`` (the
+    cost model's share); None when the pair is missing or that share is nothing."""
+    by_rows = {float(np.sum(ob.weight_rows)): ob for ob in _ladder(micro)}  # type: ignore[arg-type]
+    a, b = (by_rows.get(float(n)) for n, _ in MATVEC_PAIR)
+    if a is None or b is None:
         return None
-    a, b = sorted(pair, key=lambda ob: -float(np.sum(ob.weight_rows)))  # type: ignore[arg-type]
-    streamed = 1.0
-    if cache_bytes:
-        working = float(np.max(a.resident)) if a.resident is not None and len(a.resident) else 0.0
-        streamed = 1.0 - min(1.0, cache_bytes / working) if working > 0 else 0.0
+    streamed = _streamed_share(a, cache_bytes)
     return (a, b, streamed) if streamed > 0 else None
 
 
-def pair_memory_rate(micro: list[Observation], row_s: float, cache_bytes: float = 0.0) -> float | None:
+def _ladder(micro: list[Observation]) -> list[Observation]:
+    """The one-row products of the row ladder among ``micro`` (the pair's label, stored rows stated)."""
+    return [ob for ob in micro if ob.label.startswith(_PAIR) and ob.weight_rows is not None]
+
+
+def _streamed_share(ob: Observation, cache_bytes: float) -> float:
+    """The share of a streamed product's working set past a cache of ``cache_bytes``."""
+    streamed = 1.0
+    if cache_bytes:
+        working = float(np.max(ob.resident)) if ob.resident is not None and len(ob.resident) else 0.0
+        streamed = 1.0 - min(1.0, cache_bytes / working) if working > 0 else 0.0
+    return streamed
+
+
+def weight_row_costs(micro: list[Observation], cache_bytes: float = 0.0) -> WeightRowCosts | None:
+    """The cost per stored row by the row's length, from the row ladder among ``micro``
+    (:data:`ROW_LADDER_INNER`: one-row products over weights of the same bytes, streamed from
+    memory): at each length, the difference of its product's time from the longest rows' over its
+    rows (paid on the share streamed past a cache of ``cache_bytes``, as :func:`weight_row_cost`
+    reads the pair); the longest rows pay none, so the memory's rate is the one they stream at.
+    Each cost is read against the longest rows alone: a difference between two long-row products
+    is of few rows, and on a 2-core host with two threads the difference of the two longest
+    (1024 and 512 rows) came out 207 ns a row in one timing, 58 in the next. None with fewer
+    than three lengths, or where the working set fits that cache."""
+    ladder = sorted((ob for ob in _ladder(micro) if _row_length(ob)), key=_row_length)
+    if len(ladder) < 3 or len({_row_length(ob) for ob in ladder}) != len(ladder):
+        return None
+    longest = ladder[-1]
+    streamed = _streamed_share(longest, cache_bytes)
+    if streamed <= 0:
+        return None
+    costs = []
+    for ob in ladder[:-1]:
+        rows = float(np.sum(ob.weight_rows))  # type: ignore[arg-type]
+        costs.append(max(0.0, (ob.measured_s - longest.measured_s) / (rows * streamed)) * 1e9 if rows > 0 else 0.0)
+    return WeightRowCosts(row_bytes=[_row_length(ob) for ob in ladder], ns=[*costs, 0.0])
+
+
+def _row_length(ob: Observation) -> float:
+    """Bytes of a stored row of a one-row product's weight (0 where it states no rows)."""
+    if ob.row_bytes is not None:
+        return float(np.sum(ob.row_bytes))
+    rows = float(np.sum(ob.weight_rows)) if ob.weight_rows is not None else 0.0
+    return float(np.sum(ob.weight_bytes)) / rows if rows and ob.weight_bytes is not None else 0.0
+
+
+def pair_memory_rate(micro: list[Observation], row_s: float, cache_bytes: float = 0.0,
+                     costs: WeightRowCosts | None = None) -> float | None:
     """Seconds per byte a weight streamed from memory takes, from the pair of one-row products
     among ``micro`` (:data:`MATVEC_PAIR`): the product over fewer rows, less its stored rows at
     ``row_s`` each (:func:`weight_row_cost`, on the share streamed past a cache of ``cache_bytes``)
-    and less one bare kernel call (the chain of kernel calls among ``micro``), over its bytes.
-    None when the pair is missing, its working set fits that cache, or nothing is left.
+    and less one bare kernel call (the chain of kernel calls among ``micro``), over its bytes;
+    with ``costs`` (:func:`weight_row_costs`), its rows at the table's cost at their length. None
+    when the pair is missing, its working set fits that cache, or nothing is left.
 
     Fitted on the models instead, the rate came out 12.3-16.4 GB/s in repeated calibrations on a
     2-core AMD host (8-9 MB cache), where one-row products over 6.3 MB weights cycled from 96 MB
@@ -1069,6 +1132,8 @@ def pair_memory_rate(micro: list[Observation], row_s: float, cache_bytes: float 
     _, b, streamed = pair
     chain = next((ob for ob in micro if ob.phase == "micro" and ob.extra_launches and not np.any(ob.bytes_)), None)
     call_s = chain.measured_s / chain.extra_launches if chain is not None else 0.0
+    if costs is not None and _row_length(b):
+        row_s = float(costs.at(_row_length(b))) * 1e-9
     left = b.measured_s - row_s * float(np.sum(b.weight_rows)) * streamed - call_s  # type: ignore[arg-type]
     nbytes = float(np.sum(b.bytes_))
     return left / nbytes if left > 0 and nbytes > 0 else None
@@ -1840,12 +1905,16 @@ def fit_with_micro(micro: list[Observation], measured: list[Observation], *, cor
     offered = tuple(fit_kw["cache_bytes"])
     held_cache_bytes = offered[0] if len(offered) == 1 else (cache or 0.0)
     row_s = weight_row_cost(micro, held_cache_bytes)
+    row_table: WeightRowCosts | None = None
     memory_origin = "the caller" if "s_per_byte" in (fit_kw.get("held") or {}) else None
     if row_s is not None:
         # measured by the pair, held in every fit, and with ``hold_memory_rate`` the rate its
         # bytes stream at (where the pair's working set lies past the cache held); the pair
         # itself stays out
-        rate = pair_memory_rate(micro, row_s, held_cache_bytes) if hold_memory_rate else None
+        # and by the row's length where the ladder measured it: each product's rows weighed by
+        # their length's cost over the pair's
+        row_table = weight_row_costs(micro, held_cache_bytes) if row_s > 0 else None
+        rate = pair_memory_rate(micro, row_s, held_cache_bytes, row_table) if hold_memory_rate else None
         memory_origin = memory_origin or ("the pair" if rate else None)
         fit_kw["held"] = {"s_per_weight_row": row_s, **({"s_per_byte": rate} if rate else {}),
                           **(fit_kw.get("held") or {})}
@@ -1858,6 +1927,7 @@ def fit_with_micro(micro: list[Observation], measured: list[Observation], *, cor
         memory_origin = "the working sets"
     for ob in measured:  # each product takes the gap of its layout and inner size off h
         ob.small_m_gaps = layout_gaps
+        ob.row_costs = (row_table, row_s * 1e9) if row_table is not None and row_s else None
     fixed = [ob for ob in micro if not _streams_only(ob)]
     result = fit(fixed + measured, **fit_kw)
     if not result.coefficients["s_per_byte"] > 0 and len(fixed) < len(micro):
@@ -1869,6 +1939,7 @@ def fit_with_micro(micro: list[Observation], measured: list[Observation], *, cor
     result.pack_note = pack[1] + (fast_pack_text(pack_fast) if pack_fast else "") if pack is not None else None
     result.pack_fast = pack_fast
     result.few_rows = few
+    result.weight_row_costs = row_table
     return result, fixed
 
 
