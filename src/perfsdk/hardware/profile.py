@@ -91,6 +91,12 @@ class PeakTflops(_Strict):
         return {k: v for k in type(self).model_fields if (v := getattr(self, k)) is not None}
 
 
+def log_interp(x: Any, xs: list[float], ys: list[float]) -> Any:
+    """``ys`` at ``x`` (a number or a numpy array), linear in log x between the ascending positive
+    ``xs`` and held beyond them."""
+    return np.interp(np.log(np.clip(np.asarray(x, dtype=float), xs[0], xs[-1])), np.log(xs), ys)
+
+
 class SmallMGaps(_Strict):
     """How far the small-M slowdown ``h`` of a matrix product departs from the fitted one, by how
     its weight is stored and by its inner size K (the input features the product sums over), as a
@@ -125,11 +131,7 @@ class SmallMGaps(_Strict):
     def gap(self, inner: float, in_out: bool) -> float:
         """The gap of a product of inner size ``inner`` over a weight stored [in, out]
         (``in_out``) or [out, in]: linear in log K between the sizes, held beyond them."""
-        import math
-
-        ys = self.in_out if in_out else self.out_in
-        x = math.log(min(max(inner, self.inner[0]), self.inner[-1]))
-        return float(np.interp(x, [math.log(k) for k in self.inner], ys))
+        return float(log_interp(inner, self.inner, self.in_out if in_out else self.out_in))
 
     def scale(self, inner: float, in_out: bool) -> float | None:
         """The share of the fitted ``h`` such a product keeps, ``(anchor - gap) / anchor`` between
@@ -177,8 +179,7 @@ class WeightRowCosts(_Strict):
     def at(self, row_bytes: Any) -> Any:
         """The cost in ns of one stored row of ``row_bytes`` bytes (a number or a numpy array):
         linear in log length between the listed lengths, held beyond them."""
-        x = np.log(np.clip(np.asarray(row_bytes, dtype=float), self.row_bytes[0], self.row_bytes[-1]))
-        out = np.interp(x, np.log(self.row_bytes), self.ns)
+        out = log_interp(row_bytes, self.row_bytes, self.ns)
         return float(out) if np.ndim(out) == 0 else out
 
 

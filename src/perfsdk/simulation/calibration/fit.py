@@ -373,7 +373,7 @@ class Observation:
             share = share * (1.0 - self.cached_fraction(cache_bytes))
         if self.row_costs is not None and self.row_bytes is not None and self.row_costs[1] > 0:
             table, unit_ns = self.row_costs
-            share = share * np.where(self.row_bytes > 0, table.at(np.maximum(self.row_bytes, 1.0)), 0.0) / unit_ns
+            share = share * np.where(self.row_bytes > 0, table.at(self.row_bytes), 0.0) / unit_ns
         return float(self.weights @ (self.weight_rows * share))
 
     def packed_bytes(self, pack_rows: float) -> np.ndarray:

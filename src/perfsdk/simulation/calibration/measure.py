@@ -517,8 +517,7 @@ def _streamed_products(shape: tuple[int, int], best: Any, rows: tuple[int, ...],
                                np.array([2.0 * r * n * k]), np.array([nbytes + 4.0 * r * (n + k)]), np.ones(1), 0.0,
                                np.array([float(r)]), resident=np.array([stream_bytes]),
                                weight_bytes=np.array([nbytes]),
-                               weight_rows=np.array([float(n)]) if label == _PAIR else None,
-                               row_bytes=np.array([4.0 * k]) if label == _PAIR else None, calls=1.0,
+                               weight_rows=np.array([float(n)]) if label == _PAIR else None, calls=1.0,
                                unit=name(rows[0]) if r != rows[0] else None))
     return out
 
@@ -1099,14 +1098,13 @@ def weight_row_costs(micro: list[Observation], cache_bytes: float = 0.0) -> Weig
     costs = []
     for ob in ladder[:-1]:
         rows = float(np.sum(ob.weight_rows))  # type: ignore[arg-type]
-        costs.append(max(0.0, (ob.measured_s - longest.measured_s) / (rows * streamed)) * 1e9 if rows > 0 else 0.0)
+        costs.append(max(0.0, (ob.measured_s - longest.measured_s) / (rows * streamed)) * 1e9)
     return WeightRowCosts(row_bytes=[_row_length(ob) for ob in ladder], ns=[*costs, 0.0])
 
 
 def _row_length(ob: Observation) -> float:
-    """Bytes of a stored row of a one-row product's weight (0 where it states no rows)."""
-    if ob.row_bytes is not None:
-        return float(np.sum(ob.row_bytes))
+    """Bytes of a stored row of a one-row product's weight: its bytes over its stored rows (0 where
+    it states no rows)."""
     rows = float(np.sum(ob.weight_rows)) if ob.weight_rows is not None else 0.0
     return float(np.sum(ob.weight_bytes)) / rows if rows and ob.weight_bytes is not None else 0.0
 
