@@ -9,7 +9,8 @@ import pytest
 from perfsdk.simulation.calibration import Observation, profile_from_fit
 from perfsdk.simulation.calibration.fit import PARAMS, FitResult
 from perfsdk.simulation.calibration.measure import (_CACHE, CACHE_SETS_MIB, CACHE_WEIGHT, cache_levels,
-                                                    fit_with_micro, measured_cache, measured_cache_note)
+                                                    cache_shares, cache_shares_text, fit_with_micro, measured_cache,
+                                                    measured_cache_note)
 from perfsdk.simulation.costmodel import cost_op
 
 from tests.test_simulation_fit import TRUTH, _attention, _linear
@@ -86,9 +87,12 @@ def test_two_cache_levels_hold_the_last() -> None:
         "not held: the models' fit gave it no rate between free and the memory's")
 
 
-def _observations(cache_bytes: float, truth: np.ndarray) -> tuple[list[Observation], list[list]]:
+def _observations(cache_bytes: float, truth: np.ndarray,
+                  sets: list[Observation] | None = None) -> tuple[list[Observation], list[list]]:
     """Decode steps of stacks of one-row linear layers with 2 to 160 MB of weights, timed as the
-    cost model says with a cache of ``cache_bytes``."""
+    cost model says with a cache of ``cache_bytes``, its share of each step's bytes the one that
+    the working sets ``sets`` measure where given (:func:`cache_shares`)."""
+    shares = cache_shares(sets, cache_bytes) if sets is not None else None
     rng = np.random.default_rng(4)
     obs, lists = [], []
     for i in range(18):
@@ -97,6 +101,7 @@ def _observations(cache_bytes: float, truth: np.ndarray) -> tuple[list[Observati
         rows = int(rng.choice([1, 1, 4]))
         ops = [_linear(rows, k, n, 0) for _ in range(layers)] + [_attention(rows, int(rng.integers(8, 300)), 8, 0)]
         o = Observation.from_ops(f"o{i}", "decode", 1.0, ops)
+        o.cache_shares = shares
         o.measured_s = o.predict(truth, cache_bytes=cache_bytes)
         obs.append(o)
         lists.append(ops)
@@ -107,7 +112,7 @@ def test_the_fit_holds_the_measured_cache_and_fits_its_rate() -> None:
     truth_d = {**TRUTH, "s_per_cached_byte": 0.25 * TRUTH["s_per_byte"], "s_per_row_flop": 0.0}
     truth = np.array([truth_d[p] for p in PARAMS])
     c = 20 * MIB
-    obs, lists = _observations(c, truth)
+    obs, lists = _observations(c, truth, _sets(20.0))
     resident = sorted(float(o.resident[0]) for o in obs)  # type: ignore[index]
     assert resident[0] < c < resident[-1]  # some steps fit the cache, some do not
     res, kept = fit_with_micro(_sets(20.0), obs, pack_rows=(0.0,), half_rows=(0.0,))
@@ -122,11 +127,14 @@ def test_the_fit_holds_the_measured_cache_and_fits_its_rate() -> None:
         resident_bytes = float(o.resident[0])  # type: ignore[index]
         simulated = sum(cost_op(op, prof, resident_bytes=resident_bytes).time_s for op in ops) + prof.step_overhead_s
         assert simulated == pytest.approx(o.measured_s, rel=1e-6)
+    assert prof.cache_shares == res.cache_shares == cache_shares(_sets(20.0), c)
+    assert prof.calibration is not None and prof.calibration.cache_shares == prof.cache_shares
     note = measured_cache_note(measured_cache(_sets(20.0)), res)
     assert res.cache_note == note  # the fit that held the size says what became of it
     assert note.startswith("21.0 MB measured by the working sets and held; its rate fitted on the models, ")
     assert note.endswith(f"{1e-9 / truth_d['s_per_cached_byte']:.1f} GB/s against "
-                         f"{1e-9 / truth_d['s_per_byte']:.1f} GB/s from memory")
+                         f"{1e-9 / truth_d['s_per_byte']:.1f} GB/s from memory; "
+                         + cache_shares_text(res.cache_shares))  # type: ignore[arg-type]
     # working sets that stream alike: no cache held, and the fit has one memory rate
     flat, _ = fit_with_micro([_set(m, 200e-6) for m in CACHE_SETS_MIB], obs, pack_rows=(0.0,), half_rows=(0.0,))
     assert flat.cache_bytes == 0.0 and flat.cache_note == measured_cache_note(0.0, flat)
@@ -145,7 +153,7 @@ def test_a_cache_no_faster_than_memory_keeps_its_size_at_the_memory_rate() -> No
     truth_d = {**TRUTH, "s_per_cached_byte": 1.3 * TRUTH["s_per_byte"], "s_per_row_flop": 0.0}
     truth = np.array([truth_d[p] for p in PARAMS])
     c = 20 * MIB
-    obs, _ = _observations(c, truth)
+    obs, _ = _observations(c, truth, _sets(20.0))
     res, _ = fit_with_micro(_sets(20.0), obs, pack_rows=(0.0,), half_rows=(0.0,))
     k = res.coefficients
     assert res.cache_bytes == pytest.approx(c) and res.cache_rate_tied
@@ -158,7 +166,7 @@ def test_a_cache_no_faster_than_memory_keeps_its_size_at_the_memory_rate() -> No
     assert res.cache_note == (
         f"21.0 MB measured by the working sets and held; fitted on the models, its rate came out no faster than "
         f"the memory's or free, so it takes the memory's, {1e-9 / k['s_per_byte']:.1f} GB/s from memory: it only "
-        f"divides the weights' rows between the cache and memory")
+        f"divides the weights' rows between the cache and memory; {cache_shares_text(res.cache_shares)}")  # type: ignore[arg-type]
 
 
 def test_two_levels_hold_the_memory_rate_past_the_last() -> None:
@@ -176,7 +184,7 @@ def test_two_levels_hold_the_memory_rate_past_the_last() -> None:
     # one level: the rate past it (220 µs a product)
     assert memory_past_cache(_sets(20.0)) == pytest.approx(220e-6 / (4.0 * n * k), rel=1e-9)
     assert memory_past_cache([_set(m, 200e-6) for m in CACHE_SETS_MIB]) is None  # no cache
-    obs, _ = _observations(48 * MIB, truth)
+    obs, _ = _observations(48 * MIB, truth, sets)
     res, _ = fit_with_micro(sets, obs, pack_rows=(0.0,), half_rows=(0.0,))
     assert res.cache_bytes == pytest.approx(48 * MIB)
     assert res.held["s_per_byte"] == pytest.approx(truth_d["s_per_byte"], rel=1e-9)
@@ -185,4 +193,5 @@ def test_two_levels_hold_the_memory_rate_past_the_last() -> None:
     assert res.cache_note == (
         f"{48 * MIB / 1e6:.1f} MB measured by the working sets (the last of two levels; the first, 4.2 MB, not held) "
         f"and held; its rate fitted on the models, {1e-9 / truth_d['s_per_cached_byte']:.1f} GB/s against "
-        f"{1e-9 / truth_d['s_per_byte']:.1f} GB/s from memory, as the working sets past it streamed (held)")
+        f"{1e-9 / truth_d['s_per_byte']:.1f} GB/s from memory, as the working sets past it streamed (held); "
+        f"{cache_shares_text(res.cache_shares)}")  # type: ignore[arg-type]

@@ -513,6 +513,8 @@ def calibrate_command(models: tuple[str, ...], repeats: int, passes: int, max_pa
                                "matmul_small_m_gaps": (profile.matmul_small_m_gaps.model_dump()
                                                        if profile.matmul_small_m_gaps else None),
                                "cache_bytes": result.cache_bytes, "cache_note": result.cache_note,
+                               "cache_shares": (profile.cache_shares.model_dump()
+                                                if profile.cache_shares else None),
                                "pack_note": result.pack_note,
                                "matmul_pack_fast_mb": profile.matmul_pack_fast_mb,
                                "matmul_pack_fast_share": profile.matmul_pack_fast_share,

@@ -184,6 +184,40 @@ class WeightRowCosts(_Strict):
 
 
 
+class CacheShares(_Strict):
+    """The share of a forward pass's bytes that the cache serves, by the bytes of weights and KV
+    cache the pass touches, as a host's calibration measured it (one-row products over 4 MiB fp32
+    weights cycled over working sets of 4 to 384 MiB, each set's time placed between the in-cache
+    time and the memory's): linear in log bytes between the listed sizes, held beyond them. A
+    pass that cycles through more than the cache keeps far less of it than cache / bytes: each
+    weight is pushed out before it comes round again. Two threads on a 2-core x86 host with an
+    11.5 MB cache: 0.42-0.50 of the bytes served from the cache at 1.5 times its size, 0-0.12 at
+    1.8 times (min(1, cache / bytes): 0.69 and 0.55)."""
+
+    resident_bytes: list[float] = Field(min_length=1, description="Bytes a pass touches, measured, ascending")
+    share: list[float] = Field(description="Share of those bytes served from the cache at each size, 0 to 1, "
+                                           "not rising with the size")
+
+    @model_validator(mode="after")
+    def _aligned(self) -> CacheShares:
+        if len(self.share) != len(self.resident_bytes):
+            raise ValueError(f"share needs one value per size ({len(self.resident_bytes)}), got {len(self.share)}")
+        if any(b <= 0 for b in self.resident_bytes) or any(
+                b <= a for a, b in zip(self.resident_bytes, self.resident_bytes[1:])):
+            raise ValueError(f"sizes must be positive and ascending, got {self.resident_bytes}")
+        if any(not 0.0 <= f <= 1.0 for f in self.share):
+            raise ValueError(f"shares must lie between 0 and 1, got {self.share}")
+        if any(b > a for a, b in zip(self.share, self.share[1:])):
+            raise ValueError(f"shares must not rise with the size, got {self.share}")
+        return self
+
+    def at(self, resident_bytes: Any) -> Any:
+        """The share served from the cache for a pass touching ``resident_bytes`` (a number or a
+        numpy array): linear in log bytes between the listed sizes, held beyond them."""
+        out = log_interp(np.maximum(resident_bytes, 1.0), self.resident_bytes, self.share)
+        return float(out) if np.ndim(out) == 0 else out
+
+
 class FewRowRatios(_Strict):
     """What a matrix product of a few rows costs against the same product of one row, as a host's
     calibration measured it (a staircase of linear products of 1 to 16 rows over fp32 weights
@@ -359,6 +393,10 @@ class CalibrationRecord(_Strict):
         description="The cost per stored weight row by the row's length that the fit priced the measured products "
                     "with (the profile's matmul_weight_row_costs; the held s_per_weight_row is the cost per row it "
                     "stands for)")
+    cache_shares: CacheShares | None = Field(
+        default=None,
+        description="The share served from the cache by the bytes a pass touches that the fit priced the measured "
+                    "phases and stored rows with (the profile's cache_shares); None: min(1, cache_bytes / bytes)")
     clock: Literal["wall", "cpu"] | None = Field(default=None, description="The clock its times were taken on")
 
     def layout_gaps(self) -> SmallMGaps | None:
@@ -517,7 +555,13 @@ class HardwareProfile(_Strict):
         default=None, gt=0,
         description="Cache that holds the weights and KV cache of a forward pass, MB (10^6 bytes): a pass "
                     "touching R bytes gets min(1, cache/R) of its bytes at cache_bandwidth_gbs, the rest at "
-                    "the memory bandwidth. Unset: all bytes at the memory bandwidth")
+                    "the memory bandwidth (cache_shares, where set, gives that share instead). Unset: all bytes at "
+                    "the memory bandwidth")
+    cache_shares: CacheShares | None = Field(
+        default=None,
+        description="The share of a pass's bytes served from the cache by the bytes it touches, in place of "
+                    "min(1, cache/R), on the bytes and on the stored rows alike: a pass that cycles through more "
+                    "than the cache keeps far less of it. Measured by perfsdk calibrate; needs cache_mb")
     cache_bandwidth_gbs: float | None = Field(default=None, gt=0, description="Cache bandwidth, GB/s (see cache_mb)")
     static_power_w: float = Field(default=0.0, ge=0, description="Static (idle) power, W")
     compute_efficiency: float = Field(default=1.0, gt=0, le=1, description="Achieved fraction of peak compute")

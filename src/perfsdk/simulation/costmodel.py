@@ -12,7 +12,8 @@ For one operation on one device (profile ``P``)::
                   inner size: half_rows))
     memory_s   = (bytes_read + bytes_written) / (P.memory_bandwidth * P.memory_efficiency)
                  (with P.cache_mb: a forward pass touching R bytes of weights + KV cache has
-                  min(1, cache / R) of its bytes served at P.cache_bandwidth instead; an
+                  min(1, cache / R) of its bytes, or P.cache_shares at R where measured, served
+                  at P.cache_bandwidth instead: cached_share; an
                   embedding lookup touches the rows it gathers, not its table: resident_bytes)
                  (a grouped product, mixture-of-experts on a CPU, runs one product per group it
                   reaches, each with its own rows: product_rows)
@@ -373,9 +374,12 @@ def warmup_factor(warmup_steps: float, steps: float) -> float:
 
 def cached_share(profile: HardwareProfile, resident_bytes: float | None) -> float:
     """Share of an op's bytes served from the profile's cache when its forward pass touches
-    ``resident_bytes`` of weights and KV cache: 1 while they fit, else cache / resident."""
+    ``resident_bytes`` of weights and KV cache: the measured ``cache_shares`` at that size where
+    set, else 1 while they fit and cache / resident beyond."""
     if not profile.cache_mb or not profile.cache_bandwidth_gbs or resident_bytes is None:
         return 0.0
+    if profile.cache_shares is not None:
+        return float(profile.cache_shares.at(resident_bytes))
     cache = profile.cache_mb * 1e6
     return 1.0 if resident_bytes <= cache else cache / resident_bytes
 

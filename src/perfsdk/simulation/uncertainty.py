@@ -218,6 +218,7 @@ def replicate_ratios(cal: CalibrationRecord, phase_ops: dict[str, list[OpRecord]
             obs.pack_fast = (cal.pack_fast_bytes, cal.pack_fast_share)
         obs.few_rows = cal.few_rows if cal.pack_rows else None
         obs.row_costs = row_costs(cal, central)
+        obs.cache_shares = cal.cache_shares
         base = obs.predict(central, 0.0, cal.cache_bytes, cal.pack_rows)
         out[phase] = np.array([obs.predict(r, 0.0, cal.cache_bytes, cal.pack_rows) / base if base > 0 else 1.0
                                for r in reps])

@@ -60,7 +60,14 @@ from typing import Any, Literal
 import numpy as np
 import structlog
 
-from perfsdk.hardware.profile import MEMORY_COEFFICIENTS, FewRowRatios, HardwareProfile, SmallMGaps, WeightRowCosts
+from perfsdk.hardware.profile import (
+    MEMORY_COEFFICIENTS,
+    CacheShares,
+    FewRowRatios,
+    HardwareProfile,
+    SmallMGaps,
+    WeightRowCosts,
+)
 from perfsdk.capture.ops import OpRecord
 from perfsdk.simulation.costmodel import (WHOLE_INPUT_PHASES, few_row_scale, fresh_bytes, inner_size, matmul_rows,
                                           one_row_terms, op_bytes, pack_passes, product_rows,
@@ -133,6 +140,10 @@ class Observation:
     #: product's stored rows then count table-at-its-row-length / ns times (:meth:`stored_rows`).
     #: None: every row alike
     row_costs: tuple[WeightRowCosts, float] | None = None
+    #: the share served from the cache by the bytes a pass touches (the profile's
+    #: ``cache_shares``), in place of min(1, cache / bytes) wherever a cache size is set; None:
+    #: that ratio
+    cache_shares: CacheShares | None = None
     #: what :meth:`features` needs that does not depend on the coefficients, by cache and
     #: repacking size (a fit evaluates the features of every observation many times); emptied
     #: when a field other than the measured time is set
@@ -217,9 +228,10 @@ class Observation:
                             if o.category == "matmul" and o.groups and o.groups > 1})
 
     def cached_fraction(self, cache_bytes: float) -> np.ndarray:
-        """Share of each op's bytes served from a cache of ``cache_bytes`` (see :func:`cached_fraction`)."""
+        """Share of each op's bytes served from a cache of ``cache_bytes`` (see :func:`cached_fraction`;
+        by :attr:`cache_shares` where set)."""
         res = self.resident if self.resident is not None else self.bytes_
-        return cached_fraction(res, cache_bytes)
+        return cached_fraction(res, cache_bytes, self.cache_shares)
 
     def row_flops(self, pack_rows: float = 0.0) -> np.ndarray:
         """FLOPs of one output row of each matrix product (``flops / rows``; 0 for other ops, and
@@ -441,6 +453,9 @@ class FitResult:
     #: the cost per stored row by the row's length the measured products were priced with
     #: (:attr:`Observation.row_costs`; measured by the micro-kernels; None: not measured)
     weight_row_costs: WeightRowCosts | None = None
+    #: the share served from the cache by the bytes a pass touches that the measured phases were
+    #: priced with (:attr:`Observation.cache_shares`; measured by the working sets; None: not measured)
+    cache_shares: CacheShares | None = None
     #: bootstrap refits' coefficients (PARAMS order), held-out errors ([prefill, decode]) and the
     #: reference workload's times relative to their median: see
     #: :class:`~perfsdk.hardware.profile.CalibrationRecord`
@@ -535,11 +550,14 @@ CACHE_MIN_GAIN = 0.2
 PACK_ROWS_GRID = (0.0, 1.0, 2.0, 3.0, 4.0, 8.0)
 
 
-def cached_fraction(resident: np.ndarray, cache_bytes: float) -> np.ndarray:
+def cached_fraction(resident: np.ndarray, cache_bytes: float, shares: CacheShares | None = None) -> np.ndarray:
     """Share of the bytes served from cache when a forward pass touches ``resident`` bytes of
-    weights and KV cache: all of them while they fit ``cache_bytes``, else ``cache_bytes / resident``."""
+    weights and KV cache: all of them while they fit ``cache_bytes``, else ``cache_bytes / resident``;
+    with ``shares`` (measured), their share at ``resident`` instead."""
     if not cache_bytes:
         return np.zeros_like(resident, dtype=float)
+    if shares is not None:
+        return np.asarray(shares.at(np.asarray(resident, dtype=float)), dtype=float)
     return np.where(resident <= cache_bytes, 1.0, cache_bytes / np.maximum(resident, 1.0))
 
 
@@ -859,7 +877,8 @@ def profile_from_fit(result: FitResult, *, name: str = "host-calibrated", base: 
         clock=result.clock, small_m_gaps=result.small_m_gaps,
         pack_fast_bytes=result.pack_fast[0] if result.pack_fast and result.pack_rows else 0.0,
         pack_fast_share=result.pack_fast[1] if result.pack_fast and result.pack_rows else None,
-        few_rows=result.few_rows if result.pack_rows else None, weight_row_costs=result.weight_row_costs)
+        few_rows=result.few_rows if result.pack_rows else None, weight_row_costs=result.weight_row_costs,
+        cache_shares=result.cache_shares if result.cache_bytes else None)
     cached = bool(result.cache_bytes) and k.get("s_per_cached_byte", 0) > 0
     where = "this host" if machine is None else f"{cpu} in stored runs"
     return HardwareProfile(
@@ -890,6 +909,7 @@ def profile_from_fit(result: FitResult, *, name: str = "host-calibrated", base: 
         matmul_few_rows=result.few_rows if result.pack_rows else None,
         cache_mb=result.cache_bytes / 1e6 if cached else None,
         cache_bandwidth_gbs=1e-9 / k["s_per_cached_byte"] if cached else None,
+        cache_shares=result.cache_shares if cached else None,
         softmax_ns_per_element=k.get("s_per_score", 0.0) * 1e9 or None,
         matmul_ns_per_weight_row=k.get("s_per_weight_row", 0.0) * 1e9 or None,
         matmul_weight_row_costs=result.weight_row_costs if k.get("s_per_weight_row", 0.0) > 0 else None,

@@ -15,8 +15,8 @@ from typing import Any
 import numpy as np
 
 from perfsdk.capture.ops import OpRecord
-from perfsdk.hardware.profile import FewRowRatios, HardwareProfile, SmallMGaps, WeightRowCosts
-from perfsdk.simulation.calibration.fit import CACHE_GRID, FitResult, Observation, fit
+from perfsdk.hardware.profile import CacheShares, FewRowRatios, HardwareProfile, SmallMGaps, WeightRowCosts
+from perfsdk.simulation.calibration.fit import CACHE_GRID, FitResult, Observation, cached_fraction, fit
 from perfsdk.stats import percentile
 
 
@@ -736,8 +736,7 @@ def _levels_fit(micro: list[Observation]) -> tuple[tuple[float, ...] | None, flo
     L3: 53, 53, 60, 121, 181, 216 and 221 µs a product at 4, 8, 16, 24, 32, 48 and 64 MiB, 229 µs
     at 256 MiB: one level. Two threads on a 2-core Intel host: 4.2 MB, then a second step between
     32 and 128 MB, 48.5-48.9 GB/s below it and 24.1-26.2 GB/s from 192 MB.)"""
-    steps = sorted((ob for ob in micro if ob.label.startswith(_CACHE)),
-                   key=lambda ob: float(ob.resident[0]))  # type: ignore[index]
+    steps = _cache_steps(micro)
     if len(steps) < 3:
         return None, None
     size = np.array([float(ob.resident[0]) for ob in steps])  # type: ignore[index]
@@ -773,6 +772,77 @@ def _levels_fit(micro: list[Observation]) -> tuple[tuple[float, ...] | None, flo
     if two is not None and two_res < one_res:
         return two, past / per_byte
     return (one_c,), float(one_tm) / per_byte
+
+
+def _cache_steps(micro: list[Observation]) -> list[Observation]:
+    """The working sets among ``micro``, smallest first."""
+    return sorted((ob for ob in micro if ob.label.startswith(_CACHE)),
+                  key=lambda ob: float(ob.resident[0]))  # type: ignore[index]
+
+
+#: the working sets of at least this share of the largest stream from memory: their median time is
+#: the memory's end of the cache's shares (:func:`cache_shares`; 192 to 384 MiB: on every host seen
+#: the rate held from 192 MB on, and the median of three passes over one stall)
+CACHE_PAST = 0.5
+
+
+def cache_shares(micro: list[Observation], cache_bytes: float) -> CacheShares | None:
+    """The share of a pass's bytes served from a cache of ``cache_bytes``, by the bytes the pass
+    touches, as the working sets among ``micro`` measured it: 1 for the sets inside the cache (its
+    size is where their time steps up), and past it each set's time t placed between the in-cache
+    time (the median of the sets inside; the smallest where none is) and the memory's (the median
+    of the sets of at least :data:`CACHE_PAST` times the largest), ``(t_memory - t) / (t_memory -
+    t_cache)`` between 0 and 1, made not to rise with the size (pooled where it does). None
+    without a cache, with fewer than three sets, or where the sets past the cache streamed no
+    slower than those inside. (The first set timed can run slower than the next: 112.2 against
+    89.7 µs at 4 and 8 MiB in one timing here; read like the sets past the cache, one
+    calibration's two came out 0.91.)
+
+    The cost model's ``min(1, cache / bytes)`` assumes a pass keeps as much of its bytes cached
+    as fits; weights cycled through keep far less. Two threads on a 2-core AMD host (11.5 MB
+    cache), one-row products over [2048, 256] and [128, 4096] fp32 weights cycled over 4 to 384
+    MiB: 115.0 and 69.9 µs a product at 4 MiB, 183.1 and 93.8 at 16, 239.3 and 111.6 at 20,
+    232.9 and 117.4 at 384: 0.42 and 0.50 of the bytes from the cache at 16 MiB, 0 and 0.12 at
+    20, where the ratio gives 0.69 and 0.55."""
+    steps = _cache_steps(micro)
+    if not cache_bytes or len(steps) < 3:
+        return None
+    size = np.array([float(ob.resident[0]) for ob in steps])  # type: ignore[index]
+    t = np.array([ob.measured_s for ob in steps])
+    inside = t[size <= cache_bytes]
+    t_cache = float(np.median(inside if len(inside) else t[:1]))
+    t_memory = float(np.median(t[size >= CACHE_PAST * size[-1]]))
+    if not t_memory > t_cache:
+        return None
+    past = np.clip((t_memory - t) / (t_memory - t_cache), 0.0, 1.0)
+    share = _not_rising(np.where(size <= cache_bytes, 1.0, past))
+    return CacheShares(resident_bytes=[float(b) for b in size], share=[float(f) for f in share])
+
+
+def _not_rising(values: np.ndarray) -> np.ndarray:
+    """The closest sequence (least squares) to ``values`` that does not rise: each run that rises
+    pooled into its mean (pool adjacent violators)."""
+    blocks: list[list[float]] = []  # [sum, count]
+    for v in values:
+        blocks.append([float(v), 1.0])
+        while len(blocks) > 1 and blocks[-2][0] / blocks[-2][1] < blocks[-1][0] / blocks[-1][1]:
+            total, n = blocks.pop()
+            blocks[-1][0] += total
+            blocks[-1][1] += n
+    return np.concatenate([np.full(int(n), total / n) for total, n in blocks])
+
+
+def cache_shares_text(shares: CacheShares) -> str:
+    """The cache's shares as the calibration prints them: at each working set whose share differs
+    from the previous one's, and where they reach 0."""
+    parts, last = [], None
+    for size, f in zip(shares.resident_bytes, shares.share):
+        if last is None or abs(f - last) >= 0.005:
+            parts.append(f"{f:.2f} at {size / 2**20:.0f} MiB")
+            last = f
+        if f <= 0.0:
+            break
+    return "served from it by the bytes a pass touches (the working sets): " + ", ".join(parts)
 
 
 def cache_levels(micro: list[Observation]) -> tuple[float, ...] | None:
@@ -829,13 +899,15 @@ def measured_cache_note(measured: float | None, result: FitResult, levels: tuple
     memory = {"the working sets": "from memory, as the working sets past it streamed (held)",
               "the pair": "from memory, as the pair of one-row products streamed it (held)"}.get(
         memory_origin or ("the working sets" if "s_per_byte" in result.held else ""), "from memory")
+    served = f"; {cache_shares_text(result.cache_shares)}" if result.cache_shares is not None else ""
     if result.cache_rate_tied:
         return (f"{result.cache_bytes / 1e6:.1f} MB measured by the working sets{first} and held; fitted on the "
                 f"models, its rate came out no faster than the memory's or free, so it takes the memory's, "
                 f"{1e-9 / k['s_per_byte']:.1f} GB/s {memory}: it only divides the weights' rows between the "
-                f"cache and memory")
+                f"cache and memory{served}")
     return (f"{result.cache_bytes / 1e6:.1f} MB measured by the working sets{first} and held; its rate fitted on the "
-            f"models, {1e-9 / k['s_per_cached_byte']:.1f} GB/s against {1e-9 / k['s_per_byte']:.1f} GB/s {memory}")
+            f"models, {1e-9 / k['s_per_cached_byte']:.1f} GB/s against {1e-9 / k['s_per_byte']:.1f} GB/s {memory}"
+            f"{served}")
 
 
 #: Repacking sizes whose staircase residuals lie within this factor of the least one are a tie,
@@ -1035,14 +1107,15 @@ def repacking_rows(micro: list[Observation], grid: tuple[float, ...]) -> float |
     return None if choice is None else choice[0]
 
 
-def weight_row_cost(micro: list[Observation], cache_bytes: float = 0.0) -> float | None:
+def weight_row_cost(micro: list[Observation], cache_bytes: float = 0.0,
+                    shares: CacheShares | None = None) -> float | None:
     """Seconds per stored weight row, from the pair of streamed matrix-vector products among
     ``micro`` (:data:`MATVEC_PAIR`): the difference of their times over the difference of their
     rows, each row paid on the share of the weight streamed from memory past a cache of
     ``cache_bytes`` (the cost model's, :func:`~perfsdk.simulation.costmodel.cached_share`, with the
-    pair's working set). None when the pair is missing or its working set fits that cache (then it
+    pair's working set; by ``shares`` where measured). None when the pair is missing or its working set fits that cache (then it
     measures no row from memory); 0 when the narrow rows were not the slower."""
-    pair = _pair(micro, cache_bytes)
+    pair = _pair(micro, cache_bytes, shares)
     if pair is None:
         return None
     a, b, streamed = pair
@@ -1052,7 +1125,8 @@ def weight_row_cost(micro: list[Observation], cache_bytes: float = 0.0) -> float
     return max(0.0, (a.measured_s - b.measured_s) / (rows * streamed))
 
 
-def _pair(micro: list[Observation], cache_bytes: float) -> tuple[Observation, Observation, float] | None:
+def _pair(micro: list[Observation], cache_bytes: float,
+          shares: CacheShares | None = None) -> tuple[Observation, Observation, float] | None:
     """The pair of :data:`MATVEC_PAIR` among ``micro`` (by their weights' rows), more rows first,
     and the share of its working set streamed from memory past a cache of ``cache_bytes`` (the
     cost model's share); None when the pair is missing or that share is nothing."""
@@ -1060,7 +1134,7 @@ def _pair(micro: list[Observation], cache_bytes: float) -> tuple[Observation, Ob
     a, b = (by_rows.get(float(n)) for n, _ in MATVEC_PAIR)
     if a is None or b is None:
         return None
-    streamed = _streamed_share(a, cache_bytes)
+    streamed = _streamed_share(a, cache_bytes, shares)
     return (a, b, streamed) if streamed > 0 else None
 
 
@@ -1069,16 +1143,19 @@ def _ladder(micro: list[Observation]) -> list[Observation]:
     return [ob for ob in micro if ob.label.startswith(_PAIR) and ob.weight_rows is not None]
 
 
-def _streamed_share(ob: Observation, cache_bytes: float) -> float:
-    """The share of a streamed product's working set past a cache of ``cache_bytes``."""
-    streamed = 1.0
-    if cache_bytes:
-        working = float(np.max(ob.resident)) if ob.resident is not None and len(ob.resident) else 0.0
-        streamed = 1.0 - min(1.0, cache_bytes / working) if working > 0 else 0.0
-    return streamed
+def _streamed_share(ob: Observation, cache_bytes: float, shares: CacheShares | None = None) -> float:
+    """The share of a streamed product's working set past a cache of ``cache_bytes``
+    (:func:`~perfsdk.simulation.calibration.fit.cached_fraction`, by ``shares`` where measured)."""
+    if not cache_bytes:
+        return 1.0
+    working = float(np.max(ob.resident)) if ob.resident is not None and len(ob.resident) else 0.0
+    if working <= 0:
+        return 0.0
+    return 1.0 - float(cached_fraction(np.array([working]), cache_bytes, shares)[0])
 
 
-def weight_row_costs(micro: list[Observation], cache_bytes: float = 0.0) -> WeightRowCosts | None:
+def weight_row_costs(micro: list[Observation], cache_bytes: float = 0.0,
+                     shares: CacheShares | None = None) -> WeightRowCosts | None:
     """The cost per stored row by the row's length, from the row ladder among ``micro``
     (:data:`ROW_LADDER_INNER`: one-row products over weights of the same bytes, streamed from
     memory): at each length, the difference of its product's time from the longest rows' over its
@@ -1092,7 +1169,7 @@ def weight_row_costs(micro: list[Observation], cache_bytes: float = 0.0) -> Weig
     if len(ladder) < 3 or len({_row_length(ob) for ob in ladder}) != len(ladder):
         return None
     longest = ladder[-1]
-    streamed = _streamed_share(longest, cache_bytes)
+    streamed = _streamed_share(longest, cache_bytes, shares)
     if streamed <= 0:
         return None
     costs = []
@@ -1110,7 +1187,7 @@ def _row_length(ob: Observation) -> float:
 
 
 def pair_memory_rate(micro: list[Observation], row_s: float, cache_bytes: float = 0.0,
-                     costs: WeightRowCosts | None = None) -> float | None:
+                     costs: WeightRowCosts | None = None, shares: CacheShares | None = None) -> float | None:
     """Seconds per byte a weight streamed from memory takes, from the pair of one-row products
     among ``micro`` (:data:`MATVEC_PAIR`): the product over fewer rows, less its stored rows at
     ``row_s`` each (:func:`weight_row_cost`, on the share streamed past a cache of ``cache_bytes``)
@@ -1124,7 +1201,7 @@ def pair_memory_rate(micro: list[Observation], row_s: float, cache_bytes: float 
     products of ``builtin:tiny-llama-large`` inside `generate` took about their cycled time: the
     calibration models' other terms absorbed the difference, and the decode of models well past
     the cache was priced up to about 30 % above what it measured."""
-    pair = _pair(micro, cache_bytes)
+    pair = _pair(micro, cache_bytes, shares)
     if pair is None:
         return None
     _, b, streamed = pair
@@ -1889,6 +1966,7 @@ def fit_with_micro(micro: list[Observation], measured: list[Observation], *, cor
     levels = cache_levels(micro)
     cache = measured_cache(micro)
     past = memory_past_cache(micro)
+    shares = cache_shares(micro, cache) if cache and "cache_bytes" not in fit_kw else None
     past_held = past is not None and cache and "cache_bytes" not in fit_kw and _models_inside(cache, measured)
     if cache is not None:
         micro = [ob for ob in micro if not ob.label.startswith(_CACHE)]
@@ -1902,7 +1980,7 @@ def fit_with_micro(micro: list[Observation], measured: list[Observation], *, cor
     micro = [ob for ob in micro if not ob.label.startswith(_LAYOUT)]  # measures the gaps only
     offered = tuple(fit_kw["cache_bytes"])
     held_cache_bytes = offered[0] if len(offered) == 1 else (cache or 0.0)
-    row_s = weight_row_cost(micro, held_cache_bytes)
+    row_s = weight_row_cost(micro, held_cache_bytes, shares)
     row_table: WeightRowCosts | None = None
     memory_origin = "the caller" if "s_per_byte" in (fit_kw.get("held") or {}) else None
     if row_s is not None:
@@ -1911,8 +1989,8 @@ def fit_with_micro(micro: list[Observation], measured: list[Observation], *, cor
         # itself stays out
         # and by the row's length where the ladder measured it: each product's rows weighed by
         # their length's cost over the pair's
-        row_table = weight_row_costs(micro, held_cache_bytes) if row_s > 0 else None
-        rate = pair_memory_rate(micro, row_s, held_cache_bytes, row_table) if hold_memory_rate else None
+        row_table = weight_row_costs(micro, held_cache_bytes, shares) if row_s > 0 else None
+        rate = pair_memory_rate(micro, row_s, held_cache_bytes, row_table, shares) if hold_memory_rate else None
         memory_origin = memory_origin or ("the pair" if rate else None)
         fit_kw["held"] = {"s_per_weight_row": row_s, **({"s_per_byte": rate} if rate else {}),
                           **(fit_kw.get("held") or {})}
@@ -1926,18 +2004,22 @@ def fit_with_micro(micro: list[Observation], measured: list[Observation], *, cor
     for ob in measured:  # each product takes the gap of its layout and inner size off h
         ob.small_m_gaps = layout_gaps
         ob.row_costs = (row_table, row_s * 1e9) if row_table is not None and row_s else None
+        # each phase's bytes and stored rows divided between the cache and memory as the working
+        # sets measured the share, not as min(1, cache / bytes)
+        ob.cache_shares = shares
     fixed = [ob for ob in micro if not _streams_only(ob)]
     result = fit(fixed + measured, **fit_kw)
     if not result.coefficients["s_per_byte"] > 0 and len(fixed) < len(micro):
         fixed = list(micro)
         result = fit(fixed + measured, **fit_kw)
-    if held_cache:
-        result.cache_note = measured_cache_note(cache, result, levels, memory_origin)
     result.small_m_gaps = layout_gaps
     result.pack_note = pack[1] + (fast_pack_text(pack_fast) if pack_fast else "") if pack is not None else None
     result.pack_fast = pack_fast
     result.few_rows = few
     result.weight_row_costs = row_table
+    result.cache_shares = shares if result.cache_bytes else None
+    if held_cache:
+        result.cache_note = measured_cache_note(cache, result, levels, memory_origin)
     return result, fixed
 
 
