@@ -799,11 +799,13 @@ def cache_shares(micro: list[Observation], cache_bytes: float) -> CacheShares | 
     calibration's two came out 0.91.)
 
     The cost model's ``min(1, cache / bytes)`` assumes a pass keeps as much of its bytes cached
-    as fits; weights cycled through keep far less. Two threads on a 2-core AMD host (11.5 MB
+    as fits; weights cycled through can keep less. Two threads on a 2-core AMD host (11.5 MB
     cache), one-row products over [2048, 256] and [128, 4096] fp32 weights cycled over 4 to 384
     MiB: 115.0 and 69.9 µs a product at 4 MiB, 183.1 and 93.8 at 16, 239.3 and 111.6 at 20,
     232.9 and 117.4 at 384: 0.42 and 0.50 of the bytes from the cache at 16 MiB, 0 and 0.12 at
-    20, where the ratio gives 0.69 and 0.55."""
+    20, where the ratio gives 0.69 and 0.55. The working sets of :data:`CACHE_WEIGHT` on the same
+    host followed the ratio closely (0.72 and 0.82 at 16 MiB, 0.43 and 0.48 at 24, in two timings
+    that measured caches of 11.5 and 13.6 MB: the ratio 0.69 and 0.81, 0.46 and 0.54)."""
     steps = _cache_steps(micro)
     if not cache_bytes or len(steps) < 3:
         return None
@@ -1113,8 +1115,9 @@ def weight_row_cost(micro: list[Observation], cache_bytes: float = 0.0,
     ``micro`` (:data:`MATVEC_PAIR`): the difference of their times over the difference of their
     rows, each row paid on the share of the weight streamed from memory past a cache of
     ``cache_bytes`` (the cost model's, :func:`~perfsdk.simulation.costmodel.cached_share`, with the
-    pair's working set; by ``shares`` where measured). None when the pair is missing or its working set fits that cache (then it
-    measures no row from memory); 0 when the narrow rows were not the slower."""
+    pair's working set; by ``shares`` where measured). None when the pair is missing or its
+    working set fits that cache (then it measures no row from memory); 0 when the narrow rows
+    were not the slower."""
     pair = _pair(micro, cache_bytes, shares)
     if pair is None:
         return None
