@@ -135,3 +135,25 @@ def test_the_calibration_says_the_shares() -> None:
     assert table is not None
     assert cache_shares_text(table) == ("served from it by the bytes a pass touches (the working sets): "
                                         "1.00 at 4 MiB, 0.58 at 16 MiB, 0.00 at 24 MiB")
+
+
+def test_the_bootstrap_re_costs_each_phase_with_the_calibrations_shares() -> None:
+    """A refit whose cache is twice as fast as the central fit's re-costs a pass past the cache by
+    the share the calibration served from it: none by the measured shares, cache / bytes by the
+    ratio."""
+    from perfsdk.hardware.profile import CalibrationRecord
+    from perfsdk.simulation.calibration.fit import PARAMS
+    from perfsdk.simulation.uncertainty import replicate_ratios
+
+    central = {p: 0.0 for p in PARAMS} | {"s_per_flop": 1e-15, "s_per_byte": 1e-10, "s_per_cached_byte": 1e-10}
+    refit = central | {"s_per_cached_byte": 0.5e-10}
+    op = _matvec(1024, 1024)  # a decode step over 4.2 MB of weights
+    resident = float(op.weight_bytes)
+    shares = CacheShares(resident_bytes=[1e6, 3e6], share=[1.0, 0.0])
+    record = CalibrationRecord(host="h", fitted_at="now", params=list(PARAMS),
+                               coefficients=[central[p] for p in PARAMS], replicates=[[refit[p] for p in PARAMS]],
+                               cache_bytes=2e6, cache_shares=shares)
+    assert list(replicate_ratios(record, {"decode": [op]})["decode"]) == pytest.approx([1.0])
+    ratio = 2e6 / resident
+    plain = record.model_copy(update={"cache_shares": None})
+    assert list(replicate_ratios(plain, {"decode": [op]})["decode"]) == pytest.approx([1.0 - 0.5 * ratio])
