@@ -782,7 +782,7 @@ def _cache_steps(micro: list[Observation]) -> list[Observation]:
 
 #: the working sets of at least this share of the largest stream from memory: their median time is
 #: the memory's end of the cache's shares (:func:`cache_shares`; 192 to 384 MiB: on every host seen
-#: the rate held from 192 MB on, and the median of three passes over one stall)
+#: the rate held from 192 MB on, and the median of the three outvotes one set that met a stall)
 CACHE_PAST = 0.5
 
 
