@@ -575,6 +575,17 @@ def test_session_run_with_a_calibrated_host_judges_the_measurement_with_the_inte
     measured = res["measured_profile"]
     assert float(row[f"collectors.simulation.predictions.{measured}.ttft_s_low"]) == pytest.approx(here["ttft_s_low"])
     assert row["collectors.simulation.comparison.tpot.inside_interval"] in ("True", "true")
+    # each source of the interval on its own, as factors of the prediction, in the stored run's
+    # columns: the held-out errors -99.9 % and +99900 % alone give 1/1000 to 1000 times the
+    # prediction; one run (the reference at 1.0) and the refits (one, at the central fit) nothing
+    col = f"collectors.simulation.predictions.{measured}.interval_terms"
+    for metric in ("ttft_s", "tpot_s", "e2e_s"):
+        assert float(row[f"{col}.{metric}.model_error.low"]) == pytest.approx(1e-3, rel=1e-9)
+        assert float(row[f"{col}.{metric}.model_error.high"]) == pytest.approx(1e3, rel=1e-9)
+        for source in ("run", "coefficients"):
+            assert float(row[f"{col}.{metric}.{source}.low"]) == pytest.approx(1.0, rel=1e-9)
+            assert float(row[f"{col}.{metric}.{source}.high"]) == pytest.approx(1.0, rel=1e-9)
+    assert here["interval_terms"]["tpot_s"]["model_error"] == {"low": pytest.approx(1e-3), "high": pytest.approx(1e3)}
 
 
 def test_the_collector_gives_the_run_model_s_family_to_its_interval(tmp_path) -> None:  # type: ignore[no-untyped-def]
@@ -619,6 +630,44 @@ def test_the_collector_gives_the_run_model_s_family_to_its_interval(tmp_path) ->
     assert (other["ttft_s_low"], other["ttft_s_high"]) == pytest.approx(tuple(expect))
 
 
+def test_each_source_of_the_interval_alone_is_its_own_samples_central_share() -> None:
+    # refits at 0.9, 1.3 and 1.1 times the central coefficients (ratios to their median 0.818,
+    # 1.182, 1); held-out errors +25 % and 0 % (prefill), -20 % and 0 % (decode); one run strayed
+    # 0.8, 1.0 and 1.3 times its median
+    held, levels, scatter = [[0.25, -0.2], [0.0, 0.0]], [0.95, 1.05], [0.8, 1.0, 1.3]
+    plain = _calibrated(held, levels, scatter=scatter)
+    cal = plain.calibration
+    assert cal is not None
+    prof = plain.model_copy(update={"calibration": cal.model_copy(update={
+        "replicates": [[k * c for c in cal.coefficients] for k in (0.9, 1.3, 1.1)]})})
+    res = simulate_config(tiny_llama_config("tiny-llama"), prof, batch_size=2, input_tokens=16, output_tokens=9,
+                          dtype="float32")
+
+    def central(values: list[float]) -> tuple[float, float]:
+        lo, hi = np.quantile(values, [0.05, 0.95])
+        return float(lo), float(hi)
+
+    expect = {"coefficients": central([k / 1.1 for k in (0.9, 1.3, 1.1)]),
+              "run": central(scatter)}
+    for metric, errors in (("ttft_s", (0.25, 0.0)), ("tpot_s", (-0.2, 0.0))):
+        terms = res.interval_terms[metric]
+        assert list(terms) == ["coefficients", "model_error", "run"]
+        for source, (lo, hi) in {**expect, "model_error": central([1 / (1 + e) for e in errors])}.items():
+            assert (terms[source].low, terms[source].high) == pytest.approx((lo, hi), rel=1e-9), (metric, source)
+    # the three together make the interval itself (every combination: wider than any alone)
+    together = central([k / 1.1 / (1 + e) * s for k in (0.9, 1.3, 1.1) for e in (-0.2, 0.0) for s in scatter])
+    assert (res.tpot_s_low / res.tpot_s, res.tpot_s_high / res.tpot_s) == pytest.approx(together, rel=1e-9)
+    assert res.tpot_s_high / res.tpot_s > max(t.high for t in res.interval_terms["tpot_s"].values())
+    # the end-to-end time mixes the prefill's and the decode's errors of the same configuration
+    e2e = res.interval_terms["e2e_s"]["model_error"]
+    pre, dec = res.phases["prefill"].time_s, res.phases["decode"].time_s
+    assert (e2e.low, e2e.high) == pytest.approx(central([(pre / (1 + a) + dec / (1 + b)) / (pre + dec)
+                                                         for a, b in held]), rel=1e-9)
+    # a profile without an interval has no terms either
+    assert simulate_config(tiny_llama_config("tiny-llama"), builtin_profiles()["h100-sxm"], batch_size=1, input_tokens=8,
+                           output_tokens=4).interval_terms == {}
+
+
 def test_simulate_command_prints_the_interval_and_origin(tmp_path) -> None:  # type: ignore[no-untyped-def]
     from click.testing import CliRunner
 
@@ -639,6 +688,12 @@ def test_simulate_command_prints_the_interval_and_origin(tmp_path) -> None:  # t
     assert "with 1 torch thread" not in r.output  # this fit recorded no threads
     assert "energy: my-host: energy figures copied from host-cpu" in r.output
     assert "model error: the cost model's errors on all 2 held-out configurations" in r.output
+    # held-out errors of +-10 % (1 / 1.1 and 1 / 0.9 of the prediction: their central 90 % 0.919 to
+    # 1.101), one run at 0.95 and 1.05 (the reference's levels), one refit at the central fit
+    assert ("each source alone (the others at the prediction): TTFT refits' coefficients +0…+0 %, model error "
+            "-8…+10 %, one run -5…+5 %; TPOT refits' coefficients +0…+0 %, model error -8…+10 %, one run -5…+5 % "
+            "(widest: model error)") in " ".join(r.output.split())
+    assert data["interval_terms"]["tpot_s"]["run"] == {"low": pytest.approx(0.955), "high": pytest.approx(1.045)}
     r = CliRunner().invoke(simulate_command, ["--model", "builtin:tiny-llama", "--hardware", "l4",
                                               "--output-tokens", "4"], env={"COLUMNS": "120"})
     assert r.exit_code == 0, r.output

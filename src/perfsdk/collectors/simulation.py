@@ -18,7 +18,7 @@ from perfsdk.hardware.profile import (HardwareProfile, HardwareProfileError, pro
 from perfsdk.fmt import fmt_s as _fmt_s
 from perfsdk.plugins import hookimpl
 from perfsdk.simulation.mapping import MappingError, mapping_from
-from perfsdk.simulation.predictor import SimulationResult, Simulator, rescale_ops, simulate_model
+from perfsdk.simulation.predictor import IntervalTerm, SimulationResult, Simulator, rescale_ops, simulate_model
 
 log = structlog.get_logger("perfsdk.simulation")
 
@@ -129,6 +129,9 @@ class TargetPrediction(CollectorResult):
     interval_note: str | None = None
     interval_basis: str | None = Field(default=None, description="Which held-out errors of the calibration the "
                                        "interval's model error draws on (by the model's family)")
+    interval_terms: dict[str, dict[str, IntervalTerm]] = Field(
+        default_factory=dict, description="By metric, then by source (coefficients, model_error, run): the "
+        "interval that source alone gives, as factors of the prediction (SimulationResult.interval_terms)")
     ttft_s_low: float | None = None
     ttft_s_high: float | None = None
     tpot_s_low: float | None = None
@@ -220,6 +223,7 @@ def _summarize(res: SimulationResult, top_n: int) -> TargetPrediction:
         top_layers=layers,
         origin=res.origin, origin_detail=res.origin_detail, energy_origin=res.energy_origin,
         interval_level=res.interval_level, interval_note=res.interval_note, interval_basis=res.interval_basis,
+        interval_terms=res.interval_terms,
         ttft_s_low=res.ttft_s_low, ttft_s_high=res.ttft_s_high, tpot_s_low=res.tpot_s_low,
         tpot_s_high=res.tpot_s_high, output_tokens_per_s_low=res.output_tokens_per_s_low,
         output_tokens_per_s_high=res.output_tokens_per_s_high, forward_s_low=res.forward_s_low,

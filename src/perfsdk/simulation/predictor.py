@@ -87,6 +87,15 @@ class DevicePrediction(_Frozen):
     peak_assumed: bool = Field(default=True, description="Both efficiencies are 1.0: costed at the device's peak")
 
 
+class IntervalTerm(_Frozen):
+    """One source of a predicted time's interval on its own, the other two held at the prediction:
+    the central share (the interval's level) of the measurements that source alone allows, each
+    bound over the prediction. Which source widens an interval most says what would narrow it."""
+
+    low: float = Field(description="The lower bound over the prediction (0.8: 20 % below)")
+    high: float = Field(description="The upper bound over the prediction (1.25: 25 % above)")
+
+
 class SimulationResult(_Frozen):
     """Predicted performance of a workload on a device (or a mapping of devices)."""
 
@@ -121,6 +130,11 @@ class SimulationResult(_Frozen):
     interval_note: str | None = Field(default=None, description="Why there is no interval, when there is none")
     interval_basis: str | None = Field(default=None, description="Which of the calibration's held-out errors the "
                                        "interval's model error draws on (by the model's family)")
+    interval_terms: dict[str, dict[str, IntervalTerm]] = Field(
+        default_factory=dict, description="By metric (ttft_s, tpot_s, e2e_s, forward_s), then by source "
+        "(coefficients: the calibration's bootstrap refits; model_error: its cost model's errors on models left "
+        "out of the fit; run: how far one run strays on the machine): the interval that source alone gives, "
+        "the others held at the prediction; empty without an interval")
     ttft_s_low: float | None = None
     ttft_s_high: float | None = None
     tpot_s_low: float | None = None
@@ -462,32 +476,62 @@ class Simulator:
         if reason is not None:
             out["interval_note"] = reason
             return out
-        from perfsdk.simulation.uncertainty import model_error_basis, time_interval_samples
+        import numpy as np
+
+        from perfsdk.simulation.uncertainty import INTERVAL_TERMS, model_error_basis, time_interval_samples
 
         cal = profiles[0].calibration
         assert cal is not None
         out["interval_basis"] = model_error_basis(cal, family)
         times = {ph: p.time_s for ph, p in phases.items()}
         priced = [ph for ph in times if by_phase.get(ph)]
-        smp = time_interval_samples(cal, {ph: by_phase[ph] for ph in priced}, times, step_weights, family=family,
-                                    ratios={ph: ratios[ph] for ph in priced} if ratios else None).phases
+        ops = {ph: by_phase[ph] for ph in priced}
+        kept = {ph: ratios[ph] for ph in priced} if ratios else None
+
+        def metrics(terms: tuple[str, ...]) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
+            smp = time_interval_samples(cal, ops, times, step_weights, family=family, ratios=kept,
+                                        terms=terms).phases
+            return smp, _metric_samples(smp, n_decode, out_tokens, n_fwd)
+
         level = cal.level
+        smp, every = metrics(INTERVAL_TERMS)
         out["interval_level"] = level
         out["phase_bounds"] = {ph: bounds(v, level) for ph, v in smp.items()}
-        if "prefill" in smp:
-            ttft = smp["prefill"] + smp.get("encode", 0.0)
-            e2e = ttft + smp.get("decode", 0.0)
-            out["ttft_s_low"], out["ttft_s_high"] = bounds(ttft, level)
-            out["e2e_s_low"], out["e2e_s_high"] = bounds(e2e, level)
-            if n_decode > 0 and "decode" in smp:
-                out["tpot_s_low"], out["tpot_s_high"] = bounds(smp["decode"] / n_decode, level)
-            if out_tokens:
-                out["output_tokens_per_s_low"], out["output_tokens_per_s_high"] = bounds(out_tokens / e2e, level)
-        if "forward" in smp and n_fwd > 0:
-            out["forward_s_low"], out["forward_s_high"] = bounds(smp["forward"] / n_fwd, level)
-            if "prefill" not in smp:
-                out["e2e_s_low"], out["e2e_s_high"] = bounds(smp["forward"], level)
+        for metric, values in every.items():
+            out[f"{metric}_low"], out[f"{metric}_high"] = bounds(values, level)
+        # each source on its own, as factors of the prediction: what widens the interval most
+        point = _metric_samples({ph: np.array([t]) for ph, t in times.items() if ph in smp}, n_decode, out_tokens,
+                                n_fwd)
+        alone = {term: metrics((term,))[1] for term in INTERVAL_TERMS}
+        out["interval_terms"] = {
+            metric: {term: IntervalTerm(low=lo / float(point[metric][0]), high=hi / float(point[metric][0]))
+                     for term in INTERVAL_TERMS for lo, hi in [bounds(alone[term][metric], level)]}
+            for metric in TERM_METRICS if metric in every and float(point[metric][0]) > 0}
         return out
+
+
+#: the predicted times whose interval :attr:`SimulationResult.interval_terms` breaks down by source
+TERM_METRICS = ("ttft_s", "tpot_s", "e2e_s", "forward_s")
+
+
+def _metric_samples(smp: dict[str, np.ndarray], n_decode: float, out_tokens: float,
+                    n_fwd: float) -> dict[str, np.ndarray]:
+    """The possible values of each predicted metric from the possible times of its phases (the
+    samples of one combination of sources taken together across phases)."""
+    out: dict[str, np.ndarray] = {}
+    if "prefill" in smp:
+        ttft = smp["prefill"] + smp.get("encode", 0.0)
+        e2e = ttft + smp.get("decode", 0.0)
+        out["ttft_s"], out["e2e_s"] = ttft, e2e
+        if n_decode > 0 and "decode" in smp:
+            out["tpot_s"] = smp["decode"] / n_decode
+        if out_tokens:
+            out["output_tokens_per_s"] = out_tokens / e2e
+    if "forward" in smp and n_fwd > 0:
+        out["forward_s"] = smp["forward"] / n_fwd
+        if "prefill" not in smp:
+            out["e2e_s"] = smp["forward"]
+    return out
 
 
 def as_module_calls(ops: list[OpRecord]) -> list[OpRecord]:

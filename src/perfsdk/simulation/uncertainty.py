@@ -257,10 +257,16 @@ def run_levels(cal: CalibrationRecord) -> list[float]:
     return cal.run_scatter or cal.levels
 
 
+#: the three sources an interval draws on (:func:`time_interval_samples`): the bootstrap refits'
+#: coefficients, the cost model's errors on models left out of the fit, one run's stray on the machine
+INTERVAL_TERMS = ("coefficients", "model_error", "run")
+
+
 def time_interval_samples(cal: CalibrationRecord, phase_ops: dict[str, list[OpRecord]],
                           phase_times: dict[str, float], step_weights: dict[int, float] | None = None,
                           max_samples: int = 20000, family: str | None = None,
-                          ratios: dict[str, np.ndarray] | None = None) -> Samples:
+                          ratios: dict[str, np.ndarray] | None = None,
+                          terms: tuple[str, ...] = INTERVAL_TERMS) -> Samples:
     """Possible measured times of each phase (``phase_times``: the prediction, bagged: the
     central fit's time times :func:`bagged_factors`) of a model of ``family`` (its model type,
     for :func:`model_errors`).
@@ -270,12 +276,18 @@ def time_interval_samples(cal: CalibrationRecord, phase_ops: dict[str, list[OpRe
     median scales the prediction. The held-out errors of the same configuration (prefill and
     decode together) and one run's levels (:func:`run_levels`) are combined with every replicate. ``encode`` and
     ``forward`` take the prefill's held-out error (a full pass over the inputs), ``decode`` the
-    decode's.
+    decode's. ``terms``: the sources drawn on (of :data:`INTERVAL_TERMS`); each one left out is held
+    at the prediction (one source alone: how wide it would make the interval on its own).
     """
+    unknown = set(terms) - set(INTERVAL_TERMS)
+    if unknown:
+        raise ValueError(f"unknown interval terms {sorted(unknown)}: known {', '.join(INTERVAL_TERMS)}")
     if ratios is None:
-        ratios = replicate_ratios(cal, phase_ops, step_weights)
-    held = model_errors(cal, family)
-    drawn = run_levels(cal)
+        ratios = replicate_ratios(cal, phase_ops, step_weights) if "coefficients" in terms else {}
+    if "coefficients" not in terms:
+        ratios = {phase: np.ones(1) for phase in phase_ops}
+    held = model_errors(cal, family) if "model_error" in terms else np.zeros((1, 2))
+    drawn = run_levels(cal) if "run" in terms else []
     levels = np.array(drawn, dtype=float) if drawn else np.ones(1)
     n_reps = max(len(r) for r in ratios.values()) if ratios else 1
     # keep the product set bounded: thin the levels (they are a distribution, evenly spaced
