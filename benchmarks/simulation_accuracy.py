@@ -518,6 +518,9 @@ def main(argv: list[str] | None = None) -> int:
                                                      for lo, hi, fk in zip(lows, highs, speed)]
             row[f"{x}_width_pct_each"] = [None if lo is None else 100 * (hi - lo) / v
                                           for lo, hi, v in zip(lows, highs, vals)]
+            # each source of the interval alone, the others at the prediction (factors of it)
+            row[f"{x}_interval_terms_each"] = [{src: [t.low, t.high] for src, t in q.interval_terms.get(f"{x}_s", {}).items()}
+                                               for q in preds]
             # the memory traffic scaled apart: at one level in proportion, as --at-current-speed scales,
             # and by the memory reference's ratio
             for tag in TERM_TAGS:
@@ -734,6 +737,14 @@ def main(argv: list[str] | None = None) -> int:
                              f"bound): 90th percentile {u['use_p90']:.2f}, largest {u['use_max']:.2f}, inside "
                              f"{100 * u['inside_share']:.0f} % of {u['figures']} (per calibration: " + ", ".join(
                                  f"{c['use_p90']:.2f}" for c in u["calibrations"]) + ").")
+    for family, label in ((True, "Unseen families"), (False, "Llama sizes")):
+        widths = _term_widths(rows, family)
+        summary["interval_term_widths_pct" if family else "llama_interval_term_widths_pct"] = widths
+        if widths:
+            lines.append(f"{label}, each source of the interval alone (the others at the prediction), median width: "
+                         + "; ".join(f"calibration {k + 1} " + ", ".join(f"{TERM_LABELS.get(src, src)} {w:.0f} %"
+                                                                          for src, w in cal.items())
+                                     for k, cal in enumerate(widths)) + ".")
     table = "\n".join(lines)
     print(table)
     if args.markdown:
@@ -743,6 +754,26 @@ def main(argv: list[str] | None = None) -> int:
         with open(args.json, "w", encoding="utf-8") as fh:
             json.dump({"rows": rows, "summary": summary}, fh, indent=2)
     return 0
+
+
+#: how the summary names each source of an interval
+TERM_LABELS = {"coefficients": "the refits' coefficients", "model_error": "model error", "run": "one run"}
+
+
+def _term_widths(rows: list[dict], family: bool) -> list[dict[str, float]]:
+    """Per calibration, each interval source's median width alone (% of the prediction) over the
+    TTFT and TPOT of the unseen families (``family``) or the Llama sizes."""
+    per_cal: list[dict[str, list[float]]] = []
+    for row in rows:
+        if bool(row["family"]) != family:
+            continue
+        for x in ("ttft", "tpot"):
+            for k, terms in enumerate(row.get(f"{x}_interval_terms_each") or []):
+                while len(per_cal) <= k:
+                    per_cal.append({})
+                for src, (lo, hi) in terms.items():
+                    per_cal[k].setdefault(src, []).append(100.0 * (hi - lo))
+    return [{src: statistics.median(w) for src, w in cal.items()} for cal in per_cal]
 
 
 def _every_entry(prof: object) -> object:
