@@ -351,6 +351,7 @@ def main(argv: list[str] | None = None) -> int:
                                                 reference_tracking)
     from perfsdk.simulation.predictor import simulate_config
     from perfsdk.simulation.calibration.measure import few_row_text
+    from perfsdk.simulation.uncertainty import TERM_NAMES
     from pooled_accuracy import interval_use
 
     torch.set_num_threads(args.threads)
@@ -742,7 +743,7 @@ def main(argv: list[str] | None = None) -> int:
         summary["interval_term_widths_pct" if family else "llama_interval_term_widths_pct"] = widths
         if widths:
             lines.append(f"{label}, each source of the interval alone (the others at the prediction), median width: "
-                         + "; ".join(f"calibration {k + 1} " + ", ".join(f"{TERM_LABELS.get(src, src)} {w:.0f} %"
+                         + "; ".join(f"calibration {k + 1} " + ", ".join(f"{TERM_NAMES.get(src, src)} {w:.0f} %"
                                                                           for src, w in cal.items())
                                      for k, cal in enumerate(widths)) + ".")
     table = "\n".join(lines)
@@ -754,10 +755,6 @@ def main(argv: list[str] | None = None) -> int:
         with open(args.json, "w", encoding="utf-8") as fh:
             json.dump({"rows": rows, "summary": summary}, fh, indent=2)
     return 0
-
-
-#: how the summary names each source of an interval
-TERM_LABELS = {"coefficients": "the refits' coefficients", "model_error": "model error", "run": "one run"}
 
 
 def _term_widths(rows: list[dict], family: bool) -> list[dict[str, float]]:

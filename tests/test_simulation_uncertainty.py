@@ -567,6 +567,8 @@ def test_session_run_with_a_calibrated_host_judges_the_measurement_with_the_inte
     html = "".join(sim.html)
     assert "90 % interval" in html and "inside" in html
     assert "h100-sxm: spec sheet, no interval" in html
+    # the source that widens the calibrated prediction's interval most: the held-out errors here
+    assert "calibrated, 90 % interval in brackets (widest source: model error)" in " ".join(html.split())
     r = CliRunner().invoke(cli, ["export", "--store", str(tmp_path / "store"), "--format", "csv", "-o",
                                  str(tmp_path / "runs.csv")])
     assert r.exit_code == 0, r.output

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import math
 import statistics
 from typing import Any
 
@@ -552,24 +551,22 @@ def perfsdk_register_commands(cli: click.Group) -> None:
     cli.add_command(calibrate_command)
 
 
-#: how each source of an interval is named where the terms are printed
-_TERM_NAMES = {"coefficients": "refits' coefficients", "model_error": "model error", "run": "one run"}
-
-
 def interval_terms_text(res: SimulationResult) -> str:
     """Each source of the TTFT, TPOT and forward-pass intervals on its own (``interval_terms``), in
     percent of the prediction: what widens an interval most."""
+    from perfsdk.simulation.uncertainty import TERM_NAMES, widest_source
+
     shown = {"ttft_s": "TTFT", "tpot_s": "TPOT", "forward_s": "forward pass"}
     parts = []
     for metric, label in shown.items():
         terms = res.interval_terms.get(metric)
         if terms:
             parts.append(f"{label} " + ", ".join(
-                f"{_TERM_NAMES.get(src, src)} {100 * (t.low - 1):+.0f}…{100 * (t.high - 1):+.0f} %"
+                f"{TERM_NAMES.get(src, src)} {100 * (t.low - 1):+.0f}…{100 * (t.high - 1):+.0f} %"
                 for src, t in terms.items()))
     text = "each source alone (the others at the prediction): " + "; ".join(parts)
     first = next((res.interval_terms[m] for m in shown if res.interval_terms.get(m)), None)
-    if first:
-        widest = max(first, key=lambda src: math.log(first[src].high / first[src].low))
-        text += f" (widest: {_TERM_NAMES.get(widest, widest)})"
+    widest = widest_source({src: (t.low, t.high) for src, t in first.items()}) if first else None
+    if widest:
+        text += f" (widest: {TERM_NAMES.get(widest, widest)})"
     return text

@@ -19,6 +19,7 @@ from perfsdk.fmt import fmt_s as _fmt_s
 from perfsdk.plugins import hookimpl
 from perfsdk.simulation.mapping import MappingError, mapping_from
 from perfsdk.simulation.predictor import IntervalTerm, SimulationResult, Simulator, rescale_ops, simulate_model
+from perfsdk.simulation.uncertainty import TERM_NAMES, widest_source
 
 log = structlog.get_logger("perfsdk.simulation")
 
@@ -604,7 +605,11 @@ def _origin_caption(predictions: dict[str, Any]) -> str:
     for name, p in predictions.items():
         origin = p.get("origin") or "?"
         if p.get("interval_level"):
-            parts.append(f"{name}: {origin}, {100 * p['interval_level']:.0f} % interval in brackets")
+            terms = (p.get("interval_terms") or {})
+            first = next((terms[m] for m in ("ttft_s", "tpot_s", "forward_s") if terms.get(m)), None)
+            widest = widest_source({src: (t["low"], t["high"]) for src, t in first.items()}) if first else None
+            parts.append(f"{name}: {origin}, {100 * p['interval_level']:.0f} % interval in brackets"
+                         + (f" (widest source: {TERM_NAMES.get(widest, widest)})" if widest else ""))
         else:
             parts.append(f"{name}: {origin}, no interval")
     return "; ".join(parts)

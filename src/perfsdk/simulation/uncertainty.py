@@ -20,7 +20,9 @@ calibration configuration's time in one pass on the raw clock over its median ov
 (``CalibrationRecord.run_scatter``; on a calibration that did not keep it, the reference workload's
 times relative to their median, which leave out the short stalls a run of milliseconds meets).
 Every combination of the three is one possible measurement, ``p * ratio / (1 + error) * level``;
-the interval is the central ``level`` share of them (90 % by default).
+the interval is the central ``level`` share of them (90 % by default). Each source drawn alone, the
+others held at the prediction (``terms`` of :func:`time_interval_samples`), says what widens an
+interval most (``SimulationResult.interval_terms``).
 
 The model error is that of models like the one predicted (:func:`model_errors`): a model of a
 family the calibration measured draws on every held-out configuration; a model of any other
@@ -43,6 +45,7 @@ families' measurements (median widths 30-35 %), both ways 94-100 % (35-40 %)
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
@@ -260,6 +263,15 @@ def run_levels(cal: CalibrationRecord) -> list[float]:
 #: the three sources an interval draws on (:func:`time_interval_samples`): the bootstrap refits'
 #: coefficients, the cost model's errors on models left out of the fit, one run's stray on the machine
 INTERVAL_TERMS = ("coefficients", "model_error", "run")
+#: how each source is named where it is printed
+TERM_NAMES = {"coefficients": "refits' coefficients", "model_error": "model error", "run": "one run"}
+
+
+def widest_source(bounds: dict[str, tuple[float, float]]) -> str | None:
+    """The source whose interval alone is the widest (in log distance), of ``{source: (low,
+    high)}`` factors of the prediction; None for none."""
+    sized = {src: math.log(hi / lo) for src, (lo, hi) in bounds.items() if lo > 0 and hi > 0}
+    return max(sized, key=lambda src: sized[src]) if sized else None
 
 
 def time_interval_samples(cal: CalibrationRecord, phase_ops: dict[str, list[OpRecord]],
