@@ -568,7 +568,10 @@ def test_session_run_with_a_calibrated_host_judges_the_measurement_with_the_inte
     assert "90 % interval" in html and "inside" in html
     assert "h100-sxm: spec sheet, no interval" in html
     # the source that widens the calibrated prediction's interval most: the held-out errors here
-    assert "calibrated, 90 % interval in brackets (widest source: model error)" in " ".join(html.split())
+    from html import unescape
+
+    assert ("calibrated, 90 % interval in brackets (widest source: TTFT's model error, TPOT's model error)"
+            in " ".join(unescape(html).split()))
     r = CliRunner().invoke(cli, ["export", "--store", str(tmp_path / "store"), "--format", "csv", "-o",
                                  str(tmp_path / "runs.csv")])
     assert r.exit_code == 0, r.output
@@ -693,8 +696,8 @@ def test_simulate_command_prints_the_interval_and_origin(tmp_path) -> None:  # t
     # held-out errors of +-10 % (1 / 1.1 and 1 / 0.9 of the prediction: their central 90 % 0.919 to
     # 1.101), one run at 0.95 and 1.05 (the reference's levels), one refit at the central fit
     assert ("each source alone (the others at the prediction): TTFT refits' coefficients +0…+0 %, model error "
-            "-8…+10 %, one run -5…+5 %; TPOT refits' coefficients +0…+0 %, model error -8…+10 %, one run -5…+5 % "
-            "(widest: model error)") in " ".join(r.output.split())
+            "-8…+10 %, one run -5…+5 % (widest: model error); TPOT refits' coefficients +0…+0 %, model error "
+            "-8…+10 %, one run -5…+5 % (widest: model error)") in " ".join(r.output.split())
     assert data["interval_terms"]["tpot_s"]["run"] == {"low": pytest.approx(0.955), "high": pytest.approx(1.045)}
     r = CliRunner().invoke(simulate_command, ["--model", "builtin:tiny-llama", "--hardware", "l4",
                                               "--output-tokens", "4"], env={"COLUMNS": "120"})

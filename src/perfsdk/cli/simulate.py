@@ -561,12 +561,8 @@ def interval_terms_text(res: SimulationResult) -> str:
     for metric, label in shown.items():
         terms = res.interval_terms.get(metric)
         if terms:
+            widest = widest_source({src: (t.low, t.high) for src, t in terms.items()})
             parts.append(f"{label} " + ", ".join(
                 f"{TERM_NAMES.get(src, src)} {100 * (t.low - 1):+.0f}…{100 * (t.high - 1):+.0f} %"
-                for src, t in terms.items()))
-    text = "each source alone (the others at the prediction): " + "; ".join(parts)
-    first = next((res.interval_terms[m] for m in shown if res.interval_terms.get(m)), None)
-    widest = widest_source({src: (t.low, t.high) for src, t in first.items()}) if first else None
-    if widest:
-        text += f" (widest: {TERM_NAMES.get(widest, widest)})"
-    return text
+                for src, t in terms.items()) + (f" (widest: {TERM_NAMES.get(widest, widest)})" if widest else ""))
+    return "each source alone (the others at the prediction): " + "; ".join(parts)

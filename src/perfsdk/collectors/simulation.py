@@ -605,11 +605,13 @@ def _origin_caption(predictions: dict[str, Any]) -> str:
     for name, p in predictions.items():
         origin = p.get("origin") or "?"
         if p.get("interval_level"):
-            terms = (p.get("interval_terms") or {})
-            first = next((terms[m] for m in ("ttft_s", "tpot_s", "forward_s") if terms.get(m)), None)
-            widest = widest_source({src: (t["low"], t["high"]) for src, t in first.items()}) if first else None
+            terms = p.get("interval_terms") or {}
+            said = [f"{label}'s {TERM_NAMES.get(w, w)}" for m, label in (("ttft_s", "TTFT"), ("tpot_s", "TPOT"),
+                                                                          ("forward_s", "forward pass"))
+                    if terms.get(m) for w in [widest_source({src: (t["low"], t["high"])
+                                                             for src, t in terms[m].items()})] if w]
             parts.append(f"{name}: {origin}, {100 * p['interval_level']:.0f} % interval in brackets"
-                         + (f" (widest source: {TERM_NAMES.get(widest, widest)})" if widest else ""))
+                         + (f" (widest source: {', '.join(said)})" if said else ""))
         else:
             parts.append(f"{name}: {origin}, no interval")
     return "; ".join(parts)
