@@ -73,6 +73,18 @@ def _rules() -> dict[str, Callable[[CalibrationRecord, str | None], np.ndarray]]
     return {"whole": whole, "every": every, "both-ways": u.model_errors, "every-both-ways": every_both_ways}
 
 
+def _as_saved(q: object, row: dict, k: int, x: str) -> tuple[float, float]:
+    """Calibration ``k``'s prediction of ``x`` (``ttft``, ``tpot``) re-made from its profile, ms, and
+    the run's measurement at that calibration's reference level; stops where the prediction is not
+    the run's (another profile or other code)."""
+    p = getattr(q, f"{x}_s") * 1e3
+    saved = row[f"{x}_predicted_ms_each"][k]
+    if abs(p / saved - 1.0) > 1e-6:
+        raise SystemExit(f"{row['model']} batch {row['batch']}: {x} predicted {p:.4f} ms from the profile, "
+                         f"{saved:.4f} ms in the run: the profile or the code is not the run's")
+    return p, saved / (1.0 + row[f"{x}_error_pct_each"][k] / 100.0)
+
+
 def rescore(run: dict, profiles: list) -> dict[str, dict]:
     """Per rule: inside share (all, per calibration, per metric) and median width, unseen families."""
     import simulation_accuracy as sa
@@ -95,12 +107,7 @@ def rescore(run: dict, profiles: list) -> dict[str, dict]:
                     q = simulate_config(cfg, prof, batch_size=row["batch"], input_tokens=row["input_tokens"],
                                         output_tokens=row["output_tokens"], dtype="float32", name=f"family:{name}")
                 for x in ("ttft", "tpot"):
-                    p = getattr(q, f"{x}_s") * 1e3
-                    saved = row[f"{x}_predicted_ms_each"][k]
-                    if abs(p / saved - 1.0) > 1e-6:
-                        raise SystemExit(f"{name} batch {row['batch']}: {x} predicted {p:.4f} ms from the profile, "
-                                         f"{saved:.4f} ms in the run: the profile or the code is not the run's")
-                    measured = saved / (1.0 + row[f"{x}_error_pct_each"][k] / 100.0)
+                    p, measured = _as_saved(q, row, k, x)
                     lo, hi = getattr(q, f"{x}_s_low") * 1e3, getattr(q, f"{x}_s_high") * 1e3
                     ok = lo <= measured <= hi
                     t = tally[rule]
@@ -158,12 +165,7 @@ def rescore_terms(run: dict, profiles: list, family: bool = True) -> dict[str, d
             # without the refits: the model error and one run drawn together, the refits' ratio at 1
             plain = _without_refits(configs[spec], prof, row, spec)
             for x in ("ttft", "tpot"):
-                p = getattr(q, f"{x}_s") * 1e3
-                saved = row[f"{x}_predicted_ms_each"][k]
-                if abs(p / saved - 1.0) > 1e-6:
-                    raise SystemExit(f"{name} batch {row['batch']}: {x} predicted {p:.4f} ms from the profile, "
-                                     f"{saved:.4f} ms in the run: the profile or the code is not the run's")
-                measured = saved / (1.0 + row[f"{x}_error_pct_each"][k] / 100.0)
+                p, measured = _as_saved(q, row, k, x)
                 bounds = {"every source": (getattr(q, f"{x}_s_low") * 1e3, getattr(q, f"{x}_s_high") * 1e3),
                           "without the refits": plain[x]}
                 for t in INTERVAL_TERMS:
