@@ -40,7 +40,11 @@ level: the unseen families' median and worst |error| and each Llama size's range
 one its working sets chose (the memory's rate fitted with the others), and prints how far apart
 the calibrations then stand and, with ``--against``, how they score: whether another cache size
 would predict better, from timings already taken (``--load REC --refits P`` with P the passes
-kept skips the refits by passes). A run measured with another thread count is not scored.
+kept skips the refits by passes). ``--share-step 8,...`` refits them with a cache of each size
+whose share of a pass is a step (all of a pass inside it, none of one a quarter larger) in place of
+the shares the working sets read. Every variant prints the fits' own errors, the median by
+calibration model and phase: how well the cost model describes the configurations it was fitted
+on. A run measured with another thread count is not scored.
 """
 
 from __future__ import annotations
@@ -124,10 +128,11 @@ def record(models: list[str], passes: int, seed: int, grid: list[tuple[int, int,
 
 
 def replay(rec: dict[str, Any], models: list[str], passes: int, built: dict[str, Any],
-           cache_bytes: float | None = None) -> Any:
+           cache_bytes: float | None = None, share_step: float | None = None) -> Any:
     """The calibration ``rec`` refitted from its first ``passes`` passes (nothing measured); with
     ``cache_bytes``, the cache held at that size (0: none) instead of the one the working sets chose,
-    the memory's rate fitted with the others."""
+    the memory's rate fitted with the others; with ``share_step``, a cache of that many bytes whose
+    share of a pass is a step (:func:`step_shares`) in place of the working sets' shares."""
     import perfsdk.simulation.calibration.measure as m
 
     ticks, micro = iter(rec["ticks"]), iter(rec["micro"])
@@ -146,12 +151,36 @@ def replay(rec: dict[str, Any], models: list[str], passes: int, built: dict[str,
     held = {} if cache_bytes is None else {"measured_cache": lambda micro: cache_bytes,
                                            "cache_levels": lambda micro: (cache_bytes,) if cache_bytes else (),
                                            "memory_past_cache": lambda micro: None}
+    if share_step:
+        held = {"measured_cache": lambda micro: share_step,
+                "cache_shares": lambda micro, cache: step_shares(share_step)}
     with _patched(m, measure_in_session=lambda model, b, i, o, **kw: rec["runs"][((kw["label"], b, i, o), kw["seed"])],
                   micro_observations=lambda **kw: next(micro), build_random_model=model_of, **held), \
             _patched(m.ReferenceTimer, tick=ticked):
         fit, _ = m.calibrate_here(models, threads=rec["threads"], passes=passes, max_passes=passes, seed=rec["seed"],
                                   grid=rec["grid"])
     return fit
+
+
+def step_shares(cache_bytes: float) -> Any:
+    """A cache's share of a pass as a step: all of a pass of up to ``cache_bytes``, none of one
+    from a quarter more on (linear in log bytes between), where the working sets read a slope."""
+    from perfsdk.hardware.profile import CacheShares
+
+    return CacheShares(resident_bytes=[cache_bytes, 1.25 * cache_bytes], share=[1.0, 0.0])
+
+
+def fit_residuals(fits: list[Any]) -> dict[str, float]:
+    """The median of each calibration model's phase's own error in ``fits`` (the configurations
+    the fit was made on, every fit pooled), signed %, by ``MODEL phase``."""
+    pooled: dict[str, list[float]] = defaultdict(list)
+    for fit in fits:
+        for label, err in fit.errors_pct.items():
+            if label.startswith("micro"):
+                continue
+            phase = "decode" if " decode" in label else "prefill"
+            pooled[f"{label.split(' ')[0]} {phase}"].append(err)
+    return {k: statistics.median(v) for k, v in sorted(pooled.items())}
 
 
 def normalised_logs(rec: dict[str, Any]) -> dict[tuple[Any, ...], tuple[list[float], list[float]]]:
@@ -335,6 +364,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--cache-mb", type=lambda s: [float(x) for x in s.split(",") if x],
                     help="also refit every calibration (all its passes) with the cache held at each of these sizes "
                          "in MB (0: none) instead of the one its working sets chose, comma-separated")
+    ap.add_argument("--share-step", type=lambda s: [float(x) for x in s.split(",") if x],
+                    help="also refit every calibration with a cache of each of these sizes in MB whose share of a "
+                         "pass is a step (all inside, none from a quarter more on) instead of the working sets' "
+                         "shares, comma-separated")
     ap.add_argument("--against", type=lambda s: [x for x in s.split(",") if x],
                     help="saved simulation_accuracy.py --json runs (comma-separated) to score the fits against: "
                          "their measurements, each at its own reference level")
@@ -427,12 +460,16 @@ def main(argv: list[str] | None = None) -> int:
                   f"{recs[0]['threads']}: not scored", flush=True)
             continue
         runs[path] = run
-    variants = [("as calibrated", None)] + [(f"cache held at {c:g} MB", c * 1e6) for c in args.cache_mb or []]
+    variants: list[tuple[str, dict[str, float]]] = [("as calibrated", {})]
+    variants += [(f"cache held at {c:g} MB", {"cache_bytes": c * 1e6}) for c in args.cache_mb or []]
+    variants += [(f"a step share at {c:g} MB", {"share_step": c * 1e6}) for c in args.share_step or [] if c > 0]
     summary["variants"] = {}
-    for what, cache_bytes in variants:
-        vfits = [replay(r, models, args.passes, built, cache_bytes=cache_bytes) for r in recs]
-        entry: dict[str, Any] = {}
-        if cache_bytes is not None:
+    for what, held in variants:
+        vfits = [replay(r, models, args.passes, built, **held) for r in recs]
+        entry: dict[str, Any] = {"fit_residuals_pct": fit_residuals(vfits)}
+        print(f"{what}: the fits' own errors, median by model and phase (signed %): "
+              + "; ".join(f"{k} {v:+.0f}" for k, v in entry["fit_residuals_pct"].items()), flush=True)
+        if held:
             vpreds = predictions(vfits, families, configs)
             d = [abs(x) for k in range(1, len(vfits)) for x in apart(vpreds, k)]
             entry["apart"] = {"median_pct": statistics.median(d), "max_pct": max(d)}

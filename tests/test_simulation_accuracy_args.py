@@ -3,25 +3,12 @@ what its summary says of the intervals' sources."""
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
-
 import pytest
-
-SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "simulation_accuracy.py"
 
 
 @pytest.fixture(scope="module")
-def accuracy():
-    sys.path.insert(0, str(SCRIPT.parent))
-    try:
-        spec = importlib.util.spec_from_file_location("simulation_accuracy", SCRIPT)
-        mod = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(mod)
-        yield mod
-    finally:
-        sys.path.remove(str(SCRIPT.parent))
+def accuracy(load_benchmark):
+    return load_benchmark("simulation_accuracy")
 
 
 @pytest.mark.parametrize("value", ["held", "fitted,", ",", "measured,guessed"])
