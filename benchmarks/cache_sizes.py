@@ -39,20 +39,28 @@ def main(argv: list[str] | None = None) -> None:
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
     sizes = [float(x) for x in args.sizes.split(",") if x.strip()]
+    shapes = []
     for shape in (s for s in args.weights.split(",") if s.strip()):
-        out, inner = (int(v) for v in shape.lower().split("x"))
-        per_byte = working_sets(out, inner, sizes)
+        try:
+            out, inner = (int(v) for v in shape.lower().split("x"))
+        except ValueError:
+            ap.error(f"--weights: {shape!r} is not OUTxIN (two whole numbers, say 1024x256)")
+        shapes.append((out, inner))
+    for out, inner in shapes:
+        timings = working_sets(out, inner, sizes)
+        per_byte = [statistics.median(ts) for ts in timings]
         print(f"[{out}, {inner}] float32 weights, {out * inner * 4 / 2**20:.2f} MiB each:")
-        for mb, t in zip(sizes, per_byte):
+        for mb, t, ts in zip(sizes, per_byte, timings):
             share = ""
             if len(sizes) > 2 and per_byte[-1] > per_byte[0]:
                 share = f"; share from the cache {(per_byte[-1] - t) / (per_byte[-1] - per_byte[0]):5.2f}"
-            print(f"  {mb:6g} MB: {1 / t / 1e9:6.2f} GB/s{share}")
+            print(f"  {mb:6g} MB: {1 / t / 1e9:6.2f} GB/s (slowest {1 / max(ts) / 1e9:.2f}, "
+                  f"fastest {1 / min(ts) / 1e9:.2f}){share}")
 
 
-def working_sets(out: int, inner: int, sizes: list[float]) -> list[float]:
+def working_sets(out: int, inner: int, sizes: list[float]) -> list[list[float]]:
     """Seconds per byte of one-row products cycled over copies of an ``[out, inner]`` float32
-    weight filling each working set of ``sizes`` MB (2**20 bytes), the median of seven timings."""
+    weight filling each working set of ``sizes`` MB (2**20 bytes): seven timings each."""
     nbytes = out * inner * 4
     x = torch.randn(1, inner)
     mats = [torch.randn(out, inner) for _ in range(max(1, round(max(sizes) * 2**20 / nbytes)))]
@@ -69,8 +77,9 @@ def working_sets(out: int, inner: int, sizes: list[float]) -> list[float]:
                 for w in mats[:count]:
                     torch.nn.functional.linear(x, w)
             times.append((time.perf_counter() - t) / (reps * count * nbytes))
-        result.append(statistics.median(times))
+        result.append(times)
     return result
+
 
 if __name__ == "__main__":
     main()

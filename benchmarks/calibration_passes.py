@@ -375,6 +375,8 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     if args.passes < 3 or args.calibrations < 2:
         ap.error("--passes must be at least 3 and --calibrations at least 2")
+    if any(c <= 0 for c in args.share_step or []):
+        ap.error("--share-step: each cache size must be above 0 MB (for none, --cache-mb 0)")
 
     import torch
 
@@ -462,7 +464,7 @@ def main(argv: list[str] | None = None) -> int:
         runs[path] = run
     variants: list[tuple[str, dict[str, float]]] = [("as calibrated", {})]
     variants += [(f"cache held at {c:g} MB", {"cache_bytes": c * 1e6}) for c in args.cache_mb or []]
-    variants += [(f"a step share at {c:g} MB", {"share_step": c * 1e6}) for c in args.share_step or [] if c > 0]
+    variants += [(f"a step share at {c:g} MB", {"share_step": c * 1e6}) for c in args.share_step or []]
     summary["variants"] = {}
     for what, held in variants:
         vfits = [replay(r, models, args.passes, built, **held) for r in recs]

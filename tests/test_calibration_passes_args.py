@@ -47,3 +47,11 @@ def test_the_fits_own_errors_are_pooled_by_model_and_phase_over_every_fit(passes
         "builtin:a prefill": 5.0,
         "type:codegen decode": 8.0,
     }
+
+
+@pytest.mark.parametrize("value", ["0", "8,0", "-4"])
+def test_a_step_share_at_no_cache_is_refused(passes, value: str, capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exc:
+        passes.main(["--share-step", value])
+    assert exc.value.code == 2
+    assert "--share-step: each cache size must be above 0 MB (for none, --cache-mb 0)" in capsys.readouterr().err
